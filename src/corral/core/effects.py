@@ -1,0 +1,26 @@
+"""What the scheduler asks the world to do. Runtime and simulator each implement `Effects`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from corral.core.types import Request
+
+
+class Effects(Protocol):
+    """Side effects of scheduling decisions. Every call must return promptly; outcomes come back
+    to the scheduler as events (`on_load_finished`, `on_request_finished`, `on_timer`, ...)."""
+
+    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+        """Unload `evict` (in order, none has work in flight), then load `model` on `device`.
+        Report with `on_load_finished(model)` or `on_load_failed(model, reason)`."""
+
+    def dispatch(self, request: Request) -> None:
+        """Start serving `request` on its (ready) model; report `on_request_finished`."""
+
+    def reject(self, request: Request, reason: str) -> None:
+        """`request` will never run; tell its submitter why."""
+
+    def set_timer(self, at_s: float, key: str) -> None:
+        """Call `on_timer(key)` at clock time `at_s`. Extra or stale timers are harmless."""

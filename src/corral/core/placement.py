@@ -1,0 +1,68 @@
+"""Where a model goes and whom it evicts: a pure function, table-tested, no logging."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentView:
+    """A resident model as placement sees it. `keep` is the policy's value of keeping it."""
+
+    name: str
+    size: float
+    in_flight: int
+    pending: int
+    keep: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    name: str
+    capacity: float
+    target_size: float  # room the model to place would take on this device
+    residents: tuple[ResidentView, ...]
+    busy: bool  # a swap is under way on this device: it takes no other until it ends
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    device: str
+    evict: tuple[str, ...]
+
+
+def _eviction_order(r: ResidentView) -> tuple[bool, bool, float, str]:
+    # Idle models without work go first, then those merely idle, then by the policy's value.
+    return (r.pending > 0, r.in_flight > 0, r.keep, r.name)
+
+
+def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
+    """The cheapest place for a model: free room if any, else the device whose evictions hurt
+    least (fewest victims with work, then in flight, then least value). None if it fits nowhere
+    now (every device that could hold it is mid-swap)."""
+    best: tuple[tuple[int, int, int, float, int], Plan] | None = None
+    for index, d in enumerate(devices):
+        if d.busy or d.target_size > d.capacity + _EPS:
+            continue
+        free = d.capacity - sum(r.size for r in d.residents)
+        victims: list[ResidentView] = []
+        if d.target_size > free + _EPS:
+            for r in sorted(d.residents, key=_eviction_order):
+                victims.append(r)
+                free += r.size
+                if d.target_size <= free + _EPS:
+                    break
+        # Harm to queued work and work in flight outweighs the number of victims.
+        key = (
+            sum(1 for v in victims if v.pending),
+            sum(1 for v in victims if v.in_flight),
+            len(victims),
+            sum(v.keep for v in victims),
+            index,
+        )
+        if best is None or key < best[0]:
+            best = (key, Plan(d.name, tuple(v.name for v in victims)))
+    return best[1] if best else None

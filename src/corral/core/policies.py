@@ -1,0 +1,188 @@
+"""The five scheduling policies. Pure: they read model records and the time, and decide.
+
+A policy answers three questions for the scheduler (which owns all state and acts on the answers):
+- `rank`: in what order should non-resident models with work be brought in?
+- `should_yield`: should a resident model stop taking new work to make room for a challenger?
+- `linger_s`: how long should a model that just went idle stay when others wait (debounce)?
+The shared rules (FIFO within a model and request priority, the `max_wait_s` bound, capacity, no
+eviction with work in flight) live in the scheduler, so no policy can break them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from corral.config import Config, PolicyName
+from corral.core.state import ModelRecord
+
+_NEVER = 1 << 62
+
+
+def oldest_seq(m: ModelRecord) -> int:
+    r = m.oldest()
+    return r.seq if r is not None else _NEVER
+
+
+def _lingering(m: ModelRecord, now: float) -> bool:
+    return m.linger_until is not None and now < m.linger_until
+
+
+class Policy:
+    """Base: serve the resident model while it has work; challengers ranked by oldest request."""
+
+    name: PolicyName = "fifo-plus"
+    bounded_wait = True  # honours scheduler.max_wait_s
+    strict_order = False  # only the model of the oldest request may take new work
+
+    def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
+        return sorted(candidates, key=lambda m: (oldest_seq(m), m.name))
+
+    def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
+        return resident.count == 0 and not _lingering(resident, now)
+
+    def linger_s(self, m: ModelRecord, now: float) -> float:
+        return 0.0
+
+    def keep_value(self, m: ModelRecord, now: float) -> float:
+        return float(m.count)
+
+    def weight(self, priority: int) -> float:
+        """Weight of a request of this priority in queue prices (the cost policy uses it)."""
+        return 1.0
+
+
+class Fifo(Policy):
+    """Strict arrival order: the oldest pending request's model runs next (swap if needed).
+    The baseline (what Ollama and simple FIFO workers do); arrival order is its only bound, so it
+    ignores max_wait_s (a per-model turn would contradict strict order)."""
+
+    name: PolicyName = "fifo"
+    strict_order = True
+    bounded_wait = False
+
+    def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
+        return oldest_seq(challenger) < oldest_seq(resident)
+
+
+class Grouped(Policy):
+    """Naive collation: when the resident model runs dry, switch to the longest queue.
+    Ignores max_wait_s: it is the baseline that starves rare models."""
+
+    name: PolicyName = "grouped"
+    bounded_wait = False
+
+    def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
+        return sorted(candidates, key=lambda m: (-m.count, oldest_seq(m), m.name))
+
+
+class FifoPlus(Policy):
+    """Exhaustive service of the resident model, then the model with the oldest request."""
+
+    name: PolicyName = "fifo-plus"
+
+
+class Priority(Policy):
+    """Model priority first (ties: oldest request); higher priority preempts between requests;
+    `unload_delay_s` keeps an idle model loaded unless strictly higher-priority work waits."""
+
+    name: PolicyName = "priority"
+
+    def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
+        return sorted(candidates, key=lambda m: (-m.priority, oldest_seq(m), m.name))
+
+    def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
+        if challenger.priority > resident.priority:
+            return True
+        return resident.count == 0 and not _lingering(resident, now)
+
+    def linger_s(self, m: ModelRecord, now: float) -> float:
+        return m.spec.unload_delay_s
+
+    def keep_value(self, m: ModelRecord, now: float) -> float:
+        return m.priority * 1e9 + m.count
+
+
+class Cost(Policy):
+    """Smith's rule with setup times, weighted by request priority and age (docs/design).
+
+    A queue's weight is W = Σ b^priority · min(1 + ā/age_weight_s, max_age_factor), ā the queue's
+    weight-averaged age (aging breaks ties toward old work; `max_wait_s` is the hard bound, so the
+    factor is capped and an old backlog never outweighs higher-priority work); its work
+    P = n·service/concurrency.
+    Challengers rank by W / (load + P). A resident model with work yields to challenger c only if
+    serving c first lowers weighted completion time by the pairwise-interchange test
+    W_c·P_r > (1 + hysteresis)·W_r·(swap_in + P_c + swap_back), where the resident's W_r carries no
+    age credit: aging protects waiting queues, and the resident's queue is being served.
+    """
+
+    name: PolicyName = "cost"
+
+    def __init__(self, base: float = 10.0, age_weight_s: float = 60.0, hysteresis: float = 0.5,
+                 linger: bool = True, max_age_factor: float = 3.0) -> None:
+        self.base = base
+        self.age_weight_s = age_weight_s
+        self.max_age_factor = max_age_factor
+        self.hysteresis = hysteresis
+        self.linger = linger
+
+    def weight(self, priority: int) -> float:
+        return float(self.base**priority)
+
+    def queue_weight(self, m: ModelRecord, now: float) -> float:
+        w = m.w_sum
+        if w <= 0.0:
+            return 0.0
+        mean_age = now - m.wa_sum / w
+        return w * min(1.0 + mean_age / self.age_weight_s, self.max_age_factor)
+
+    @staticmethod
+    def work_s(m: ModelRecord) -> float:
+        return m.count * m.service_est / m.concurrency
+
+    def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
+        def key(m: ModelRecord) -> tuple[float, int, str]:
+            value = self.queue_weight(m, now) / (m.load_est + self.work_s(m) + 1e-9)
+            return (-value, oldest_seq(m), m.name)
+
+        return sorted(candidates, key=key)
+
+    def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
+        if resident.count == 0:
+            if not _lingering(resident, now):
+                return True
+            best = challenger.best()  # heavier work never waits for a lighter model's think time
+            return best is not None and best.priority > resident.last_priority
+        swap_in = resident.unload_est + challenger.load_est
+        swap_back = challenger.unload_est + resident.load_est
+        w_c = self.queue_weight(challenger, now)
+        w_r = resident.w_sum
+        return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
+            swap_in + self.work_s(challenger) + swap_back)
+
+    def linger_s(self, m: ModelRecord, now: float) -> float:
+        delay = m.spec.unload_delay_s
+        if self.linger and m.gap_est is not None:
+            round_trip = m.unload_est + m.load_est
+            # Rent-or-buy: wait only when the next request is reliably due sooner than a reload
+            # would take (closed-loop think times are; Poisson gaps are not).
+            expected_late = m.gap_est + m.gap_dev
+            if expected_late <= round_trip:
+                delay = max(delay, min(expected_late + m.gap_dev, round_trip))
+        return delay
+
+    def keep_value(self, m: ModelRecord, now: float) -> float:
+        return self.queue_weight(m, now) / (self.work_s(m) + 1e-9) if m.count else 0.0
+
+
+def make_policy(config: Config) -> Policy:
+    """The policy named in `config`, with its parameters."""
+    c = config.scheduler.cost
+    makers: dict[PolicyName, Callable[[], Policy]] = {
+        "fifo": Fifo,
+        "grouped": Grouped,
+        "fifo-plus": FifoPlus,
+        "priority": Priority,
+        "cost": lambda: Cost(c.priority_base, c.age_weight_s, c.hysteresis, c.linger,
+                             c.max_age_factor),
+    }
+    return makers[config.scheduler.policy]()

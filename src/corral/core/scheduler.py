@@ -1,0 +1,399 @@
+"""The scheduler: an event-driven state machine with no I/O.
+
+Events in (`on_request`, `on_load_finished`, `on_load_failed`, `on_request_finished`,
+`on_cancel`, `on_timer`); decisions out through `Effects`. Time comes from the injected clock.
+One instance is owned by one task/thread: it is not thread-safe and needs no locks.
+
+Shared rules, whatever the policy (see docs/design/scheduler.md):
+- FIFO within a model among equal request priorities, higher request priority first;
+- once a model's oldest pending request has waited `max_wait_s` (policies with `bounded_wait`),
+  that model is brought in next (after in-flight work drains and the resident model has served at
+  least one round since it loaded); inside a model, overdue requests are served first;
+- never more resident models than fit; never evict a model with requests in flight;
+- with room for every model that has work, models load side by side and nothing is reordered;
+- with nothing pending, resident models stay loaded.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from corral.config import Config
+from corral.core.effects import Effects
+from corral.core.placement import DeviceView, ResidentView, plan_placement
+from corral.core.policies import Policy, make_policy
+from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.types import Decision, Lifecycle, Request, RequestState
+
+_PENDING = RequestState.PENDING
+_RUNNING = RequestState.RUNNING
+_READY = Lifecycle.READY
+_UNLOADED = Lifecycle.UNLOADED
+_OVERDUE = "overdue"
+_LINGER = "linger:"
+
+Clock = Callable[[], float]
+
+
+class SchedulerBug(RuntimeError):
+    """The scheduler failed to settle: a bug in Corral, never a user error."""
+
+
+class Scheduler:
+    """Decides which model each device holds and which request runs next.
+
+    Contract: every event method returns after issuing its effects synchronously; effects must
+    not call back into the scheduler from inside the call (report outcomes as later events).
+    """
+
+    def __init__(self, config: Config, effects: Effects, clock: Clock,
+                 policy: Policy | None = None) -> None:
+        self.config = config
+        self.policy = policy if policy is not None else make_policy(config)
+        self._fx = effects
+        self._clock = clock
+        self.models: dict[str, ModelRecord] = {
+            name: ModelRecord(name, spec) for name, spec in config.models.items()
+        }
+        self.devices: list[DeviceRecord] = [DeviceRecord(d) for d in config.devices]
+        self._max_wait_s = config.scheduler.max_wait_s if self.policy.bounded_wait else None
+        # One model per device, one device: the common case gets O(1) arrival checks.
+        self._solo = len(self.devices) == 1 and all(
+            self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values())
+        self._strict = self.policy.strict_order
+        self._weights: dict[int, float] = {}
+        self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
+        self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
+        self._seq = 0
+        self._need_decide = False
+        self._overdue_timer_at: float | None = None
+        self.loads = 0
+        self.decisions: deque[Decision] = deque(maxlen=256)
+
+    # --- events -------------------------------------------------------------------------------
+    def on_request(self, r: Request) -> None:
+        """A request arrived. Unknown models are rejected at once."""
+        m = self.models.get(r.model)
+        if m is None:
+            r.state = RequestState.REJECTED
+            self._fx.reject(r, f"unknown model {r.model!r}; known: {', '.join(self.models)}")
+            return
+        now = self._clock()
+        self._seq += 1
+        r.seq = self._seq
+        r.arrived_at = now
+        r.state = _PENDING
+        m.enqueue(r, self._weight(r.priority))
+        if m.count == 1:
+            self._pending[m] = None
+        if self._strict:
+            self._arrivals.append(r)
+        if m.idle_since is not None:
+            m.observe_gap(now - m.idle_since)
+            m.idle_since = None
+        m.linger_until = None
+        state = m.state
+        if state is _READY:
+            if m.yielding:
+                self._need_decide = True  # new work may change the policy's mind
+            else:
+                self._dispatch(m, now)
+        elif state is _UNLOADED:
+            if not self._solo or self._may_switch_to(m, now):
+                self._need_decide = True
+            if m.count == 1 and self._max_wait_s is not None and self._overdue_timer_at is None:
+                self._arm_overdue(now + self._max_wait_s)
+        self._settle(now)
+
+    def on_load_finished(self, model: str, load_s: float | None = None,
+                         unload_s: float | None = None) -> None:
+        """`model` is ready. Measured swap times, if given, refine the estimates."""
+        m = self.models[model]
+        self._move(m, _READY)
+        assert m.device is not None
+        m.device.loading = None
+        m.observe_swap(load_s, unload_s)
+        now = self._clock()
+        if m.count == 0:
+            self._went_idle(m, now)
+        self._need_decide = True
+        self._settle(now)
+
+    def on_load_failed(self, model: str, reason: str) -> None:
+        """`model` could not load: its pending requests are rejected with `reason`."""
+        m = self.models[model]
+        self._move(m, _UNLOADED)
+        dev = m.device
+        assert dev is not None
+        dev.loading = None
+        dev.residents.remove(m)
+        m.device = None
+        for r in m.pending():
+            self._drop(r, RequestState.REJECTED)
+            self._fx.reject(r, f"model {model!r} failed to load: {reason}")
+        self._need_decide = True
+        self._settle(self._clock())
+
+    def on_request_finished(self, r: Request) -> None:
+        """A dispatched request ended (success or failure alike). Idempotent."""
+        if r.state is not _RUNNING:
+            return
+        now = self._clock()
+        r.state = RequestState.DONE
+        r.finished_at = now
+        m = self.models[r.model]
+        m.in_flight -= 1
+        if r.dispatched_at is not None:
+            m.observe_service(now - r.dispatched_at)
+        self._after_slot_freed(m, now)
+
+    def on_cancel(self, r: Request) -> bool:
+        """The submitter gave up on `r`. A pending request leaves the queue (never triggers a
+        load); a running one frees its slot. Returns False if `r` had already ended."""
+        now = self._clock()
+        if r.state is RequestState.NEW:
+            r.state = RequestState.CANCELLED
+            return True
+        if r.state is _PENDING:
+            self._drop(r, RequestState.CANCELLED)
+            self._need_decide = True
+            self._settle(now)
+            return True
+        if r.state is _RUNNING:
+            r.state = RequestState.CANCELLED
+            r.finished_at = now
+            m = self.models[r.model]
+            m.in_flight -= 1
+            self._after_slot_freed(m, now)
+            return True
+        return False
+
+    def on_timer(self, key: str) -> None:
+        """A timer set through `Effects.set_timer` fired."""
+        now = self._clock()
+        if key == _OVERDUE:
+            if self._overdue_timer_at is not None and self._overdue_timer_at <= now:
+                self._overdue_timer_at = None
+        elif key.startswith(_LINGER):
+            m = self.models.get(key[len(_LINGER):])
+            if m is not None:
+                m.linger_timer_at = None
+        self._need_decide = True
+        self._settle(now)
+
+    # --- views --------------------------------------------------------------------------------
+    def resident_models(self) -> Iterator[ModelRecord]:
+        for d in self.devices:
+            yield from d.residents
+
+    def pending_count(self) -> int:
+        return sum(m.count for m in self._pending)
+
+    # --- internals ----------------------------------------------------------------------------
+    def _weight(self, priority: int) -> float:
+        w = self._weights.get(priority)
+        if w is None:
+            w = self._weights[priority] = self.policy.weight(priority)
+        return w
+
+    def _head(self) -> Request | None:
+        """The oldest pending request of all."""
+        q = self._arrivals
+        while q:
+            r = q[0]
+            if r.state is _PENDING:
+                return r
+            q.popleft()
+        return None
+
+    def _may_switch_to(self, c: ModelRecord, now: float) -> bool:
+        """Solo device: could an arrival for non-resident `c` change the decision? (O(1))"""
+        dev = self.devices[0]
+        if dev.loading is not None:
+            return False  # decided again when the load ends
+        if not dev.residents:
+            return True
+        r = dev.residents[0]
+        if r.yielding:
+            return False  # a swap is already coming; its target is chosen when r drains
+        if r.count == 0:
+            return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
+        return self.policy.should_yield(r, c, now)
+
+    def _move(self, m: ModelRecord, to: Lifecycle) -> None:
+        m.state = to
+
+    def _drop(self, r: Request, state: RequestState) -> None:
+        m = self.models[r.model]
+        r.state = state
+        m.discard(r, self._weight(r.priority))
+        if m.count == 0:
+            del self._pending[m]
+
+    def _after_slot_freed(self, m: ModelRecord, now: float) -> None:
+        if m.yielding:
+            if m.in_flight == 0:
+                self._need_decide = True
+        elif m.count:
+            self._dispatch(m, now)
+        if m.count == 0 and m.in_flight == 0 and m.state is _READY:
+            self._went_idle(m, now)
+        self._settle(now)
+
+    def _went_idle(self, m: ModelRecord, now: float) -> None:
+        m.idle_since = now
+        linger = self.policy.linger_s(m, now)
+        m.linger_until = now + linger if linger > 0 else None
+        if self._pending:
+            self._need_decide = True
+
+    def _dispatch(self, m: ModelRecord, now: float) -> None:
+        """Start m's next requests while it has free slots. Overdue requests go first."""
+        max_wait = self._max_wait_s
+        models = self.models
+        while m.in_flight < m.concurrency and m.count:
+            r = m.best()
+            assert r is not None
+            if max_wait is not None:
+                old = m.oldest()
+                if old is not None and old.arrived_at + max_wait <= now:
+                    r = old
+            if self._strict:
+                head = self._head()
+                if head is not None and head.model != m.name and not models[head.model].resident:
+                    self._need_decide = True  # the oldest request needs this model's room
+                    return
+            m.take(r, self._weight(r.priority))
+            if m.count == 0:
+                del self._pending[m]
+            r.state = _RUNNING
+            r.dispatched_at = now
+            m.in_flight += 1
+            m.last_priority = r.priority
+            m.served = True
+            self._fx.dispatch(r)
+
+    def _settle(self, now: float) -> None:
+        rounds = 0
+        while self._need_decide:
+            self._need_decide = False
+            self._decide(now)
+            rounds += 1
+            if rounds > 10_000:
+                raise SchedulerBug("scheduler did not settle after 10,000 decisions")
+
+    def _overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
+        """The non-resident model whose oldest request is oldest among those that waited
+        `max_wait_s`, and the next deadline of a non-resident model not yet overdue."""
+        if self._max_wait_s is None:
+            return None, None
+        max_wait = self._max_wait_s
+        forced: ModelRecord | None = None
+        forced_seq = 0
+        next_at: float | None = None
+        for m in self._pending:
+            if m.state is not _UNLOADED:
+                continue
+            r = m.oldest()
+            assert r is not None
+            at = r.arrived_at + max_wait  # one form of the comparison, so rounding agrees
+            if at <= now:
+                if forced is None or r.seq < forced_seq:
+                    forced, forced_seq = m, r.seq
+            elif next_at is None or at < next_at:
+                next_at = at
+        return forced, next_at
+
+    def _arm_overdue(self, at: float) -> None:
+        armed = self._overdue_timer_at
+        if armed is None or at < armed:
+            self._overdue_timer_at = at
+            self._fx.set_timer(at, _OVERDUE)
+
+    def _views(self, target: ModelRecord, now: float) -> list[DeviceView]:
+        keep = self.policy.keep_value
+        return [
+            DeviceView(
+                name=d.name,
+                capacity=d.capacity,
+                target_size=d.size_of(target),
+                residents=tuple(
+                    ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
+                    for m in d.residents),
+                busy=d.loading is not None,
+            )
+            for d in self.devices
+        ]
+
+    def _decide(self, now: float) -> None:
+        """Full decision: which models come in, who yields for them; then dispatch."""
+        policy = self.policy
+        for m in self.resident_models():
+            m.yielding = False
+        forced, next_deadline = self._overdue(now)
+        if next_deadline is not None:
+            self._arm_overdue(next_deadline)
+        candidates = [m for m in self._pending if m.state is _UNLOADED]
+        if candidates:
+            order = policy.rank(candidates, now)
+            if forced is not None:
+                order.remove(forced)
+                order.insert(0, forced)
+            evicting = False
+            for c in order:
+                plan = plan_placement(self._views(c, now))
+                if plan is None:
+                    evicting = evicting or c is forced  # nobody jumps an overdue model's queue
+                    continue
+                dev = next(d for d in self.devices if d.name == plan.device)
+                if not plan.evict:
+                    self._start_load(c, dev, [], now, "free room")
+                    continue
+                if evicting:
+                    continue  # one eviction decision at a time; later ones only take free room
+                victims = [self.models[n] for n in plan.evict]
+                if c is forced:
+                    # Turn-taking: a model swapped in serves one round before it can be forced out.
+                    agree = all(v.served or v.count == 0 for v in victims)
+                else:
+                    agree = all(policy.should_yield(v, c, now) for v in victims)
+                if agree:
+                    evicting = True
+                    for v in victims:
+                        v.yielding = True
+                    if all(v.in_flight == 0 for v in victims):
+                        reason = "max_wait_s reached" if c is forced else policy.name
+                        self._start_load(c, dev, victims, now, reason)
+                else:
+                    for v in victims:
+                        self._arm_linger(v, now)
+        for m in list(self.resident_models()):
+            if m.state is _READY and not m.yielding and m.count:
+                self._dispatch(m, now)
+
+    def _arm_linger(self, m: ModelRecord, now: float) -> None:
+        until = m.linger_until
+        if until is not None and until > now and m.linger_timer_at != until:
+            m.linger_timer_at = until
+            self._fx.set_timer(until, _LINGER + m.name)
+
+    def _start_load(self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord],
+                    now: float, reason: str) -> None:
+        for v in victims:
+            assert v.in_flight == 0, "evicting a model with requests in flight"
+            dev.residents.remove(v)
+            self._move(v, _UNLOADED)
+            v.device = None
+            v.yielding = False
+            v.linger_until = None
+        self._move(c, Lifecycle.LOADING)
+        c.device = dev
+        c.idle_since = None
+        c.served = False
+        dev.residents.append(c)
+        dev.loading = c
+        self.loads += 1
+        evict = tuple(v.name for v in victims)
+        self.decisions.append(Decision(now, c.name, dev.name, evict, reason))
+        self._fx.load(c.name, dev.name, evict)

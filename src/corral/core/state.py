@@ -1,0 +1,163 @@
+"""Mutable per-model and per-device records owned by the scheduler (one owner, no locks)."""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+
+from corral.config import DeviceConfig, ModelConfig
+from corral.core.types import Lifecycle, Request, RequestState
+
+_PENDING = RequestState.PENDING
+_EWMA_SERVICE = 0.2
+_EWMA_GAP = 0.3
+_EWMA_SWAP = 0.3
+
+
+class ModelRecord:
+    """One model's queue, residency and running estimates.
+
+    The queue keeps one FIFO per request priority, so the next request (highest priority, then
+    oldest) and the oldest request are found in O(levels); cancelled entries leave lazily.
+    `w_sum`/`wa_sum` are Σweight and Σweight·arrived_at of pending requests, so a policy can price
+    the whole queue, ages included, in O(1).
+    """
+
+    __slots__ = ("_levels", "_order", "concurrency", "count", "device", "gap_dev", "gap_est", "idle_since",
+                 "in_flight", "last_priority", "linger_timer_at", "linger_until", "load_est",
+                 "name", "priority", "served", "service_est", "spec", "state", "unload_est",
+                 "wa_sum", "w_sum", "yielding")
+
+    def __init__(self, name: str, spec: ModelConfig) -> None:
+        self.name = name
+        self.spec = spec
+        self.priority = spec.priority
+        self.concurrency = spec.concurrency
+        self.state = Lifecycle.UNLOADED
+        self.device: DeviceRecord | None = None
+        self.in_flight = 0
+        self.count = 0
+        self.w_sum = 0.0
+        self.wa_sum = 0.0
+        self._levels: dict[int, deque[Request]] = {}
+        self._order: list[int] = []  # negated priorities, ascending = highest priority first
+        self.yielding = False  # stops taking new work: it is to make room for another model
+        self.served = False  # dispatched at least once since it last loaded
+        self.linger_until: float | None = None
+        self.linger_timer_at: float | None = None
+        self.idle_since: float | None = None
+        self.gap_est: float | None = None  # EWMA of idle gaps: went idle -> next arrival
+        self.gap_dev = 0.0  # EWMA of the gaps' absolute deviation from gap_est
+        self.last_priority = 0
+        self.service_est = spec.service_s
+        self.load_est = spec.load_s
+        self.unload_est = spec.unload_s
+
+    def __repr__(self) -> str:
+        return f"ModelRecord({self.name!r}, {self.state.value}, pending={self.count})"
+
+    @property
+    def resident(self) -> bool:
+        return self.state is not Lifecycle.UNLOADED
+
+    # --- queue ------------------------------------------------------------------------------
+    def enqueue(self, r: Request, weight: float) -> None:
+        q = self._levels.get(r.priority)
+        if q is None:
+            q = self._levels[r.priority] = deque()
+            insort(self._order, -r.priority)
+        q.append(r)
+        self.count += 1
+        self.w_sum += weight
+        self.wa_sum += weight * r.arrived_at
+
+    def _head(self, level: int) -> Request | None:
+        q = self._levels[level]
+        while q:
+            r = q[0]
+            if r.state is _PENDING:
+                return r
+            q.popleft()
+        return None
+
+    def best(self) -> Request | None:
+        """The next request by the shared rule: highest request priority, then oldest."""
+        for neg in self._order:
+            r = self._head(-neg)
+            if r is not None:
+                return r
+        return None
+
+    def oldest(self) -> Request | None:
+        """The pending request that arrived first."""
+        found: Request | None = None
+        for neg in self._order:
+            r = self._head(-neg)
+            if r is not None and (found is None or r.seq < found.seq):
+                found = r
+        return found
+
+    def take(self, r: Request, weight: float) -> None:
+        """Remove `r`, which `best()` or `oldest()` just returned."""
+        self._levels[r.priority].popleft()
+        self._forget(r, weight)
+
+    def discard(self, r: Request, weight: float) -> None:
+        """Forget a pending `r` whose state the caller already changed (it leaves lazily)."""
+        self._forget(r, weight)
+
+    def _forget(self, r: Request, weight: float) -> None:
+        self.count -= 1
+        if self.count:
+            self.w_sum -= weight
+            self.wa_sum -= weight * r.arrived_at
+        else:  # reset exactly, so float drift never accumulates
+            self.w_sum = 0.0
+            self.wa_sum = 0.0
+
+    def pending(self) -> list[Request]:
+        """Pending requests in dispatch order (for status views; O(n))."""
+        out: list[Request] = []
+        for neg in self._order:
+            out.extend(r for r in self._levels[-neg] if r.state is _PENDING)
+        return out
+
+    # --- estimates --------------------------------------------------------------------------
+    def observe_service(self, seconds: float) -> None:
+        self.service_est += _EWMA_SERVICE * (seconds - self.service_est)
+
+    def observe_gap(self, seconds: float) -> None:
+        g = self.gap_est
+        if g is None:
+            self.gap_est = seconds
+            return
+        self.gap_dev += _EWMA_GAP * (abs(seconds - g) - self.gap_dev)
+        self.gap_est = g + _EWMA_GAP * (seconds - g)
+
+    def observe_swap(self, load_s: float | None, unload_s: float | None) -> None:
+        if load_s is not None:
+            self.load_est += _EWMA_SWAP * (load_s - self.load_est)
+        if unload_s is not None:
+            self.unload_est += _EWMA_SWAP * (unload_s - self.unload_est)
+
+
+class DeviceRecord:
+    """A device and the models resident on it (loading or ready)."""
+
+    __slots__ = ("capacity", "loading", "memory_gb", "name", "residents")
+
+    def __init__(self, spec: DeviceConfig) -> None:
+        self.name = spec.name
+        self.memory_gb = spec.memory_gb
+        self.capacity = spec.memory_gb if spec.memory_gb is not None else 1.0
+        self.residents: list[ModelRecord] = []
+        self.loading: ModelRecord | None = None
+
+    def size_of(self, model: ModelRecord) -> float:
+        """Room `model` takes here: its memory_gb, or the whole device when either lacks one."""
+        if self.memory_gb is None or model.spec.memory_gb is None:
+            return self.capacity
+        return model.spec.memory_gb
+
+    def used(self) -> float:
+        return sum(self.size_of(m) for m in self.residents)

@@ -1,0 +1,272 @@
+"""Discrete-event simulator: a virtual clock driving the real `Scheduler` (not a copy).
+
+Timing rules: a swap takes the evicted models' `unload_s`, then the new model's `load_s`, one after
+the other; a model runs up to `concurrency` requests at once, each at its solo speed (`service_s`
+from the trace), i.e. parallel slots scale throughput linearly, as continuous batching does below
+saturation; requests that arrive during a swap queue; ties in time go by line order, and at one
+instant finishes come before load completions, then arrivals, then timers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from corral.config import Config
+from corral.core import Request, Scheduler
+from corral.sim.trace import Trace, TraceLine
+
+_FINISH, _LOAD, _ARRIVAL, _TIMER = 0, 1, 2, 3
+_EPS = 1e-9
+
+
+class InvariantViolation(AssertionError):
+    """The scheduler broke a rule the simulator checks independently (`check=True`)."""
+
+
+class SimRequest(Request):
+    __slots__ = ("line", "service_s", "session")
+
+    def __init__(self, src: TraceLine) -> None:
+        super().__init__(src.line, src.model, src.priority)
+        self.line = src.line
+        self.service_s = src.service_s
+        self.session = src.session
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A stretch of a device's time: `swap` (unloading then loading `model`) or `resident`."""
+
+    device: str
+    model: str
+    kind: str
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class Run:
+    """Everything one simulated run produced."""
+
+    policy: str
+    config: Config
+    trace: Trace
+    requests: list[SimRequest]
+    segments: list[Segment]
+    loads: dict[str, int]
+    busy_s: dict[str, float]
+    swap_s: dict[str, float]
+    rejected: list[tuple[SimRequest, str]] = field(default_factory=list)
+    end_s: float = 0.0
+
+
+class Simulation:
+    """Runs `config`'s policy over `trace`. It is the scheduler's `Effects`.
+
+    `check=True` makes it verify, from its own books, that no model with requests in flight is
+    evicted, that devices never hold more than fits, and that requests go only to ready models.
+    """
+
+    def __init__(self, config: Config, trace: Trace, *, check: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.config = config
+        self.trace = trace
+        self.now = 0.0
+        self.check = check
+        self._progress = progress
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._requests = [SimRequest(x) for x in trace.lines]
+        self._sessions: dict[str, list[SimRequest]] = defaultdict(list)
+        self._open: list[SimRequest] = []
+        starts: dict[str, float] = {}
+        for src, r in zip(trace.lines, self._requests, strict=True):
+            if src.session is None:
+                self._open.append(r)
+            else:
+                if src.session not in self._sessions:
+                    starts[src.session] = src.t or 0.0
+                self._sessions[src.session].append(r)
+        self._open_t = [x.t or 0.0 for x in trace.lines if x.session is None]
+        order = sorted(range(len(self._open)), key=lambda i: (self._open_t[i], self._open[i].line))
+        self._open = [self._open[i] for i in order]
+        self._open_t = [self._open_t[i] for i in order]
+        self._think = {r.line: x.think_s for x, r in zip(trace.lines, self._requests, strict=True)}
+        self._next_in_session: dict[int, SimRequest] = {}
+        for reqs in self._sessions.values():
+            for a, b in zip(reqs, reqs[1:], strict=False):
+                self._next_in_session[a.line] = b
+        for name, reqs in self._sessions.items():
+            self._push(starts[name], _ARRIVAL, reqs[0].line, reqs[0])
+        self.scheduler = Scheduler(config, self, lambda: self.now)
+        self._where: dict[str, str] = {}  # model -> device, from load effects alone
+        self._running: dict[str, int] = defaultdict(int)
+        self._dev_running: dict[str, int] = defaultdict(int)
+        self._busy_since: dict[str, float] = {}
+        self._resident_since: dict[str, float] = {}
+        self._ready: set[str] = set()
+        self.run_ = Run(
+            policy=self.scheduler.policy.name, config=config, trace=trace,
+            requests=self._requests, segments=[], loads=defaultdict(int),
+            busy_s=defaultdict(float), swap_s=defaultdict(float))
+        self._sizes = {d.name: d for d in self.scheduler.devices}
+        self._remaining = len(self._requests)
+
+    # --- Effects ------------------------------------------------------------------------------
+    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+        now = self.now
+        models = self.config.models
+        if self.check:
+            for v in evict:
+                if self._running[v]:
+                    raise InvariantViolation(f"t={now}: evicting {v} with work in flight")
+                if self._where.get(v) != device:
+                    raise InvariantViolation(f"t={now}: evicting {v}, not resident on {device}")
+            if model in self._where:
+                raise InvariantViolation(f"t={now}: loading {model}, already resident")
+        for v in evict:
+            self._where.pop(v)
+            self._ready.discard(v)
+            since = self._resident_since.pop(v, now)
+            self.run_.segments.append(Segment(device, v, "resident", since, now))
+        self._where[model] = device
+        if self.check:
+            dev = self._sizes[device]
+            used = sum(dev.size_of(self.scheduler.models[m])
+                       for m, d in self._where.items() if d == device)
+            if used > dev.capacity + _EPS:
+                raise InvariantViolation(f"t={now}: {device} over capacity ({used} > {dev.capacity})")
+        duration = sum(models[v].unload_s for v in evict) + models[model].load_s
+        self.run_.segments.append(Segment(device, model, "swap", now, now + duration))
+        self.run_.swap_s[device] += duration
+        self.run_.loads[model] += 1
+        self._push(now + duration, _LOAD, self._next_seq(), model)
+
+    def dispatch(self, request: Request) -> None:
+        assert isinstance(request, SimRequest)
+        model = request.model
+        if self.check and model not in self._ready:
+            raise InvariantViolation(f"t={self.now}: dispatch to {model}, which is not ready")
+        self._running[model] += 1
+        device = self._where[model]
+        if self._dev_running[device] == 0:
+            self._busy_since[device] = self.now
+        self._dev_running[device] += 1
+        self._push(self.now + request.service_s, _FINISH, self._next_seq(), request)
+
+    def reject(self, request: Request, reason: str) -> None:
+        assert isinstance(request, SimRequest)
+        self.run_.rejected.append((request, reason))
+        self._remaining -= 1
+        self._continue_session(request)
+
+    def set_timer(self, at_s: float, key: str) -> None:
+        self._push(max(at_s, self.now), _TIMER, self._next_seq(), key)
+
+    # --- loop ---------------------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _push(self, at: float, kind: int, seq: int, payload: object) -> None:
+        heapq.heappush(self._heap, (at, kind, seq, payload))
+
+    def _continue_session(self, r: SimRequest) -> None:
+        nxt = self._next_in_session.get(r.line)
+        if nxt is not None:
+            self._push(self.now + self._think[nxt.line], _ARRIVAL, nxt.line, nxt)
+
+    def run(self) -> Run:
+        """Run to completion and return what happened."""
+        heap = self._heap
+        pop = heapq.heappop
+        sched = self.scheduler
+        on_request = sched.on_request
+        on_finished = sched.on_request_finished
+        open_reqs, open_t = self._open, self._open_t
+        n_open = len(open_reqs)
+        ai = 0
+        running = self._running
+        dev_running = self._dev_running
+        where = self._where
+        busy = self.run_.busy_s
+        busy_since = self._busy_since
+        has_sessions = bool(self._sessions)
+        progress = self._progress
+        total = len(self._requests)
+        done = 0
+        tick = 1 << 15
+        while self._remaining:
+            if ai < n_open:
+                t = open_t[ai]
+                if heap:
+                    top = heap[0]
+                    if top[0] < t or (top[0] == t and (top[1] < _ARRIVAL or (
+                            top[1] == _ARRIVAL and top[2] < open_reqs[ai].line))):
+                        ev = pop(heap)
+                    else:
+                        self.now = t
+                        on_request(open_reqs[ai])
+                        ai += 1
+                        continue
+                else:
+                    self.now = t
+                    on_request(open_reqs[ai])
+                    ai += 1
+                    continue
+            elif heap:
+                ev = pop(heap)
+            else:
+                break
+            self.now = ev[0]
+            kind = ev[1]
+            if kind == _FINISH:
+                r = ev[3]
+                assert isinstance(r, SimRequest)
+                model = r.model
+                running[model] -= 1
+                device = where[model]
+                dev_running[device] -= 1
+                if dev_running[device] == 0:
+                    busy[device] += self.now - busy_since[device]
+                on_finished(r)
+                self._remaining -= 1
+                if has_sessions and r.session is not None:
+                    self._continue_session(r)
+                done += 1
+                if progress is not None and done % tick == 0:
+                    progress(done, total)
+            elif kind == _ARRIVAL:
+                r = ev[3]
+                assert isinstance(r, SimRequest)
+                on_request(r)
+            elif kind == _LOAD:
+                model = ev[3]
+                assert isinstance(model, str)
+                self._ready.add(model)
+                self._resident_since[model] = self.now
+                sched.on_load_finished(model)
+            else:
+                key = ev[3]
+                assert isinstance(key, str)
+                sched.on_timer(key)
+        self.run_.end_s = self.now
+        for model, since in self._resident_since.items():
+            self.run_.segments.append(Segment(where[model], model, "resident", since, self.now))
+        if progress is not None:
+            progress(total, total)
+        if self.check:
+            stuck = [r for r in self._requests if r.finished_at is None
+                     and not any(r is x for x, _ in self.run_.rejected)]
+            if stuck:
+                raise InvariantViolation(f"{len(stuck)} requests never finished, e.g. {stuck[0]}")
+        return self.run_
+
+
+def simulate(config: Config, trace: Trace, *, check: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> Run:
+    """Run `config`'s policy over `trace` on a virtual clock."""
+    return Simulation(config, trace, check=check, progress=progress).run()

@@ -1,0 +1,134 @@
+"""Figures of a simulated run: waits, latencies, device time shares, fairness, lower bound.
+
+Wait = dispatch − arrival; latency = finish − arrival; makespan = last finish − first arrival.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from corral.config import Config
+from corral.sim.engine import Run, SimRequest
+from corral.sim.trace import Trace
+
+Floats = npt.NDArray[np.float64]
+RESULT_KEYS = (
+    "requests", "rejected", "loads", "makespan_s", "throughput_rps",
+    "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s",
+    "latency_mean_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s",
+    "busy_frac", "swap_frac", "idle_frac", "jain_fairness",
+)
+
+
+def _stats(prefix: str, x: Floats) -> dict[str, float]:
+    if x.size == 0:
+        return {f"{prefix}_{k}_s": 0.0 for k in ("mean", "p50", "p95", "p99", "max")}
+    p50, p95, p99 = np.percentile(x, [50, 95, 99])
+    return {
+        f"{prefix}_mean_s": float(x.mean()), f"{prefix}_p50_s": float(p50),
+        f"{prefix}_p95_s": float(p95), f"{prefix}_p99_s": float(p99),
+        f"{prefix}_max_s": float(x.max()),
+    }
+
+
+def jain(values: Floats) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one takes all."""
+    if values.size == 0 or not np.any(values):
+        return 1.0
+    return float(values.sum() ** 2 / (values.size * np.square(values).sum()))
+
+
+def lower_bound_makespan_s(config: Config, trace: Trace) -> float | None:
+    """A makespan no schedule can beat (open-loop traces; None for closed loop).
+
+    For each release time t: everything released at or after t still needs its work (divided by
+    the model's concurrency) plus one load per model it involves, minus the largest such load
+    (that model may already be resident at t, except at the first release), shared over the
+    devices; no request finishes before its release plus its service either.
+    """
+    if not trace.open_loop:
+        return None
+    models = config.models
+    lines = sorted(trace.lines, key=lambda x: x.t or 0.0)
+    t0 = lines[0].t or 0.0
+    devices = len(config.devices)
+    best = max((x.t or 0.0) + x.service_s for x in lines)
+    work = 0.0
+    setups: dict[str, float] = {}
+    setup_sum = 0.0
+    largest = 0.0
+    i = len(lines) - 1
+    while i >= 0:
+        t = lines[i].t or 0.0
+        while i >= 0 and (lines[i].t or 0.0) == t:
+            x = lines[i]
+            work += x.service_s / models[x.model].concurrency
+            if x.model not in setups:
+                s = models[x.model].load_s
+                setups[x.model] = s
+                setup_sum += s
+                largest = max(largest, s)
+            i -= 1
+        resident_credit = 0.0 if t == t0 else largest
+        best = max(best, t + (work + setup_sum - resident_credit) / devices)
+    return best - t0
+
+
+def _arrays(reqs: list[SimRequest]) -> tuple[Floats, Floats, Floats, Floats]:
+    n = len(reqs)
+    arr = np.fromiter((r.arrived_at for r in reqs), float, n)
+    dis = np.fromiter((r.dispatched_at for r in reqs), float, n)  # type: ignore[misc]
+    fin = np.fromiter((r.finished_at for r in reqs), float, n)  # type: ignore[misc]
+    svc = np.fromiter((r.service_s for r in reqs), float, n)
+    return arr, dis, fin, svc
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    """The figures `corral simulate --json` prints for one policy."""
+    rejected = {id(r) for r, _ in run.rejected}
+    done = [r for r in run.requests if id(r) not in rejected]
+    arr, dis, fin, svc = _arrays(done)
+    first = float(arr.min()) if done else 0.0
+    last = float(fin.max()) if done else 0.0
+    makespan = last - first
+    wait, lat = dis - arr, fin - arr
+    devices = [d.name for d in run.config.devices]
+    span = makespan * len(devices)
+    busy = sum(run.busy_s.values()) / span if span else 0.0
+    swap = sum(run.swap_s.values()) / span if span else 0.0
+    models = np.array([r.model for r in done]) if done else np.array([], dtype=str)
+    per_model: dict[str, dict[str, float]] = {}
+    slowdowns = []
+    for name in run.config.models:
+        mask = models == name
+        if not mask.any():
+            continue
+        w, la = wait[mask], lat[mask]
+        entry: dict[str, float] = {
+            "requests": int(mask.sum()), "loads": int(run.loads.get(name, 0)),
+            **_stats("wait", w), **_stats("latency", la),
+        }
+        slowdown = float((la / svc[mask]).mean())
+        entry["slowdown_mean"] = slowdown
+        slowdowns.append(slowdown)
+        per_model[name] = entry
+    result: dict[str, Any] = {
+        "policy": run.policy,
+        "requests": len(done),
+        "rejected": len(run.rejected),
+        "loads": int(sum(run.loads.values())),
+        "makespan_s": makespan,
+        "throughput_rps": len(done) / makespan if makespan else 0.0,
+        **_stats("wait", wait),
+        **_stats("latency", lat),
+        "busy_frac": busy,
+        "swap_frac": swap,
+        "idle_frac": max(0.0, round(1.0 - busy - swap, 12)),
+        "jain_fairness": jain(np.array(slowdowns)),
+        "lower_bound_makespan_s": lower_bound_makespan_s(run.config, run.trace),
+        "per_model": per_model,
+    }
+    return result
