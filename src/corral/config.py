@@ -81,6 +81,11 @@ class SchedulerConfig(_Strict):
     max_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=120.0, description="Anti-starvation bound on waits; null disables it."
     )
+    min_visit_swaps: NonNegSeconds = Field(
+        default=1.0,
+        description="A model swapped in serves at least this many times its swap time before "
+        "max_wait_s can force it out: swapping never takes more than 1/(1+x) of the device.",
+    )
     cost: CostConfig = CostConfig()
 
 

@@ -109,16 +109,22 @@ class Cost(Policy):
     weight-averaged age (aging breaks ties toward old work; `max_wait_s` is the hard bound, so the
     factor is capped and an old backlog never outweighs higher-priority work); its work
     P = n·service/concurrency.
-    Challengers rank by W / (load + P). A resident model with work yields to challenger c only if
-    serving c first lowers weighted completion time by the pairwise-interchange test
-    W_c·P_r > (1 + hysteresis)·W_r·(swap_in + P_c + swap_back), where the resident's W_r carries no
-    age credit: aging protects waiting queues, and the resident's queue is being served.
+    Challengers rank by W / (load + P). A resident model with work yields only to a challenger c
+    whose most important request outranks all of the resident's, and only if serving c first
+    lowers weighted completion time by the pairwise-interchange test
+    w_c·P_r > (1 + hysteresis)·w_r·(swap_in + P_c + swap_back), with w the queues' weights without
+    age credit: aging only ranks waiting queues. With the same weights on both sides the test is
+    antisymmetric (multiplying both directions' inequalities is a contradiction), so two models
+    can never preempt each other back and forth; at equal request priority and similar service
+    times it never fires, which is exhaustive service, the optimum of polling theory.
     """
 
     name: PolicyName = "cost"
 
     def __init__(self, base: float = 10.0, age_weight_s: float = 60.0, hysteresis: float = 0.5,
-                 linger: bool = True, max_age_factor: float = 3.0) -> None:
+                 linger: bool = True, max_age_factor: float = 3.0,
+                 max_wait_s: float | None = None) -> None:
+        self.max_wait_s = max_wait_s
         self.base = base
         self.age_weight_s = age_weight_s
         self.max_age_factor = max_age_factor
@@ -140,24 +146,56 @@ class Cost(Policy):
         return m.count * m.service_est / m.concurrency
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
+        """Smith's order, subject to deadlines: queues whose oldest request has used half of
+        `max_wait_s`, or would pass it while the best queue is served, go first, earliest
+        deadline first (EDF keeps every queue inside the bound whenever that is feasible)."""
+
         def key(m: ModelRecord) -> tuple[float, int, str]:
             value = self.queue_weight(m, now) / (m.load_est + self.work_s(m) + 1e-9)
             return (-value, oldest_seq(m), m.name)
 
-        return sorted(candidates, key=key)
+        order = sorted(candidates, key=key)
+        if self.max_wait_s is None or len(order) < 2:
+            return order
+        top = order[0]
+        horizon = max(now + top.load_est + self.work_s(top), now + 0.5 * self.max_wait_s)
+        urgent: list[tuple[float, ModelRecord]] = []
+        for m in order:
+            r = m.oldest()
+            if r is not None and r.arrived_at + self.max_wait_s <= horizon:
+                urgent.append((r.arrived_at, m))
+        if not urgent:
+            return order
+        first = [m for _, m in sorted(urgent, key=lambda x: (x[0], x[1].name))]
+        return first + [m for m in order if m not in first]
 
     def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
         if resident.count == 0:
             if not _lingering(resident, now):
                 return True
-            best = challenger.best()  # heavier work never waits for a lighter model's think time
-            return best is not None and best.priority > resident.last_priority
+            # Lingering never holds the device against heavier work or an urgent queue.
+            best = challenger.best()
+            if best is not None and best.priority > resident.last_priority:
+                return True
+            return self._urgent(challenger, now)
+        # Among equals, exhaustive service (never leave a queue with work) is optimal and
+        # stable; only strictly more important work may interrupt a visit.
+        top_c, top_r = challenger.best(), resident.best()
+        if top_c is None or top_r is None or top_c.priority <= top_r.priority:
+            return False
         swap_in = resident.unload_est + challenger.load_est
         swap_back = challenger.unload_est + resident.load_est
-        w_c = self.queue_weight(challenger, now)
+        w_c = challenger.w_sum
         w_r = resident.w_sum
         return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
             swap_in + self.work_s(challenger) + swap_back)
+
+    def _urgent(self, m: ModelRecord, now: float) -> bool:
+        """m's oldest request has used half of max_wait_s."""
+        if self.max_wait_s is None:
+            return False
+        r = m.oldest()
+        return r is not None and now - r.arrived_at >= 0.5 * self.max_wait_s
 
     def linger_s(self, m: ModelRecord, now: float) -> float:
         delay = m.spec.unload_delay_s
@@ -183,6 +221,6 @@ def make_policy(config: Config) -> Policy:
         "fifo-plus": FifoPlus,
         "priority": Priority,
         "cost": lambda: Cost(c.priority_base, c.age_weight_s, c.hysteresis, c.linger,
-                             c.max_age_factor),
+                             c.max_age_factor, config.scheduler.max_wait_s),
     }
     return makers[config.scheduler.policy]()

@@ -32,6 +32,7 @@ _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
 _OVERDUE = "overdue"
 _LINGER = "linger:"
+_QUANTUM = "quantum:"
 
 Clock = Callable[[], float]
 
@@ -58,6 +59,7 @@ class Scheduler:
         }
         self.devices: list[DeviceRecord] = [DeviceRecord(d) for d in config.devices]
         self._max_wait_s = config.scheduler.max_wait_s if self.policy.bounded_wait else None
+        self._min_visit = config.scheduler.min_visit_swaps
         # One model per device, one device: the common case gets O(1) arrival checks.
         self._solo = len(self.devices) == 1 and all(
             self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values())
@@ -115,6 +117,7 @@ class Scheduler:
         m.device.loading = None
         m.observe_swap(load_s, unload_s)
         now = self._clock()
+        m.ready_at = now
         if m.count == 0:
             self._went_idle(m, now)
         self._need_decide = True
@@ -217,6 +220,9 @@ class Scheduler:
         r = dev.residents[0]
         if r.yielding:
             return False  # a swap is already coming; its target is chosen when r drains
+        if not r.served and r.count:
+            r.recheck = True  # it serves a round first; decide again when that round ends
+            return False
         if r.count == 0:
             return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
         return self.policy.should_yield(r, c, now)
@@ -232,6 +238,9 @@ class Scheduler:
             del self._pending[m]
 
     def _after_slot_freed(self, m: ModelRecord, now: float) -> None:
+        if m.recheck:
+            m.recheck = False
+            self._need_decide = True
         if m.yielding:
             if m.in_flight == 0:
                 self._need_decide = True
@@ -328,7 +337,6 @@ class Scheduler:
 
     def _decide(self, now: float) -> None:
         """Full decision: which models come in, who yields for them; then dispatch."""
-        policy = self.policy
         for m in self.resident_models():
             m.yielding = False
         forced, next_deadline = self._overdue(now)
@@ -336,41 +344,93 @@ class Scheduler:
             self._arm_overdue(next_deadline)
         candidates = [m for m in self._pending if m.state is _UNLOADED]
         if candidates:
-            order = policy.rank(candidates, now)
-            if forced is not None:
-                order.remove(forced)
-                order.insert(0, forced)
-            evicting = False
-            for c in order:
-                plan = plan_placement(self._views(c, now))
-                if plan is None:
-                    evicting = evicting or c is forced  # nobody jumps an overdue model's queue
-                    continue
-                dev = next(d for d in self.devices if d.name == plan.device)
-                if not plan.evict:
-                    self._start_load(c, dev, [], now, "free room")
-                    continue
-                if evicting:
-                    continue  # one eviction decision at a time; later ones only take free room
-                victims = [self.models[n] for n in plan.evict]
-                if c is forced:
-                    # Turn-taking: a model swapped in serves one round before it can be forced out.
-                    agree = all(v.served or v.count == 0 for v in victims)
-                else:
-                    agree = all(policy.should_yield(v, c, now) for v in victims)
-                if agree:
-                    evicting = True
-                    for v in victims:
-                        v.yielding = True
-                    if all(v.in_flight == 0 for v in victims):
-                        reason = "max_wait_s reached" if c is forced else policy.name
-                        self._start_load(c, dev, victims, now, reason)
-                else:
-                    for v in victims:
-                        self._arm_linger(v, now)
+            if self._solo:
+                self._swap_solo(candidates, forced, now)
+            else:
+                self._swap_placed(candidates, forced, now)
         for m in list(self.resident_models()):
             if m.state is _READY and not m.yielding and m.count:
                 self._dispatch(m, now)
+
+    def _yield_to(self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None,
+                  now: float) -> bool:
+        """Do `victims` make room for `c` (policy, max_wait and the progress rule)?"""
+        wants = c is forced or all(self.policy.should_yield(v, c, now) for v in victims)
+        if not wants:
+            return False
+        if c is forced:
+            # Quantum: max_wait_s may end a visit only after it has served for min_visit_swaps
+            # times the swap that began it, so turn-taking under overload cannot collapse into
+            # swapping (at most 1/(1+min_visit_swaps) of the device goes to swaps).
+            for v in victims:
+                until = v.ready_at + self._min_visit * (v.ready_at - v.load_started_at)
+                if v.count and until > now:
+                    self._fx.set_timer(until, _QUANTUM + v.name)
+                    return False
+        # Progress: a model loaded for pending work serves one round before it yields, so no
+        # swap is wasted and no two models can swap back and forth forever.
+        if all(v.served or v.count == 0 for v in victims):
+            return True
+        for v in victims:
+            v.recheck = True  # decide again when its first round frees a slot
+        return False
+
+    def _commit(self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord],
+                forced: ModelRecord | None, now: float) -> None:
+        for v in victims:
+            v.yielding = True
+        if all(v.in_flight == 0 for v in victims):
+            reason = "max_wait_s reached" if c is forced else self.policy.name
+            self._start_load(c, dev, victims, now, reason)
+
+    def _swap_solo(self, candidates: list[ModelRecord], forced: ModelRecord | None,
+                   now: float) -> None:
+        """One device, one model at a time: the same rule as `_swap_placed`, without views."""
+        dev = self.devices[0]
+        if dev.loading is not None:
+            return
+        if not dev.residents:
+            target = forced or self.policy.rank(candidates, now)[0]
+            self._start_load(target, dev, [], now, "free room")
+            return
+        r = dev.residents[0]
+        if forced is not None:
+            target = forced
+        else:
+            passing = [c for c in candidates if self.policy.should_yield(r, c, now)]
+            if not passing:
+                self._arm_linger(r, now)
+                return
+            target = passing[0] if len(passing) == 1 else self.policy.rank(passing, now)[0]
+        if self._yield_to([r], target, forced, now):
+            self._commit(target, dev, [r], forced, now)
+
+    def _swap_placed(self, candidates: list[ModelRecord], forced: ModelRecord | None,
+                     now: float) -> None:
+        """Several devices or models per device: place candidates in rank order."""
+        order = self.policy.rank(candidates, now)
+        if forced is not None:
+            order.remove(forced)
+            order.insert(0, forced)
+        evicting = False
+        for c in order:
+            plan = plan_placement(self._views(c, now))
+            if plan is None:
+                evicting = evicting or c is forced  # nobody jumps an overdue model's queue
+                continue
+            dev = next(d for d in self.devices if d.name == plan.device)
+            if not plan.evict:
+                self._start_load(c, dev, [], now, "free room")
+                continue
+            if evicting:
+                continue  # one eviction decision at a time; later ones only take free room
+            victims = [self.models[n] for n in plan.evict]
+            if self._yield_to(victims, c, forced, now):
+                evicting = True
+                self._commit(c, dev, victims, forced, now)
+            else:
+                for v in victims:
+                    self._arm_linger(v, now)
 
     def _arm_linger(self, m: ModelRecord, now: float) -> None:
         until = m.linger_until
@@ -388,6 +448,7 @@ class Scheduler:
             v.yielding = False
             v.linger_until = None
         self._move(c, Lifecycle.LOADING)
+        c.load_started_at = now
         c.device = dev
         c.idle_since = None
         c.served = False

@@ -24,8 +24,8 @@ class ModelRecord:
     """
 
     __slots__ = ("_levels", "_order", "concurrency", "count", "device", "gap_dev", "gap_est", "idle_since",
-                 "in_flight", "last_priority", "linger_timer_at", "linger_until", "load_est",
-                 "name", "priority", "served", "service_est", "spec", "state", "unload_est",
+                 "in_flight", "last_priority", "linger_timer_at", "linger_until", "load_est", "load_started_at",
+                 "name", "priority", "ready_at", "recheck", "served", "service_est", "spec", "state", "unload_est",
                  "wa_sum", "w_sum", "yielding")
 
     def __init__(self, name: str, spec: ModelConfig) -> None:
@@ -43,6 +43,9 @@ class ModelRecord:
         self._order: list[int] = []  # negated priorities, ascending = highest priority first
         self.yielding = False  # stops taking new work: it is to make room for another model
         self.served = False  # dispatched at least once since it last loaded
+        self.recheck = False  # a challenger waits for this model's first round to end
+        self.load_started_at = 0.0
+        self.ready_at = 0.0
         self.linger_until: float | None = None
         self.linger_timer_at: float | None = None
         self.idle_since: float | None = None

@@ -125,8 +125,8 @@ scheduler: {policy: cost, max_wait_s: 120}
 
 
 def chat_batch() -> Scenario:
-    """Interactive chat (request priority 2, two users in closed loop) beside a 2,000-request
-    background batch on another model, one device."""
+    """A person chats (request priority 2, closed loop, 10-60 s to read and type) with one model
+    while a 2,000-request background batch runs on another model, one device."""
     cfg = parse_config("""
 models:
   batch-8b: {load_s: 10, unload_s: 2, service_s: 1}
@@ -137,14 +137,13 @@ scheduler: {policy: cost, max_wait_s: 120}
     lines: list[dict[str, object]] = [
         {"t": 0.0, "model": "batch-8b", "service_s": round(rng.uniform(0.6, 1.4), 3)}
         for _ in range(2000)]
-    for user in range(2):
-        for k in range(20):
-            line: dict[str, object] = {
-                "session": f"chat-{user}", "model": "chat-3b", "priority": 2,
-                "service_s": round(rng.uniform(2, 4), 2), "think_s": round(rng.uniform(20, 60), 1)}
-            if k == 0:
-                line["t"] = 30.0 + 45.0 * user
-            lines.append(line)
+    for k in range(40):
+        line: dict[str, object] = {
+            "session": "chat", "model": "chat-3b", "priority": 2,
+            "service_s": round(rng.uniform(2, 4), 2), "think_s": round(rng.uniform(10, 60), 1)}
+        if k == 0:
+            line["t"] = 30.0
+        lines.append(line)
     return Scenario("chat-batch", chat_batch.__doc__ or "", cfg, _trace("chat-batch", lines))
 
 
