@@ -240,8 +240,8 @@ class Scheduler:
     def _after_slot_freed(self, m: ModelRecord, now: float) -> None:
         if m.recheck:
             m.recheck = False
-            self._need_decide = True
-        if m.yielding:
+            self._need_decide = True  # decide before refilling the slot; decide dispatches
+        elif m.yielding:
             if m.in_flight == 0:
                 self._need_decide = True
         elif m.count:

@@ -1,0 +1,81 @@
+"""Test doubles for the scheduler core: recorded effects and a hand-driven clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.config import parse_config
+from corral.core import Request, Scheduler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class RecordedEffects:
+    """Records every effect; `take()` returns and clears what happened since the last call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        self.timers: list[tuple[float, str]] = []
+
+    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+        self.calls.append(("load", model, tuple(evict)))
+
+    def dispatch(self, request: Request) -> None:
+        self.calls.append(("dispatch", request.id))
+
+    def reject(self, request: Request, reason: str) -> None:
+        self.calls.append(("reject", request.id, reason))
+
+    def set_timer(self, at_s: float, key: str) -> None:
+        self.timers.append((at_s, key))
+
+    def take(self) -> list[tuple[object, ...]]:
+        out, self.calls = self.calls, []
+        return out
+
+
+class Harness:
+    """A scheduler with recorded effects; requests are created by id like 'a1' -> model 'a'."""
+
+    def __init__(self, yaml_text: str, policy: str | None = None) -> None:
+        config = parse_config(yaml_text)
+        if policy is not None:
+            config = config.with_policy(policy)  # type: ignore[arg-type]
+        self.clock = Clock()
+        self.fx = RecordedEffects()
+        self.s = Scheduler(config, self.fx, self.clock)
+        self.requests: dict[str, Request] = {}
+
+    def at(self, t: float) -> Harness:
+        self.clock.t = t
+        return self
+
+    def arrive(self, rid: str, model: str | None = None, priority: int = 0) -> Request:
+        r = Request(rid, model or rid.rstrip("0123456789"), priority)
+        self.requests[rid] = r
+        self.s.on_request(r)
+        return r
+
+    def loaded(self, model: str) -> None:
+        self.s.on_load_finished(model)
+
+    def finish(self, rid: str) -> None:
+        self.s.on_request_finished(self.requests[rid])
+
+    def timers_due(self) -> None:
+        """Fire every timer due by now, in time order."""
+        while True:
+            due = sorted(t for t in self.fx.timers if t[0] <= self.clock.t)
+            if not due:
+                return
+            self.fx.timers.remove(due[0])
+            self.s.on_timer(due[0][1])
+
+    def take(self) -> list[tuple[object, ...]]:
+        return self.fx.take()

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.config import load_config, parse_config
+from corral.errors import ConfigError
+
+ISSUE_EXAMPLE = """\
+devices:
+  - name: gpu0
+    memory_gb: 24
+models:
+  cover-writer:
+    load_s: 4
+    unload_s: 1
+    memory_gb: 2
+    concurrency: 1
+    priority: 0
+    unload_delay_s: 0
+  research-8b: {load_s: 12, unload_s: 2}
+scheduler:
+  policy: cost
+  max_wait_s: 120
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "c.yaml")
+    return [str(p) for p in exc.value.problems]
+
+
+def test_issue_example_parses_with_defaults() -> None:
+    c = parse_config(ISSUE_EXAMPLE)
+    assert c.devices[0].memory_gb == 24
+    assert c.models["research-8b"].load_s == 12
+    assert c.models["research-8b"].concurrency == 1
+    assert c.scheduler.policy == "cost"
+    assert c.scheduler.max_wait_s == 120
+
+
+def test_defaults_one_device_and_cost_policy() -> None:
+    c = parse_config("models:\n  m: {load_s: 3}\n")
+    assert [d.name for d in c.devices] == ["device0"]
+    assert c.devices[0].memory_gb is None
+    assert c.scheduler.policy == "cost"
+
+
+def test_max_wait_null_disables_the_bound() -> None:
+    c = parse_config("models: {m: {}}\nscheduler: {max_wait_s: null}\n")
+    assert c.scheduler.max_wait_s is None
+
+
+def test_unknown_key_names_path_line_and_allowed_keys() -> None:
+    (p,) = problems("models:\n  m:\n    load_s: 3\n    laod_s: 4\n")
+    assert p.startswith("c.yaml:4: models.m.laod_s: unknown key")
+    assert "load_s" in p and "unload_delay_s" in p
+
+
+def test_unknown_top_level_and_scheduler_keys() -> None:
+    ps = problems("models: {m: {}}\nschedular: {}\nscheduler: {polcy: cost}\n")
+    assert any(p.startswith("c.yaml:2: schedular: unknown key") for p in ps)
+    assert any("scheduler.polcy: unknown key" in p and "max_wait_s" in p for p in ps)
+
+
+def test_bad_policy_lists_the_allowed_ones() -> None:
+    (p,) = problems("models: {m: {}}\nscheduler:\n  policy: lifo\n")
+    assert p.startswith("c.yaml:3: scheduler.policy:")
+    for name in ("fifo", "grouped", "fifo-plus", "priority", "cost"):
+        assert name in p
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("models: {m: {load_s: -1}}\n", "models.m.load_s: Input should be greater than or equal"),
+        ("models: {m: {concurrency: 0}}\n", "models.m.concurrency"),
+        ("models: {m: {load_s: fast}}\n", "models.m.load_s"),
+        ("models: {}\n", "models"),
+        ("devices: []\nmodels: {m: {}}\n", "devices"),
+    ],
+)
+def test_bad_values_name_the_key(text: str, fragment: str) -> None:
+    assert any(fragment in p for p in problems(text))
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    ps = problems("models:\n  a: {load_s: -1}\n  b: {concurrency: 0, colour: red}\n")
+    assert len(ps) == 3
+
+
+def test_duplicate_keys_are_errors() -> None:
+    ps = problems("models:\n  m: {load_s: 1}\n  m: {load_s: 2}\n")
+    assert any("c.yaml:3: models.m: key appears twice" in p for p in ps)
+
+
+def test_model_larger_than_every_device() -> None:
+    (p,) = problems("devices: [{name: g, memory_gb: 8}]\nmodels: {big: {memory_gb: 20}}\n")
+    assert "needs memory_gb 20 but the largest device has 8" in p
+
+
+def test_device_names_unique() -> None:
+    assert any("repeated: g" in p for p in problems(
+        "devices: [{name: g}, {name: g}]\nmodels: {m: {}}\n"))
+
+
+def test_yaml_syntax_error_has_line() -> None:
+    (p,) = problems("models:\n  m: {load_s: 1\n")
+    assert p.startswith("c.yaml:3: not valid YAML") or p.startswith("c.yaml:2: not valid YAML")
+
+
+def test_empty_and_non_mapping_files() -> None:
+    assert "empty" in problems("")[0]
+    assert "must be a mapping" in problems("- a\n- b\n")[0]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_with_policy_copies() -> None:
+    c = parse_config(ISSUE_EXAMPLE)
+    assert c.with_policy("fifo").scheduler.policy == "fifo"
+    assert c.scheduler.policy == "cost"

@@ -1,0 +1,355 @@
+"""Scheduler rules, one test each: events in by hand, effects recorded, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core import RequestState
+from tests.helpers import Harness
+
+TWO = """
+models:
+  a: {load_s: 4, unload_s: 1}
+  b: {load_s: 12, unload_s: 2}
+scheduler: {max_wait_s: null}
+"""
+THREE = """
+models:
+  a: {load_s: 4, unload_s: 1}
+  b: {load_s: 5, unload_s: 1}
+  c: {load_s: 6, unload_s: 1}
+scheduler: {max_wait_s: 100}
+"""
+ALL = ["fifo", "grouped", "fifo-plus", "priority", "cost"]
+
+
+# --- rules shared by every policy ---------------------------------------------------------------
+@pytest.mark.parametrize("policy", ALL)
+def test_requests_during_a_load_join_it(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.arrive("a2")
+    assert h.take() == [("load", "a", ())]
+    h.at(4).loaded("a")
+    assert h.take() == [("dispatch", "a1")]
+    h.finish("a1")
+    assert h.take() == [("dispatch", "a2")]
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_unknown_model_is_rejected(policy: str) -> None:
+    h = Harness(TWO, policy)
+    r = h.arrive("x1", "nope")
+    (call,) = h.take()
+    assert call[:2] == ("reject", "x1") and "unknown model 'nope'" in str(call[2])
+    assert r.state is RequestState.REJECTED
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_nothing_pending_keeps_the_resident_model(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.at(9).finish("a1")
+    h.at(10_000).timers_due()
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_never_evicts_a_model_with_work_in_flight(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.take()
+    h.arrive("b1")
+    assert h.take() == []  # a1 still runs
+    h.at(9).finish("a1")
+    assert h.take() == [("load", "b", ("a",))]
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_request_priority_first_then_fifo_within_a_model(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.arrive("a2")
+    h.arrive("a3", priority=1)
+    h.arrive("a4", priority=1)
+    h.at(4).loaded("a")
+    for rid in ("a3", "a4", "a1"):
+        h.finish(rid)
+    assert [c[1] for c in h.take() if c[0] == "dispatch"] == ["a3", "a4", "a1", "a2"]
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_cancelled_request_never_triggers_a_load(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    b1 = h.arrive("b1")
+    assert h.s.on_cancel(b1)
+    h.at(9).finish("a1")
+    assert [c for c in h.take() if c[0] == "load"] == [("load", "a", ())]
+    assert b1.state is RequestState.CANCELLED
+    assert not h.s.on_cancel(b1)
+
+
+def test_load_failure_rejects_the_waiting_requests() -> None:
+    h = Harness(TWO)
+    h.arrive("a1")
+    h.arrive("a2")
+    h.take()
+    h.s.on_load_failed("a", "exit code 1")
+    calls = h.take()
+    assert [c[:2] for c in calls] == [("reject", "a1"), ("reject", "a2")]
+    assert "failed to load: exit code 1" in str(calls[0][2])
+    h.arrive("a3")  # the next request tries again
+    assert h.take() == [("load", "a", ())]
+
+
+def test_overdue_request_goes_first_inside_its_model() -> None:
+    h = Harness("models: {a: {load_s: 1}}\nscheduler: {max_wait_s: 10}\n", "cost")
+    h.arrive("a1")
+    h.at(1).loaded("a")
+    h.arrive("a2")  # low priority, waits behind a stream of priority-1 requests
+    h.at(5).arrive("a3", priority=1)
+    h.at(6).finish("a1")
+    h.at(8).arrive("a4", priority=1)
+    h.at(12).finish("a3")  # a2 has waited 11 s > max_wait_s: it goes before a4
+    assert [c[1] for c in h.take() if c[0] == "dispatch"] == ["a1", "a3", "a2"]
+
+
+# --- several devices and memory ----------------------------------------------------------------
+def test_dual_gpu_runs_both_models_side_by_side() -> None:
+    h = Harness("devices: [{name: g0}, {name: g1}]\nmodels: {a: {load_s: 4}, b: {load_s: 5}}\n")
+    for rid in ("a1", "b1", "a2", "b2"):
+        h.arrive(rid)
+    assert h.take() == [("load", "a", ()), ("load", "b", ())]
+    h.at(4).loaded("a")
+    h.at(5).loaded("b")
+    assert h.take() == [("dispatch", "a1"), ("dispatch", "b1")]
+
+
+def test_memory_decides_what_fits_and_evicts_the_idle_model() -> None:
+    h = Harness("devices: [{name: g, memory_gb: 24}]\n"
+                "models: {a: {memory_gb: 10}, b: {memory_gb: 10}, c: {memory_gb: 10}}\n"
+                "scheduler: {policy: fifo-plus}\n")
+    h.arrive("a1")
+    h.arrive("b1")
+    assert h.take() == [("load", "a", ())]  # one swap at a time per device
+    h.loaded("a")
+    assert h.take() == [("load", "b", ()), ("dispatch", "a1")]  # b fits beside a
+    h.loaded("b")
+    assert h.take() == [("dispatch", "b1")]
+    h.finish("a1")
+    h.arrive("c1")  # a is idle, b still serves b1: a is evicted
+    assert h.take() == [("load", "c", ("a",))]
+    resident = sorted(m.name for m in h.s.resident_models())
+    assert resident == ["b", "c"]
+
+
+# --- fifo -------------------------------------------------------------------------------------
+def test_fifo_swaps_on_every_model_change() -> None:
+    h = Harness(TWO, "fifo")
+    for rid in ("a1", "b1", "a2", "b2"):
+        h.arrive(rid)
+    h.loaded("a")
+    h.finish("a1")
+    h.loaded("b")
+    h.finish("b1")
+    h.loaded("a")
+    h.finish("a2")
+    loads = [c[1] for c in h.take() if c[0] == "load"]
+    assert loads == ["a", "b", "a", "b"]
+
+
+# --- grouped ----------------------------------------------------------------------------------
+def test_grouped_switches_to_the_longest_queue_only_when_dry() -> None:
+    h = Harness(THREE, "grouped")
+    h.arrive("a1")
+    h.loaded("a")
+    h.arrive("b1")
+    h.arrive("c1")
+    h.arrive("c2")
+    h.arrive("a2")
+    h.finish("a1")  # a still has a2: no switch, even though b1 is older
+    assert h.take()[-1] == ("dispatch", "a2")
+    h.at(500).finish("a2")  # max_wait_s is ignored by grouped
+    assert h.take() == [("load", "c", ("a",))]
+
+
+# --- fifo-plus --------------------------------------------------------------------------------
+def test_fifo_plus_switches_to_the_oldest_request_when_dry() -> None:
+    h = Harness(THREE, "fifo-plus")
+    h.arrive("a1")
+    h.loaded("a")
+    h.arrive("b1")
+    h.arrive("c1")
+    h.arrive("c2")
+    h.finish("a1")
+    assert h.take()[-1] == ("load", "b", ("a",))
+
+
+def test_fifo_plus_max_wait_stops_new_work_then_switches() -> None:
+    h = Harness(THREE, "fifo-plus")
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.at(5).arrive("b1")
+    h.at(10).arrive("a2")
+    h.at(20).finish("a1")
+    assert h.take()[-1] == ("dispatch", "a2")  # b1 not overdue yet
+    h.at(104).arrive("a3")
+    h.at(105).timers_due()  # b1 has waited 100 s: a takes no new work
+    h.at(110).finish("a2")
+    assert h.take() == [("load", "b", ("a",))]
+    assert h.requests["a3"].state is RequestState.PENDING
+
+
+def test_fifo_plus_without_max_wait_is_exhaustive() -> None:
+    h = Harness(TWO, "fifo-plus")
+    h.arrive("a1")
+    h.loaded("a")
+    h.arrive("b1")
+    for i in range(2, 50):
+        h.arrive(f"a{i}")
+        h.at(i * 10.0).finish(f"a{i - 1}")
+        h.timers_due()
+    assert [c for c in h.take() if c[0] == "load"] == [("load", "a", ())]
+    assert h.fx.timers == []
+
+
+# --- priority ---------------------------------------------------------------------------------
+PRIO = """
+models:
+  low: {load_s: 4, priority: 0}
+  high: {load_s: 4, priority: 1, unload_delay_s: 30}
+scheduler: {policy: priority, max_wait_s: 300}
+"""
+
+
+def test_priority_higher_model_preempts_between_requests() -> None:
+    h = Harness(PRIO)
+    h.arrive("low1")
+    h.loaded("low")
+    h.arrive("low2")
+    h.arrive("high1")
+    h.finish("low1")  # low2 waits; high takes over
+    assert h.take()[-1] == ("load", "high", ("low",))
+
+
+def test_priority_unload_delay_keeps_the_model_and_restarts() -> None:
+    h = Harness(PRIO)
+    h.arrive("high1")
+    h.loaded("high")
+    h.at(10).finish("high1")
+    h.arrive("low1")
+    assert h.take()[-1] == ("dispatch", "high1")  # lingers: unload delay 30 s
+    h.at(25).arrive("high2")  # within the delay: runs at once, delay restarts after it
+    assert h.take() == [("dispatch", "high2")]
+    h.at(30).finish("high2")
+    h.at(45).timers_due()
+    assert h.take() == []
+    h.at(60).timers_due()
+    assert h.take() == [("load", "low", ("high",))]
+
+
+def test_priority_strictly_higher_work_ends_the_delay() -> None:
+    h = Harness("""
+models:
+  a: {load_s: 4, priority: 1, unload_delay_s: 60}
+  b: {load_s: 4, priority: 2}
+scheduler: {policy: priority}
+""")
+    h.arrive("a1")
+    h.loaded("a")
+    h.finish("a1")
+    h.arrive("b1")
+    assert h.take()[-1] == ("load", "b", ("a",))
+
+
+# --- cost -------------------------------------------------------------------------------------
+CHAT = """
+models:
+  batch: {load_s: 10, unload_s: 2, service_s: 1}
+  chat: {load_s: 3, unload_s: 1, service_s: 3}
+scheduler: {policy: cost, max_wait_s: 120}
+"""
+
+
+def test_cost_high_priority_request_interrupts_a_busy_queue() -> None:
+    h = Harness(CHAT)
+    for i in range(50):
+        h.arrive(f"batch{i}", "batch")
+    h.loaded("batch")
+    h.arrive("chat1", "chat", priority=2)
+    h.finish("batch0")
+    assert h.take()[-1] == ("load", "chat", ("batch",))
+
+
+def test_cost_equal_priority_never_interrupts_a_busy_queue() -> None:
+    h = Harness(CHAT)
+    for i in range(50):
+        h.arrive(f"batch{i}", "batch")
+    h.loaded("batch")
+    for i in range(200):
+        h.arrive(f"chat{i}", "chat")
+    h.finish("batch0")
+    assert h.take()[-1] == ("dispatch", "batch1")
+
+
+def test_cost_lingers_for_a_predictable_next_request() -> None:
+    h = Harness(CHAT)
+    t = 0.0
+    h.arrive("chat0", "chat")
+    h.loaded("chat")
+    for i in range(1, 6):  # a closed loop: next request 0.5 s after each finish
+        t += 3
+        h.at(t).finish(f"chat{i - 1}")
+        t += 0.5
+        h.at(t).arrive(f"chat{i}", "chat")
+    h.take()
+    t += 3
+    h.at(t).arrive("batch0", "batch")
+    h.finish("chat5")  # idle; a batch request waits, but chat's next one is due in ~0.5 s
+    assert h.take() == []
+    h.at(t + 0.5).arrive("chat6", "chat")
+    assert h.take() == [("dispatch", "chat6")]
+    h.at(t + 3.5).finish("chat6")
+    h.at(t + 20).timers_due()  # no next chat request: the linger ends, batch goes in
+    assert h.take() == [("load", "batch", ("chat",))]
+
+
+def test_cost_prefers_the_queue_worth_most_per_second() -> None:
+    h = Harness(THREE, "cost")
+    h.arrive("a1")
+    h.loaded("a")
+    h.arrive("b1")
+    for i in range(1, 6):
+        h.arrive(f"c{i}")
+    h.finish("a1")
+    assert h.take()[-1] == ("load", "c", ("a",))
+
+
+# --- progress and the max_wait quantum ---------------------------------------------------------
+def test_a_swapped_in_model_serves_one_round_before_yielding() -> None:
+    h = Harness(PRIO)
+    h.arrive("low1")
+    h.arrive("low2")
+    h.arrive("high1")  # arrives during low's load
+    h.at(4).loaded("low")
+    assert h.take()[-1] == ("dispatch", "low1")
+    h.at(5).finish("low1")
+    assert h.take() == [("load", "high", ("low",))]
+
+
+def test_max_wait_cannot_end_a_visit_before_its_quantum() -> None:
+    h = Harness("models: {a: {load_s: 20}, b: {load_s: 20}}\n"
+                "scheduler: {policy: fifo-plus, max_wait_s: 10, min_visit_swaps: 1}\n")
+    h.arrive("a1")
+    h.arrive("a2")
+    h.at(1).arrive("b1")
+    h.at(20).loaded("a")  # b1 is overdue, but a loaded 0 s ago after a 20 s swap
+    h.at(21).finish("a1")
+    assert h.take()[-1] == ("dispatch", "a2")
+    h.at(40).timers_due()
+    h.at(41).finish("a2")
+    assert h.take() == [("load", "b", ("a",))]
