@@ -26,7 +26,9 @@ def make_workload(requests: int, models: int, seed: int = 7) -> tuple[str, Trace
     names = [f"model-{i:02d}" for i in range(models)]
     config = "models:\n" + "".join(
         f"  {n}: {{load_s: {rng.uniform(2, 20):.1f}, unload_s: 1, service_s: 1, "
-        f"concurrency: {rng.choice([1, 2, 4])}}}\n" for n in names)
+        f"concurrency: {rng.choice([1, 2, 4])}}}\n"
+        for n in names
+    )
     config += "scheduler: {policy: cost, max_wait_s: 900}\n"
     popularity = [1 / (i + 1) for i in range(models)]
     # Mean service 0.5 s at concurrency ~2: a rate that keeps the device busy but stable.
@@ -58,21 +60,36 @@ def main() -> None:
         wall_s = time.perf_counter() - start
         gc.enable()
         s = summarize(run)
-        results.append({
-            "policy": policy, "requests": args.requests, "models": args.models,
-            "wall_s": round(wall_s, 2), "requests_per_s": round(args.requests / wall_s),
-            "loads": s["loads"], "wait_mean_s": round(s["wait_mean_s"], 2),
-            "busy_frac": round(s["busy_frac"], 3),
-        })
+        results.append(
+            {
+                "policy": policy,
+                "requests": args.requests,
+                "models": args.models,
+                "wall_s": round(wall_s, 2),
+                "requests_per_s": round(args.requests / wall_s),
+                "loads": s["loads"],
+                "wait_mean_s": round(s["wait_mean_s"], 2),
+                "busy_frac": round(s["busy_frac"], 3),
+            }
+        )
     if args.json:
-        print(json.dumps({"machine": platform.processor() or platform.machine(),
-                          "python": platform.python_version(), "results": results}))
+        print(
+            json.dumps(
+                {
+                    "machine": platform.processor() or platform.machine(),
+                    "python": platform.python_version(),
+                    "results": results,
+                }
+            )
+        )
         return
     print(f"python {platform.python_version()} on {platform.machine()}")
     for r in results:
-        print(f"{r['policy']:10s} {r['requests']:>9,} requests over {r['models']} models in "
-              f"{r['wall_s']:6.2f} s wall = {r['requests_per_s']:>9,} simulated requests/s "
-              f"(loads {r['loads']:,}, mean wait {r['wait_mean_s']} s, busy {r['busy_frac']})")
+        print(
+            f"{r['policy']:10s} {r['requests']:>9,} requests over {r['models']} models in "
+            f"{r['wall_s']:6.2f} s wall = {r['requests_per_s']:>9,} simulated requests/s "
+            f"(loads {r['loads']:,}, mean wait {r['wait_mean_s']} s, busy {r['busy_frac']})"
+        )
 
 
 if __name__ == "__main__":

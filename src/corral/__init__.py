@@ -4,5 +4,12 @@ from corral.config import Config, load_config, parse_config
 from corral.errors import ConfigError, CorralError, TraceError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "CorralError", "TraceError", "__version__", "load_config",
-           "parse_config"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "CorralError",
+    "TraceError",
+    "__version__",
+    "load_config",
+    "parse_config",
+]

@@ -23,13 +23,16 @@ from corral.sim.trace import Trace, load_trace
 
 app = typer.Typer(
     help="Corral schedules LLM work across local models so the device generates, not swaps.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 # Fixed width when stdout is a pipe or file: rich would assume 80 columns and squeeze tables.
 out_console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # an error line is never wrapped
 
 
 def _fail(exc: CorralError) -> typer.Exit:
@@ -46,8 +49,9 @@ def version() -> None:
 @config_app.command("check")
 def config_check(
     file: Annotated[Path, typer.Argument(help="The YAML configuration file.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the resolved config as JSON.")]
-    = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the resolved config as JSON.")
+    ] = False,
 ) -> None:
     """Validate FILE and print the resolved configuration (defaults filled in)."""
     try:
@@ -58,9 +62,11 @@ def config_check(
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    err_console.print(f"[green]ok[/green]: {file} is valid "
-                      f"({len(config.models)} models, {len(config.devices)} devices, "
-                      f"policy {config.scheduler.policy})")
+    err_console.print(
+        f"[green]ok[/green]: {file} is valid "
+        f"({len(config.models)} models, {len(config.devices)} devices, "
+        f"policy {config.scheduler.policy})"
+    )
     print(yaml.safe_dump(data, sort_keys=False), end="")
 
 
@@ -73,21 +79,28 @@ def _policies(requested: list[str] | None, config: Config) -> list[PolicyName]:
             out.extend(x for x in POLICY_NAMES if x not in out)
         elif p in POLICY_NAMES:
             if p not in out:
-                out.append(p)  # type: ignore[arg-type]
+                out.append(p)
         else:
             raise typer.BadParameter(
                 f"unknown policy {p!r}; choose from {', '.join(POLICY_NAMES)} or all",
-                param_hint="--policy")
+                param_hint="--policy",
+            )
     return out
 
 
-def _run_all(config: Config, trace: Trace, policies: list[PolicyName], show_progress: bool
-             ) -> tuple[list[Run], list[dict[str, Any]]]:
+def _run_all(
+    config: Config, trace: Trace, policies: list[PolicyName], show_progress: bool
+) -> tuple[list[Run], list[dict[str, Any]]]:
     runs: list[Run] = []
-    progress = Progress(TextColumn("{task.description:>10}"), BarColumn(),
-                        TextColumn("{task.completed:,}/{task.total:,} requests"),
-                        TimeRemainingColumn(), console=err_console, transient=True,
-                        disable=not show_progress)
+    progress = Progress(
+        TextColumn("{task.description:>10}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} requests"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+        disable=not show_progress,
+    )
     with progress:
         for policy in policies:
             task = progress.add_task(policy, total=len(trace.lines))
@@ -101,28 +114,46 @@ def _run_all(config: Config, trace: Trace, policies: list[PolicyName], show_prog
 
 @app.command(name="simulate")
 def simulate_cmd(
-    config_path: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Configuration file (models, devices, scheduler).")] = None,
-    trace_path: Annotated[Path | None, typer.Option(
-        "--trace", "-t", help="Trace file: one JSON request per line.")] = None,
-    scenario: Annotated[str | None, typer.Option(
-        "--scenario", "-s", help="A built-in scenario instead of --config/--trace.")] = None,
-    policy: Annotated[list[str] | None, typer.Option(
-        "--policy", "-p", help="Policy to run; repeat to compare; 'all' runs all five. "
-        "Default: the config's policy.")] = None,
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Configuration file (models, devices, scheduler)."),
+    ] = None,
+    trace_path: Annotated[
+        Path | None, typer.Option("--trace", "-t", help="Trace file: one JSON request per line.")
+    ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option("--scenario", "-s", help="A built-in scenario instead of --config/--trace."),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="Policy to run; repeat to compare; 'all' runs all five. "
+            "Default: the config's policy.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Write results.csv and PNG plots to this folder.")] = None,
-    list_scenarios: Annotated[bool, typer.Option(
-        "--list-scenarios", help="List the built-in scenarios and exit.")] = False,
-    save_scenario: Annotated[Path | None, typer.Option(
-        "--save-scenario", help="With --scenario: write its config.yaml and trace.jsonl here.")
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Write results.csv and PNG plots to this folder."),
+    ] = None,
+    list_scenarios: Annotated[
+        bool, typer.Option("--list-scenarios", help="List the built-in scenarios and exit.")
+    ] = False,
+    save_scenario: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-scenario", help="With --scenario: write its config.yaml and trace.jsonl here."
+        ),
     ] = None,
 ) -> None:
     """Replay a trace through the real scheduler on a virtual clock and compare policies."""
     if list_scenarios:
-        table_rows = [(name, " ".join((make().summary or "").split())) for name, make in
-                      SCENARIOS.items()]
+        table_rows = [
+            (name, " ".join((make().summary or "").split())) for name, make in SCENARIOS.items()
+        ]
         if as_json:
             print(json.dumps({"scenarios": [{"name": n, "summary": s} for n, s in table_rows]}))
         else:
@@ -132,19 +163,23 @@ def simulate_cmd(
     try:
         if scenario is not None:
             if config_path or trace_path:
-                raise typer.BadParameter("use either --scenario or --config/--trace, not both",
-                                         param_hint="--scenario")
+                raise typer.BadParameter(
+                    "use either --scenario or --config/--trace, not both", param_hint="--scenario"
+                )
             sc = get_scenario(scenario)
             config, trace, title = sc.config, sc.trace, f"scenario {sc.name}"
             if save_scenario is not None:
                 save_scenario.mkdir(parents=True, exist_ok=True)
                 (save_scenario / "config.yaml").write_text(
-                    yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+                    yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+                )
                 trace.write(save_scenario / "trace.jsonl")
         else:
             if config_path is None or trace_path is None:
-                raise typer.BadParameter("give --config and --trace, or --scenario NAME "
-                                         "(see --list-scenarios)", param_hint="--config")
+                raise typer.BadParameter(
+                    "give --config and --trace, or --scenario NAME (see --list-scenarios)",
+                    param_hint="--config",
+                )
             config = load_config(config_path)
             trace = load_trace(trace_path, config.models)
             title = f"{trace_path.name} · {len(trace.lines):,} requests"
@@ -158,8 +193,9 @@ def simulate_cmd(
         write_csv(results, out / "results.csv")
         written = write_plots(runs, results, out)
         if not as_json:
-            err_console.print(f"wrote {out / 'results.csv'} and "
-                              f"{', '.join(p.name for p in written)}")
+            err_console.print(
+                f"wrote {out / 'results.csv'} and {', '.join(p.name for p in written)}"
+            )
     if as_json:
         print(json.dumps({"results": results}, indent=2))
         return

@@ -136,17 +136,23 @@ class Config(_Strict):
 _Path = tuple[str | int, ...]
 
 
-def _node_lines(node: yaml.Node, path: _Path, lines: dict[_Path, int], dupes: list[Problem],
-                source: str) -> None:
+def _node_lines(
+    node: yaml.Node, path: _Path, lines: dict[_Path, int], dupes: list[Problem], source: str
+) -> None:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
             key = str(key_node.value)
             if key in seen:
-                dupes.append(Problem(source, key_node.start_mark.line + 1,
-                                     ".".join(map(str, (*path, key))),
-                                     "key appears twice; keep one"))
+                dupes.append(
+                    Problem(
+                        source,
+                        key_node.start_mark.line + 1,
+                        ".".join(map(str, (*path, key))),
+                        "key appears twice; keep one",
+                    )
+                )
             seen.add(key)
             _node_lines(value_node, (*path, key), lines, dupes, source)
             lines[(*path, key)] = key_node.start_mark.line + 1
@@ -191,7 +197,7 @@ def _describe(err: Any) -> str:
         return f"{err['msg'].lower()}; got {err['input']!r}"
     msg = str(err["msg"])
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     return f"{msg}; got {err['input']!r}" if kind not in ("value_error",) else msg
 
 
@@ -206,12 +212,16 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([Problem(source, line, "", f"not valid YAML: {problem}")]) from exc
     if root is None or data is None:
-        raise ConfigError([Problem(source, None, "", "the file is empty; it needs at least `models:`")])
+        raise ConfigError(
+            [Problem(source, None, "", "the file is empty; it needs at least `models:`")]
+        )
     lines: dict[_Path, int] = {}
     problems: list[Problem] = []
     _node_lines(root, (), lines, problems, source)
     if not isinstance(data, dict):
-        raise ConfigError([Problem(source, 1, "", "the top level must be a mapping (models:, ...)")])
+        raise ConfigError(
+            [Problem(source, 1, "", "the top level must be a mapping (models:, ...)")]
+        )
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:

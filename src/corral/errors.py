@@ -1,9 +1,9 @@
 """Corral's exception tree.
 
-    CorralError
-    ├── ConfigError      the configuration file is invalid (lists every problem with its line)
-    ├── TraceError       a simulator trace is invalid (lists every problem with its line)
-    └── UnknownScenario  no built-in scenario has that name
+CorralError
+├── ConfigError      the configuration file is invalid (lists every problem with its line)
+├── TraceError       a simulator trace is invalid (lists every problem with its line)
+└── UnknownScenario  no built-in scenario has that name
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ class Problem:
 
     def __str__(self) -> str:
         place = f"{self.source}:{self.line}" if self.line else self.source
-        return f"{place}: {self.where}: {self.message}" if self.where else f"{place}: {self.message}"
+        return (
+            f"{place}: {self.where}: {self.message}" if self.where else f"{place}: {self.message}"
+        )
 
 
 class CorralError(Exception):

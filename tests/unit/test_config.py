@@ -56,7 +56,8 @@ def test_max_wait_null_disables_the_bound() -> None:
 def test_unknown_key_names_path_line_and_allowed_keys() -> None:
     (p,) = problems("models:\n  m:\n    load_s: 3\n    laod_s: 4\n")
     assert p.startswith("c.yaml:4: models.m.laod_s: unknown key")
-    assert "load_s" in p and "unload_delay_s" in p
+    assert "load_s" in p
+    assert "unload_delay_s" in p
 
 
 def test_unknown_top_level_and_scheduler_keys() -> None:
@@ -102,8 +103,9 @@ def test_model_larger_than_every_device() -> None:
 
 
 def test_device_names_unique() -> None:
-    assert any("repeated: g" in p for p in problems(
-        "devices: [{name: g}, {name: g}]\nmodels: {m: {}}\n"))
+    assert any(
+        "repeated: g" in p for p in problems("devices: [{name: g}, {name: g}]\nmodels: {m: {}}\n")
+    )
 
 
 def test_yaml_syntax_error_has_line() -> None:

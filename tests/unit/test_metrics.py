@@ -8,8 +8,10 @@ from corral.sim.engine import simulate
 from corral.sim.metrics import jain, lower_bound_makespan_s, summarize
 from corral.sim.trace import parse_trace
 
-CONFIG = parse_config("models:\n  a: {load_s: 4, unload_s: 1}\n  b: {load_s: 12, unload_s: 2}\n"
-                      "scheduler: {policy: grouped}\n")
+CONFIG = parse_config(
+    "models:\n  a: {load_s: 4, unload_s: 1}\n  b: {load_s: 12, unload_s: 2}\n"
+    "scheduler: {policy: grouped}\n"
+)
 
 
 def test_jain() -> None:
@@ -23,9 +25,14 @@ def test_lower_bound_all_at_zero_is_work_plus_every_load() -> None:
 
 
 def test_lower_bound_late_release_credits_one_resident_model() -> None:
-    tr = parse_trace(['{"t": 0, "model": "a", "service_s": 1}',
-                      '{"t": 100, "model": "b", "service_s": 5}',
-                      '{"t": 100, "model": "a", "service_s": 5}'], "ab")
+    tr = parse_trace(
+        [
+            '{"t": 0, "model": "a", "service_s": 1}',
+            '{"t": 100, "model": "b", "service_s": 5}',
+            '{"t": 100, "model": "a", "service_s": 5}',
+        ],
+        "ab",
+    )
     # At t=100: 10 s of work + loads 4 + 12, minus the largest (b may already be resident).
     assert lower_bound_makespan_s(CONFIG, tr) == pytest.approx(100 + 10 + 4)
 

@@ -41,7 +41,8 @@ def test_unknown_model_is_rejected(policy: str) -> None:
     h = Harness(TWO, policy)
     r = h.arrive("x1", "nope")
     (call,) = h.take()
-    assert call[:2] == ("reject", "x1") and "unknown model 'nope'" in str(call[2])
+    assert call[:2] == ("reject", "x1")
+    assert "unknown model 'nope'" in str(call[2])
     assert r.state is RequestState.REJECTED
 
 
@@ -130,9 +131,11 @@ def test_dual_gpu_runs_both_models_side_by_side() -> None:
 
 
 def test_memory_decides_what_fits_and_evicts_the_idle_model() -> None:
-    h = Harness("devices: [{name: g, memory_gb: 24}]\n"
-                "models: {a: {memory_gb: 10}, b: {memory_gb: 10}, c: {memory_gb: 10}}\n"
-                "scheduler: {policy: fifo-plus}\n")
+    h = Harness(
+        "devices: [{name: g, memory_gb: 24}]\n"
+        "models: {a: {memory_gb: 10}, b: {memory_gb: 10}, c: {memory_gb: 10}}\n"
+        "scheduler: {policy: fifo-plus}\n"
+    )
     h.arrive("a1")
     h.arrive("b1")
     assert h.take() == [("load", "a", ())]  # one swap at a time per device
@@ -342,8 +345,10 @@ def test_a_swapped_in_model_serves_one_round_before_yielding() -> None:
 
 
 def test_max_wait_cannot_end_a_visit_before_its_quantum() -> None:
-    h = Harness("models: {a: {load_s: 20}, b: {load_s: 20}}\n"
-                "scheduler: {policy: fifo-plus, max_wait_s: 10, min_visit_swaps: 1}\n")
+    h = Harness(
+        "models: {a: {load_s: 20}, b: {load_s: 20}}\n"
+        "scheduler: {policy: fifo-plus, max_wait_s: 10, min_visit_swaps: 1}\n"
+    )
     h.arrive("a1")
     h.arrive("a2")
     h.at(1).arrive("b1")

@@ -15,15 +15,20 @@ def problems(*lines: str) -> list[str]:
 
 
 def test_open_and_closed_loop_lines() -> None:
-    tr = parse_trace([
-        '{"t": 1.5, "model": "a", "service_s": 2, "priority": 1}',
-        "",
-        '{"session": "s", "model": "b", "service_s": 1, "t": 3}',
-        '{"session": "s", "think_s": 0.5, "model": "a", "service_s": 1}',
-    ], MODELS)
+    tr = parse_trace(
+        [
+            '{"t": 1.5, "model": "a", "service_s": 2, "priority": 1}',
+            "",
+            '{"session": "s", "model": "b", "service_s": 1, "t": 3}',
+            '{"session": "s", "think_s": 0.5, "model": "a", "service_s": 1}',
+        ],
+        MODELS,
+    )
     assert [x.line for x in tr.lines] == [1, 3, 4]
-    assert tr.lines[0].t == 1.5 and tr.lines[0].priority == 1
-    assert tr.lines[1].session == "s" and tr.lines[1].t == 3
+    assert tr.lines[0].t == 1.5
+    assert tr.lines[0].priority == 1
+    assert tr.lines[1].session == "s"
+    assert tr.lines[1].t == 3
     assert tr.lines[2].think_s == 0.5
     assert not tr.open_loop
 
@@ -51,8 +56,10 @@ def test_bad_lines_name_the_line(line: str, fragment: str) -> None:
 
 
 def test_t_only_on_a_sessions_first_line() -> None:
-    ps = problems('{"session": "s", "model": "a", "service_s": 1}',
-                  '{"session": "s", "t": 5, "model": "a", "service_s": 1}')
+    ps = problems(
+        '{"session": "s", "model": "a", "service_s": 1}',
+        '{"session": "s", "t": 5, "model": "a", "service_s": 1}',
+    )
     assert any("t.jsonl:2: t is allowed only on session 's'" in p for p in ps)
 
 

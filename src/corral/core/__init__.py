@@ -7,7 +7,23 @@ from corral.core.scheduler import Clock, Scheduler, SchedulerBug
 from corral.core.types import Decision, Lifecycle, Request, RequestState
 
 __all__ = [
-    "Clock", "Cost", "Decision", "DeviceView", "Effects", "Fifo", "FifoPlus", "Grouped",
-    "Lifecycle", "Plan", "Policy", "Priority", "Request", "RequestState", "ResidentView",
-    "Scheduler", "SchedulerBug", "make_policy", "plan_placement",
+    "Clock",
+    "Cost",
+    "Decision",
+    "DeviceView",
+    "Effects",
+    "Fifo",
+    "FifoPlus",
+    "Grouped",
+    "Lifecycle",
+    "Plan",
+    "Policy",
+    "Priority",
+    "Request",
+    "RequestState",
+    "ResidentView",
+    "Scheduler",
+    "SchedulerBug",
+    "make_policy",
+    "plan_placement",
 ]

@@ -121,9 +121,15 @@ class Cost(Policy):
 
     name: PolicyName = "cost"
 
-    def __init__(self, base: float = 10.0, age_weight_s: float = 60.0, hysteresis: float = 0.5,
-                 linger: bool = True, max_age_factor: float = 3.0,
-                 max_wait_s: float | None = None) -> None:
+    def __init__(
+        self,
+        base: float = 10.0,
+        age_weight_s: float = 60.0,
+        hysteresis: float = 0.5,
+        linger: bool = True,
+        max_age_factor: float = 3.0,
+        max_wait_s: float | None = None,
+    ) -> None:
         self.max_wait_s = max_wait_s
         self.base = base
         self.age_weight_s = age_weight_s
@@ -188,7 +194,8 @@ class Cost(Policy):
         w_c = challenger.w_sum
         w_r = resident.w_sum
         return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
-            swap_in + self.work_s(challenger) + swap_back)
+            swap_in + self.work_s(challenger) + swap_back
+        )
 
     def _urgent(self, m: ModelRecord, now: float) -> bool:
         """m's oldest request has used half of max_wait_s."""
@@ -220,7 +227,13 @@ def make_policy(config: Config) -> Policy:
         "grouped": Grouped,
         "fifo-plus": FifoPlus,
         "priority": Priority,
-        "cost": lambda: Cost(c.priority_base, c.age_weight_s, c.hysteresis, c.linger,
-                             c.max_age_factor, config.scheduler.max_wait_s),
+        "cost": lambda: Cost(
+            c.priority_base,
+            c.age_weight_s,
+            c.hysteresis,
+            c.linger,
+            c.max_age_factor,
+            config.scheduler.max_wait_s,
+        ),
     }
     return makers[config.scheduler.policy]()

@@ -48,8 +48,9 @@ class Scheduler:
     not call back into the scheduler from inside the call (report outcomes as later events).
     """
 
-    def __init__(self, config: Config, effects: Effects, clock: Clock,
-                 policy: Policy | None = None) -> None:
+    def __init__(
+        self, config: Config, effects: Effects, clock: Clock, policy: Policy | None = None
+    ) -> None:
         self.config = config
         self.policy = policy if policy is not None else make_policy(config)
         self._fx = effects
@@ -62,13 +63,16 @@ class Scheduler:
         self._min_visit = config.scheduler.min_visit_swaps
         # One model per device, one device: the common case gets O(1) arrival checks.
         self._solo = len(self.devices) == 1 and all(
-            self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values())
+            self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values()
+        )
         self._strict = self.policy.strict_order
         self._weights: dict[int, float] = {}
         self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
         self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
         self._seq = 0
         self._need_decide = False
+        self._incoming: set[ModelRecord] = set()  # models whose room is being freed (draining)
+        self._deciding = False
         self._overdue_timer_at: float | None = None
         self.loads = 0
         self.decisions: deque[Decision] = deque(maxlen=256)
@@ -108,8 +112,9 @@ class Scheduler:
                 self._arm_overdue(now + self._max_wait_s)
         self._settle(now)
 
-    def on_load_finished(self, model: str, load_s: float | None = None,
-                         unload_s: float | None = None) -> None:
+    def on_load_finished(
+        self, model: str, load_s: float | None = None, unload_s: float | None = None
+    ) -> None:
         """`model` is ready. Measured swap times, if given, refine the estimates."""
         m = self.models[model]
         self._move(m, _READY)
@@ -179,7 +184,7 @@ class Scheduler:
             if self._overdue_timer_at is not None and self._overdue_timer_at <= now:
                 self._overdue_timer_at = None
         elif key.startswith(_LINGER):
-            m = self.models.get(key[len(_LINGER):])
+            m = self.models.get(key[len(_LINGER) :])
             if m is not None:
                 m.linger_timer_at = None
         self._need_decide = True
@@ -268,10 +273,13 @@ class Scheduler:
                 old = m.oldest()
                 if old is not None and old.arrived_at + max_wait <= now:
                     r = old
-            if self._strict:
+            if self._strict and m.served:  # an unserved model gets its round (progress rule)
                 head = self._head()
-                if head is not None and head.model != m.name and not models[head.model].resident:
-                    self._need_decide = True  # the oldest request needs this model's room
+                hm = models[head.model] if head is not None else m
+                if hm is not m and not hm.resident and hm not in self._incoming:
+                    # The oldest request needs this model's room. Inside a decision that was
+                    # just considered; from an event's fast path, decide now.
+                    self._need_decide = self._need_decide or not self._deciding
                     return
             m.take(r, self._weight(r.priority))
             if m.count == 0:
@@ -289,8 +297,8 @@ class Scheduler:
             self._need_decide = False
             self._decide(now)
             rounds += 1
-            if rounds > 10_000:
-                raise SchedulerBug("scheduler did not settle after 10,000 decisions")
+            if rounds > 1_000:
+                raise SchedulerBug("scheduler did not settle after 1,000 decisions")
 
     def _overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
         """The non-resident model whose oldest request is oldest among those that waited
@@ -329,7 +337,8 @@ class Scheduler:
                 target_size=d.size_of(target),
                 residents=tuple(
                     ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
-                    for m in d.residents),
+                    for m in d.residents
+                ),
                 busy=d.loading is not None,
             )
             for d in self.devices
@@ -337,8 +346,16 @@ class Scheduler:
 
     def _decide(self, now: float) -> None:
         """Full decision: which models come in, who yields for them; then dispatch."""
+        self._deciding = True
+        try:
+            self._decide_now(now)
+        finally:
+            self._deciding = False
+
+    def _decide_now(self, now: float) -> None:
         for m in self.resident_models():
             m.yielding = False
+        self._incoming.clear()
         forced, next_deadline = self._overdue(now)
         if next_deadline is not None:
             self._arm_overdue(next_deadline)
@@ -352,8 +369,9 @@ class Scheduler:
             if m.state is _READY and not m.yielding and m.count:
                 self._dispatch(m, now)
 
-    def _yield_to(self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None,
-                  now: float) -> bool:
+    def _yield_to(
+        self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None, now: float
+    ) -> bool:
         """Do `victims` make room for `c` (policy, max_wait and the progress rule)?"""
         wants = c is forced or all(self.policy.should_yield(v, c, now) for v in victims)
         if not wants:
@@ -375,16 +393,25 @@ class Scheduler:
             v.recheck = True  # decide again when its first round frees a slot
         return False
 
-    def _commit(self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord],
-                forced: ModelRecord | None, now: float) -> None:
+    def _commit(
+        self,
+        c: ModelRecord,
+        dev: DeviceRecord,
+        victims: list[ModelRecord],
+        forced: ModelRecord | None,
+        now: float,
+    ) -> None:
         for v in victims:
             v.yielding = True
         if all(v.in_flight == 0 for v in victims):
             reason = "max_wait_s reached" if c is forced else self.policy.name
             self._start_load(c, dev, victims, now, reason)
+        else:
+            self._incoming.add(c)
 
-    def _swap_solo(self, candidates: list[ModelRecord], forced: ModelRecord | None,
-                   now: float) -> None:
+    def _swap_solo(
+        self, candidates: list[ModelRecord], forced: ModelRecord | None, now: float
+    ) -> None:
         """One device, one model at a time: the same rule as `_swap_placed`, without views."""
         dev = self.devices[0]
         if dev.loading is not None:
@@ -405,8 +432,9 @@ class Scheduler:
         if self._yield_to([r], target, forced, now):
             self._commit(target, dev, [r], forced, now)
 
-    def _swap_placed(self, candidates: list[ModelRecord], forced: ModelRecord | None,
-                     now: float) -> None:
+    def _swap_placed(
+        self, candidates: list[ModelRecord], forced: ModelRecord | None, now: float
+    ) -> None:
         """Several devices or models per device: place candidates in rank order."""
         order = self.policy.rank(candidates, now)
         if forced is not None:
@@ -438,8 +466,9 @@ class Scheduler:
             m.linger_timer_at = until
             self._fx.set_timer(until, _LINGER + m.name)
 
-    def _start_load(self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord],
-                    now: float, reason: str) -> None:
+    def _start_load(
+        self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
+    ) -> None:
         for v in victims:
             assert v.in_flight == 0, "evicting a model with requests in flight"
             dev.residents.remove(v)

@@ -23,10 +23,34 @@ class ModelRecord:
     the whole queue, ages included, in O(1).
     """
 
-    __slots__ = ("_levels", "_order", "concurrency", "count", "device", "gap_dev", "gap_est", "idle_since",
-                 "in_flight", "last_priority", "linger_timer_at", "linger_until", "load_est", "load_started_at",
-                 "name", "priority", "ready_at", "recheck", "served", "service_est", "spec", "state", "unload_est",
-                 "wa_sum", "w_sum", "yielding")
+    __slots__ = (
+        "_levels",
+        "_order",
+        "concurrency",
+        "count",
+        "device",
+        "gap_dev",
+        "gap_est",
+        "idle_since",
+        "in_flight",
+        "last_priority",
+        "linger_timer_at",
+        "linger_until",
+        "load_est",
+        "load_started_at",
+        "name",
+        "priority",
+        "ready_at",
+        "recheck",
+        "served",
+        "service_est",
+        "spec",
+        "state",
+        "unload_est",
+        "w_sum",
+        "wa_sum",
+        "yielding",
+    )
 
     def __init__(self, name: str, spec: ModelConfig) -> None:
         self.name = name

@@ -37,8 +37,16 @@ class Request:
     (arrival order), `arrived_at`, `dispatched_at` and `state`. Subclass it to carry payloads.
     """
 
-    __slots__ = ("arrived_at", "dispatched_at", "finished_at", "id", "model", "priority", "seq",
-                 "state")
+    __slots__ = (
+        "arrived_at",
+        "dispatched_at",
+        "finished_at",
+        "id",
+        "model",
+        "priority",
+        "seq",
+        "state",
+    )
 
     def __init__(self, id: object, model: str, priority: int = 0) -> None:
         self.id = id
@@ -51,8 +59,10 @@ class Request:
         self.state = RequestState.NEW
 
     def __repr__(self) -> str:
-        return (f"Request(id={self.id!r}, model={self.model!r}, priority={self.priority}, "
-                f"seq={self.seq}, state={self.state.value})")
+        return (
+            f"Request(id={self.id!r}, model={self.model!r}, priority={self.priority}, "
+            f"seq={self.seq}, state={self.state.value})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

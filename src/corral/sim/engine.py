@@ -10,9 +10,11 @@ instant finishes come before load completions, then arrivals, then timers.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral.config import Config
 from corral.core import Request, Scheduler
@@ -70,14 +72,20 @@ class Simulation:
     evicted, that devices never hold more than fits, and that requests go only to ready models.
     """
 
-    def __init__(self, config: Config, trace: Trace, *, check: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        trace: Trace,
+        *,
+        check: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.config = config
         self.trace = trace
         self.now = 0.0
         self.check = check
         self._progress = progress
-        self._heap: list[tuple[float, int, int, object]] = []
+        self._heap: list[tuple[float, int, int, Any]] = []  # (time, kind, seq, payload)
         self._seq = 0
         self._requests = [SimRequest(x) for x in trace.lines]
         self._sessions: dict[str, list[SimRequest]] = defaultdict(list)
@@ -97,7 +105,7 @@ class Simulation:
         self._think = {r.line: x.think_s for x, r in zip(trace.lines, self._requests, strict=True)}
         self._next_in_session: dict[int, SimRequest] = {}
         for reqs in self._sessions.values():
-            for a, b in zip(reqs, reqs[1:], strict=False):
+            for a, b in itertools.pairwise(reqs):
                 self._next_in_session[a.line] = b
         for name, reqs in self._sessions.items():
             self._push(starts[name], _ARRIVAL, reqs[0].line, reqs[0])
@@ -109,9 +117,15 @@ class Simulation:
         self._resident_since: dict[str, float] = {}
         self._ready: set[str] = set()
         self.run_ = Run(
-            policy=self.scheduler.policy.name, config=config, trace=trace,
-            requests=self._requests, segments=[], loads=defaultdict(int),
-            busy_s=defaultdict(float), swap_s=defaultdict(float))
+            policy=self.scheduler.policy.name,
+            config=config,
+            trace=trace,
+            requests=self._requests,
+            segments=[],
+            loads=defaultdict(int),
+            busy_s=defaultdict(float),
+            swap_s=defaultdict(float),
+        )
         self._sizes = {d.name: d for d in self.scheduler.devices}
         self._remaining = len(self._requests)
 
@@ -135,10 +149,13 @@ class Simulation:
         self._where[model] = device
         if self.check:
             dev = self._sizes[device]
-            used = sum(dev.size_of(self.scheduler.models[m])
-                       for m, d in self._where.items() if d == device)
+            used = sum(
+                dev.size_of(self.scheduler.models[m]) for m, d in self._where.items() if d == device
+            )
             if used > dev.capacity + _EPS:
-                raise InvariantViolation(f"t={now}: {device} over capacity ({used} > {dev.capacity})")
+                raise InvariantViolation(
+                    f"t={now}: {device} over capacity ({used} > {dev.capacity})"
+                )
         duration = sum(models[v].unload_s for v in evict) + models[model].load_s
         self.run_.segments.append(Segment(device, model, "swap", now, now + duration))
         self.run_.swap_s[device] += duration
@@ -171,7 +188,7 @@ class Simulation:
         self._seq += 1
         return self._seq
 
-    def _push(self, at: float, kind: int, seq: int, payload: object) -> None:
+    def _push(self, at: float, kind: int, seq: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at, kind, seq, payload))
 
     def _continue_session(self, r: SimRequest) -> None:
@@ -204,8 +221,13 @@ class Simulation:
                 t = open_t[ai]
                 if heap:
                     top = heap[0]
-                    if top[0] < t or (top[0] == t and (top[1] < _ARRIVAL or (
-                            top[1] == _ARRIVAL and top[2] < open_reqs[ai].line))):
+                    if top[0] < t or (
+                        top[0] == t
+                        and (
+                            top[1] < _ARRIVAL
+                            or (top[1] == _ARRIVAL and top[2] < open_reqs[ai].line)
+                        )
+                    ):
                         ev = pop(heap)
                     else:
                         self.now = t
@@ -225,7 +247,6 @@ class Simulation:
             kind = ev[1]
             if kind == _FINISH:
                 r = ev[3]
-                assert isinstance(r, SimRequest)
                 model = r.model
                 running[model] -= 1
                 device = where[model]
@@ -241,17 +262,14 @@ class Simulation:
                     progress(done, total)
             elif kind == _ARRIVAL:
                 r = ev[3]
-                assert isinstance(r, SimRequest)
                 on_request(r)
             elif kind == _LOAD:
                 model = ev[3]
-                assert isinstance(model, str)
                 self._ready.add(model)
                 self._resident_since[model] = self.now
                 sched.on_load_finished(model)
             else:
                 key = ev[3]
-                assert isinstance(key, str)
                 sched.on_timer(key)
         self.run_.end_s = self.now
         for model, since in self._resident_since.items():
@@ -259,14 +277,22 @@ class Simulation:
         if progress is not None:
             progress(total, total)
         if self.check:
-            stuck = [r for r in self._requests if r.finished_at is None
-                     and not any(r is x for x, _ in self.run_.rejected)]
+            stuck = [
+                r
+                for r in self._requests
+                if r.finished_at is None and not any(r is x for x, _ in self.run_.rejected)
+            ]
             if stuck:
                 raise InvariantViolation(f"{len(stuck)} requests never finished, e.g. {stuck[0]}")
         return self.run_
 
 
-def simulate(config: Config, trace: Trace, *, check: bool = False,
-             progress: Callable[[int, int], None] | None = None) -> Run:
+def simulate(
+    config: Config,
+    trace: Trace,
+    *,
+    check: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Run:
     """Run `config`'s policy over `trace` on a virtual clock."""
     return Simulation(config, trace, check=check, progress=progress).run()

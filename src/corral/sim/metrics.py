@@ -1,10 +1,11 @@
 """Figures of a simulated run: waits, latencies, device time shares, fairness, lower bound.
 
-Wait = dispatch − arrival; latency = finish − arrival; makespan = last finish − first arrival.
+Wait = dispatch - arrival; latency = finish - arrival; makespan = last finish - first arrival.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,25 @@ from corral.sim.trace import Trace
 
 Floats = npt.NDArray[np.float64]
 RESULT_KEYS = (
-    "requests", "rejected", "loads", "makespan_s", "throughput_rps",
-    "wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s",
-    "latency_mean_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s",
-    "busy_frac", "swap_frac", "idle_frac", "jain_fairness",
+    "requests",
+    "rejected",
+    "loads",
+    "makespan_s",
+    "throughput_rps",
+    "wait_mean_s",
+    "wait_p50_s",
+    "wait_p95_s",
+    "wait_p99_s",
+    "wait_max_s",
+    "latency_mean_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "latency_p99_s",
+    "latency_max_s",
+    "busy_frac",
+    "swap_frac",
+    "idle_frac",
+    "jain_fairness",
 )
 
 
@@ -28,8 +44,10 @@ def _stats(prefix: str, x: Floats) -> dict[str, float]:
         return {f"{prefix}_{k}_s": 0.0 for k in ("mean", "p50", "p95", "p99", "max")}
     p50, p95, p99 = np.percentile(x, [50, 95, 99])
     return {
-        f"{prefix}_mean_s": float(x.mean()), f"{prefix}_p50_s": float(p50),
-        f"{prefix}_p95_s": float(p95), f"{prefix}_p99_s": float(p99),
+        f"{prefix}_mean_s": float(x.mean()),
+        f"{prefix}_p50_s": float(p50),
+        f"{prefix}_p95_s": float(p95),
+        f"{prefix}_p99_s": float(p99),
         f"{prefix}_max_s": float(x.max()),
     }
 
@@ -45,16 +63,26 @@ def lower_bound_makespan_s(config: Config, trace: Trace) -> float | None:
     """A makespan no schedule can beat (open-loop traces; None for closed loop).
 
     For each release time t: everything released at or after t still needs its work (divided by
-    the model's concurrency) plus one load per model it involves, minus the largest such load
-    (that model may already be resident at t, except at the first release), shared over the
-    devices; no request finishes before its release plus its service either.
+    the model's concurrency) plus one load per model it involves, minus the loads of models that
+    may already be resident at t (none at the first release; else the D largest for D devices),
+    shared over the devices; no request finishes before its release plus its service either.
+    Where a device can hold several models, loads overlap with serving, so only work counts,
+    shared over every model that can be resident at once.
     """
     if not trace.open_loop:
         return None
     models = config.models
     lines = sorted(trace.lines, key=lambda x: x.t or 0.0)
     t0 = lines[0].t or 0.0
-    devices = len(config.devices)
+    slots = 0
+    for d in config.devices:
+        sizes = [m.memory_gb for m in models.values() if m.memory_gb is not None]
+        fit = 1
+        if d.memory_gb is not None and len(sizes) == len(models):
+            fit = max(1, min(len(models), int(d.memory_gb // min(sizes))))
+        slots += fit
+    exclusive = slots == len(config.devices)  # every device holds one model at a time
+    devices = slots
     best = max((x.t or 0.0) + x.service_s for x in lines)
     work = 0.0
     setups: dict[str, float] = {}
@@ -72,16 +100,22 @@ def lower_bound_makespan_s(config: Config, trace: Trace) -> float | None:
                 setup_sum += s
                 largest = max(largest, s)
             i -= 1
-        resident_credit = 0.0 if t == t0 else largest
-        best = max(best, t + (work + setup_sum - resident_credit) / devices)
+        # Up to one model per device may already be resident at t (none at the first release).
+        credit = (
+            0.0
+            if t == t0
+            else (largest if devices == 1 else sum(heapq.nlargest(devices, setups.values())))
+        )
+        setup_s = (setup_sum - credit) if exclusive else 0.0
+        best = max(best, t + (work + setup_s) / devices)
     return best - t0
 
 
 def _arrays(reqs: list[SimRequest]) -> tuple[Floats, Floats, Floats, Floats]:
     n = len(reqs)
     arr = np.fromiter((r.arrived_at for r in reqs), float, n)
-    dis = np.fromiter((r.dispatched_at for r in reqs), float, n)  # type: ignore[misc]
-    fin = np.fromiter((r.finished_at for r in reqs), float, n)  # type: ignore[misc]
+    dis = np.fromiter((r.dispatched_at for r in reqs), float, n)
+    fin = np.fromiter((r.finished_at for r in reqs), float, n)
     svc = np.fromiter((r.service_s for r in reqs), float, n)
     return arr, dis, fin, svc
 
@@ -108,8 +142,10 @@ def summarize(run: Run) -> dict[str, Any]:
             continue
         w, la = wait[mask], lat[mask]
         entry: dict[str, float] = {
-            "requests": int(mask.sum()), "loads": int(run.loads.get(name, 0)),
-            **_stats("wait", w), **_stats("latency", la),
+            "requests": int(mask.sum()),
+            "loads": int(run.loads.get(name, 0)),
+            **_stats("wait", w),
+            **_stats("latency", la),
         }
         slowdown = float((la / svc[mask]).mean())
         entry["slowdown_mean"] = slowdown

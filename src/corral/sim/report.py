@@ -34,8 +34,16 @@ def results_table(results: Sequence[dict[str, Any]], title: str) -> Table:
     table.add_column("policy", style="cyan")
     for _, header, _ in _TABLE_COLUMNS:
         table.add_column(header, justify="right")
-    lower_is_better = {"loads", "makespan_s", "wait_mean_s", "wait_p95_s", "wait_max_s",
-                       "latency_mean_s", "latency_p95_s", "swap_frac"}
+    lower_is_better = {
+        "loads",
+        "makespan_s",
+        "wait_mean_s",
+        "wait_p95_s",
+        "wait_max_s",
+        "latency_mean_s",
+        "latency_p95_s",
+        "swap_frac",
+    }
     best: dict[str, float] = {}
     for key, _, _ in _TABLE_COLUMNS:
         values = [float(r[key]) for r in results]
@@ -44,8 +52,9 @@ def results_table(results: Sequence[dict[str, Any]], title: str) -> Table:
         cells = []
         for key, _, fmt in _TABLE_COLUMNS:
             text = fmt.format(r[key])
-            cells.append(f"[bold]{text}[/bold]" if len(results) > 1 and r[key] == best[key]
-                         else text)
+            cells.append(
+                f"[bold]{text}[/bold]" if len(results) > 1 and r[key] == best[key] else text
+            )
         table.add_row(r["policy"], *cells)
     lb = results[0].get("lower_bound_makespan_s") if results else None
     if lb is not None:
@@ -62,10 +71,17 @@ def per_model_table(results: Sequence[dict[str, Any]]) -> Table:
         table.add_column(header, justify="right")
     for r in results:
         for i, (model, m) in enumerate(r["per_model"].items()):
-            table.add_row(r["policy"] if i == 0 else "", model, f"{m['requests']:,}",
-                          f"{m['loads']:,}", f"{m['wait_mean_s']:,.1f}", f"{m['wait_p95_s']:,.1f}",
-                          f"{m['wait_max_s']:,.1f}", f"{m['latency_mean_s']:,.1f}",
-                          end_section=i == len(r["per_model"]) - 1)
+            table.add_row(
+                r["policy"] if i == 0 else "",
+                model,
+                f"{m['requests']:,}",
+                f"{m['loads']:,}",
+                f"{m['wait_mean_s']:,.1f}",
+                f"{m['wait_p95_s']:,.1f}",
+                f"{m['wait_max_s']:,.1f}",
+                f"{m['latency_mean_s']:,.1f}",
+                end_section=i == len(r["per_model"]) - 1,
+            )
     return table
 
 
@@ -87,6 +103,7 @@ def write_plots(runs: Sequence[Run], results: Sequence[dict[str, Any]], out: Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     written: list[Path] = []
     names = [r["policy"] for r in results]
@@ -103,12 +120,20 @@ def write_plots(runs: Sequence[Run], results: Sequence[dict[str, Any]], out: Pat
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
-        waits = np.sort(np.array([r.dispatched_at - r.arrived_at for r in run.requests
-                                  if r.dispatched_at is not None]))
+        waits = np.sort(
+            np.array(
+                [
+                    r.dispatched_at - r.arrived_at
+                    for r in run.requests
+                    if r.dispatched_at is not None
+                ]
+            )
+        )
         if waits.size:
-            ax.step(waits, np.arange(1, waits.size + 1) / waits.size, where="post",
-                    label=run.policy)
-    ax.set_xlabel("wait (s, dispatch − arrival)")
+            ax.step(
+                waits, np.arange(1, waits.size + 1) / waits.size, where="post", label=run.policy
+            )
+    ax.set_xlabel("wait (s, dispatch - arrival)")
     ax.set_ylabel("fraction of requests")
     ax.set_title("Wait CDF per policy")
     ax.grid(alpha=0.3)
@@ -128,17 +153,21 @@ def write_plots(runs: Sequence[Run], results: Sequence[dict[str, Any]], out: Pat
         for seg in run.segments:
             if seg.device != device or seg.end_s <= seg.start_s:
                 continue
-            ax.broken_barh([(seg.start_s, seg.end_s - seg.start_s)], (y - 0.4, 0.8),
-                           facecolors=colors[seg.model],
-                           hatch="////" if seg.kind == "swap" else None,
-                           edgecolor="black" if seg.kind == "swap" else None, linewidth=0.2)
+            ax.broken_barh(
+                [(seg.start_s, seg.end_s - seg.start_s)],
+                (y - 0.4, 0.8),
+                facecolors=colors[seg.model],
+                hatch="////" if seg.kind == "swap" else None,
+                edgecolor="black" if seg.kind == "swap" else None,
+                linewidth=0.2,
+            )
     ax.set_yticks(range(len(lanes)))
     multi = len({d for _, d in lanes}) > 1
     ax.set_yticklabels([f"{p} · {d}" if multi else p for p, d in lanes])
     ax.invert_yaxis()
     ax.set_xlabel("time (s); hatched = swapping to that model")
     ax.set_title("Resident model over time")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[m]) for m in models[:20]]
+    handles = [Rectangle((0, 0), 1, 1, color=colors[m]) for m in models[:20]]
     ax.legend(handles, models[:20], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     written.append(out / "timeline.png")

@@ -25,45 +25,56 @@ class Scenario:
 def _trace(name: str, lines: list[dict[str, object]]) -> Trace:
     out = []
     for i, x in enumerate(lines, start=1):
-        out.append(TraceLine(
-            line=i, model=str(x["model"]), service_s=float(x["service_s"]),  # type: ignore[arg-type]
-            priority=int(x.get("priority", 0)),  # type: ignore[call-overload]
-            t=float(x["t"]) if "t" in x else None,  # type: ignore[arg-type]
-            session=str(x["session"]) if "session" in x else None,
-            think_s=float(x.get("think_s", 0.0)),  # type: ignore[arg-type]
-        ))
+        out.append(
+            TraceLine(
+                line=i,
+                model=str(x["model"]),
+                service_s=float(x["service_s"]),  # type: ignore[arg-type]
+                priority=int(x.get("priority", 0)),  # type: ignore[call-overload]
+                t=float(x["t"]) if "t" in x else None,  # type: ignore[arg-type]
+                session=str(x["session"]) if "session" in x else None,
+                think_s=float(x.get("think_s", 0.0)),  # type: ignore[arg-type]
+            )
+        )
     return Trace(out, f"<scenario {name}>")
 
 
 def approvals() -> Scenario:
     """A user approves 10 jobs at once; each queues a cover letter and a company research task,
     alternating types (the job-board queue of seed 000)."""
-    cfg = parse_config("""
+    cfg = parse_config(
+        """
 models:
   cover-writer: {load_s: 4, unload_s: 1, service_s: 8}
   research-8b: {load_s: 12, unload_s: 2, service_s: 10}
 scheduler: {policy: cost, max_wait_s: 300}
-""", "<scenario approvals>")
+""",
+        "<scenario approvals>",
+    )
     rng = random.Random(2)
     lines: list[dict[str, object]] = []
     for job in range(10):
         t = job * 0.2
         lines.append({"t": t, "model": "cover-writer", "service_s": round(rng.uniform(6, 10), 2)})
-        lines.append({"t": t + 0.1, "model": "research-8b",
-                      "service_s": round(rng.uniform(8, 12), 2)})
+        lines.append(
+            {"t": t + 0.1, "model": "research-8b", "service_s": round(rng.uniform(8, 12), 2)}
+        )
     return Scenario("approvals", approvals.__doc__ or "", cfg, _trace("approvals", lines))
 
 
 def agents() -> Scenario:
     """An agent framework in closed loop: one orchestrator, three explorers and one coder session,
     each sending its next request a think-time after the last one finished (llama-swap PR #611)."""
-    cfg = parse_config("""
+    cfg = parse_config(
+        """
 models:
   orchestrator-14b: {load_s: 10, unload_s: 2, service_s: 4}
   explorer-7b: {load_s: 6, unload_s: 1, service_s: 3}
   coder-14b: {load_s: 12, unload_s: 2, service_s: 8}
 scheduler: {policy: cost, max_wait_s: 60}
-""", "<scenario agents>")
+""",
+        "<scenario agents>",
+    )
     rng = random.Random(1)
     lines: list[dict[str, object]] = []
     sessions = [("orchestrator", "orchestrator-14b", 4.0, 1.0)]
@@ -72,7 +83,8 @@ scheduler: {policy: cost, max_wait_s: 60}
     for name, model, svc, think in sessions:
         for k in range(30):
             line: dict[str, object] = {
-                "session": name, "model": model,
+                "session": name,
+                "model": model,
                 "service_s": round(svc * rng.uniform(0.6, 1.4), 2),
                 "think_s": round(think * rng.uniform(0.5, 1.5), 2),
             }
@@ -85,31 +97,40 @@ scheduler: {policy: cost, max_wait_s: 60}
 def two_batches() -> Scenario:
     """Two batch jobs per model submitted alternately (Qwen, Gemma, Qwen, Gemma), 500 prompts
     each, on a vLLM-style worker (the batch guide of seed 004)."""
-    cfg = parse_config("""
+    cfg = parse_config(
+        """
 models:
   qwen3-4b: {load_s: 35, unload_s: 2, service_s: 0.055}
   gemma3-4b: {load_s: 28, unload_s: 2, service_s: 0.027}
 scheduler: {policy: cost, max_wait_s: 3600}
-""", "<scenario two-batches>")
+""",
+        "<scenario two-batches>",
+    )
     rng = random.Random(4)
     lines: list[dict[str, object]] = []
     for job, (model, svc) in enumerate(
-            [("qwen3-4b", 0.055), ("gemma3-4b", 0.027), ("qwen3-4b", 0.055), ("gemma3-4b", 0.027)]):
+        [("qwen3-4b", 0.055), ("gemma3-4b", 0.027), ("qwen3-4b", 0.055), ("gemma3-4b", 0.027)]
+    ):
         t = job * 5.0
-        lines += [{"t": t, "model": model, "service_s": round(svc * rng.uniform(0.8, 1.2), 4)}
-                  for _ in range(500)]
+        lines += [
+            {"t": t, "model": model, "service_s": round(svc * rng.uniform(0.8, 1.2), 4)}
+            for _ in range(500)
+        ]
     return Scenario("two-batches", two_batches.__doc__ or "", cfg, _trace("two-batches", lines))
 
 
 def poisson() -> Scenario:
     """Poisson traffic to three models for an hour at load 0.6, with 6-9 s swaps."""
-    cfg = parse_config("""
+    cfg = parse_config(
+        """
 models:
   llama-8b: {load_s: 6, unload_s: 1, service_s: 2}
   qwen-7b: {load_s: 5, unload_s: 1, service_s: 2}
   mistral-7b: {load_s: 8, unload_s: 1, service_s: 2}
 scheduler: {policy: cost, max_wait_s: 120}
-""", "<scenario poisson>")
+""",
+        "<scenario poisson>",
+    )
     rng = random.Random(3)
     rate = 0.6 / 2.0  # requests/s for load 0.6 at a 2 s mean service
     names = ["llama-8b", "qwen-7b", "mistral-7b"]
@@ -119,28 +140,41 @@ scheduler: {policy: cost, max_wait_s: 120}
         t += rng.expovariate(rate)
         if t > 3600:
             break
-        lines.append({"t": round(t, 3), "model": rng.choice(names),
-                      "service_s": round(rng.expovariate(1 / 2.0) + 0.01, 3)})
+        lines.append(
+            {
+                "t": round(t, 3),
+                "model": rng.choice(names),
+                "service_s": round(rng.expovariate(1 / 2.0) + 0.01, 3),
+            }
+        )
     return Scenario("poisson", poisson.__doc__ or "", cfg, _trace("poisson", lines))
 
 
 def chat_batch() -> Scenario:
     """A person chats (request priority 2, closed loop, 10-60 s to read and type) with one model
     while a 2,000-request background batch runs on another model, one device."""
-    cfg = parse_config("""
+    cfg = parse_config(
+        """
 models:
   batch-8b: {load_s: 10, unload_s: 2, service_s: 1}
   chat-3b: {load_s: 3, unload_s: 1, service_s: 3}
 scheduler: {policy: cost, max_wait_s: 120}
-""", "<scenario chat-batch>")
+""",
+        "<scenario chat-batch>",
+    )
     rng = random.Random(5)
     lines: list[dict[str, object]] = [
         {"t": 0.0, "model": "batch-8b", "service_s": round(rng.uniform(0.6, 1.4), 3)}
-        for _ in range(2000)]
+        for _ in range(2000)
+    ]
     for k in range(40):
         line: dict[str, object] = {
-            "session": "chat", "model": "chat-3b", "priority": 2,
-            "service_s": round(rng.uniform(2, 4), 2), "think_s": round(rng.uniform(10, 60), 1)}
+            "session": "chat",
+            "model": "chat-3b",
+            "priority": 2,
+            "service_s": round(rng.uniform(2, 4), 2),
+            "think_s": round(rng.uniform(10, 60), 1),
+        }
         if k == 0:
             line["t"] = 30.0
         lines.append(line)
@@ -161,4 +195,5 @@ def get_scenario(name: str) -> Scenario:
         return SCENARIOS[name]()
     except KeyError:
         raise UnknownScenario(
-            f"no scenario named {name!r}; choose one of: {', '.join(SCENARIOS)}") from None
+            f"no scenario named {name!r}; choose one of: {', '.join(SCENARIOS)}"
+        ) from None

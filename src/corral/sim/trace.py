@@ -62,8 +62,9 @@ class Trace:
                 f.write(json.dumps(x.to_json()) + "\n")
 
 
-def _number(obj: dict[str, object], key: str, problems: list[str], *, positive: bool = False
-            ) -> float | None:
+def _number(
+    obj: dict[str, object], key: str, problems: list[str], *, positive: bool = False
+) -> float | None:
     v = obj.get(key)
     if v is None:
         return None
@@ -98,8 +99,10 @@ def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<t
         if isinstance(obj, dict):
             unknown = [k for k in obj if k not in allowed]
             if unknown:
-                errs.append(f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}"
-                            f" (allowed: {', '.join(ALLOWED_KEYS)})")
+                errs.append(
+                    f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}"
+                    f" (allowed: {', '.join(ALLOWED_KEYS)})"
+                )
             model = obj.get("model")
             if model is None:
                 errs.append("missing key 'model'")
@@ -126,11 +129,20 @@ def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<t
             if not errs:
                 if isinstance(session, str):
                     sessions_seen.add(session)
-                assert isinstance(model, str) and service_s is not None
+                assert isinstance(model, str)
+                assert service_s is not None
                 assert isinstance(priority, int)
-                out.append(TraceLine(lineno, model, service_s, priority, t,
-                                     session if isinstance(session, str) else None,
-                                     think_s or 0.0))
+                out.append(
+                    TraceLine(
+                        lineno,
+                        model,
+                        service_s,
+                        priority,
+                        t,
+                        session if isinstance(session, str) else None,
+                        think_s or 0.0,
+                    )
+                )
         for e in errs:
             problems.append(Problem(source, lineno, "", e))
         if len(problems) >= _MAX_PROBLEMS:

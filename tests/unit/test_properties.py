@@ -1,0 +1,198 @@
+"""Scheduler invariants over random configurations and traces (hypothesis).
+
+Every run uses `check=True`: the simulator keeps its own books and fails on any eviction of a model
+with work in flight, any device over capacity, any dispatch to a model that is not ready, and any
+request that never finishes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corral.config import Config
+from corral.sim.engine import Run, simulate
+from corral.sim.metrics import lower_bound_makespan_s
+from corral.sim.trace import Trace, TraceLine
+
+pytestmark = pytest.mark.property
+POLICIES = ["fifo", "grouped", "fifo-plus", "priority", "cost"]
+# CORRAL_EXAMPLES=5000 for a long hunt; CI runs the default.
+EXAMPLES = int(os.environ.get("CORRAL_EXAMPLES", "200"))
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@st.composite
+def configs(
+    draw: st.DrawFn,
+    *,
+    models: int | None = None,
+    devices: int | None = None,
+    max_wait: bool | None = None,
+) -> Config:
+    n_models = models or draw(st.integers(1, 4))
+    n_devices = devices or draw(st.integers(1, 2))
+    sized = draw(st.booleans())
+    mem = draw(st.sampled_from([8.0, 16.0, 24.0]))
+    spec: dict[str, object] = {
+        "devices": [
+            {"name": f"g{i}", **({"memory_gb": mem} if sized else {})} for i in range(n_devices)
+        ],
+        "models": {
+            f"m{i}": {
+                "load_s": draw(st.floats(0, 20)),
+                "unload_s": draw(st.floats(0, 5)),
+                "concurrency": draw(st.integers(1, 3)),
+                "priority": draw(st.integers(0, 2)),
+                "unload_delay_s": draw(st.sampled_from([0.0, 0.0, 5.0])),
+                **({"memory_gb": draw(st.sampled_from([4.0, 8.0]))} if sized else {}),
+            }
+            for i in range(n_models)
+        },
+        "scheduler": {
+            "policy": draw(st.sampled_from(POLICIES)),
+            "max_wait_s": (
+                draw(st.sampled_from([5.0, 30.0, 120.0]))
+                if (max_wait if max_wait is not None else draw(st.booleans()))
+                else None
+            ),
+        },
+    }
+    return Config.model_validate(spec)
+
+
+@st.composite
+def traces(
+    draw: st.DrawFn,
+    config: Config,
+    *,
+    closed: bool = True,
+    at_zero: bool = False,
+    equal_priority: bool = False,
+) -> Trace:
+    names = list(config.models)
+    n = draw(st.integers(1, 40))
+    lines = []
+    for i in range(1, n + 1):
+        model = draw(st.sampled_from(names))
+        service = draw(st.floats(0.1, 10))
+        prio = 0 if equal_priority else draw(st.integers(0, 2))
+        if closed and draw(st.integers(0, 3)) == 0:
+            lines.append(
+                TraceLine(
+                    i,
+                    model,
+                    service,
+                    prio,
+                    None,
+                    f"s{draw(st.integers(0, 2))}",
+                    draw(st.floats(0, 5)),
+                )
+            )
+        else:
+            t = 0.0 if at_zero else draw(st.floats(0, 200))
+            lines.append(TraceLine(i, model, service, prio, t))
+    return Trace(lines)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, /, **kw: object) -> tuple[Config, Trace]:
+    closed = bool(kw.pop("closed", True))
+    at_zero = bool(kw.pop("at_zero", False))
+    equal = bool(kw.pop("equal_priority", False))
+    config = draw(configs(**kw))  # type: ignore[arg-type]
+    return config, draw(traces(config, closed=closed, at_zero=at_zero, equal_priority=equal))
+
+
+@SETTINGS
+@given(scenarios())
+def test_invariants_hold_and_every_request_finishes(case: tuple[Config, Trace]) -> None:
+    config, trace = case
+    run = simulate(config, trace, check=True)
+    assert not run.rejected
+    assert all(r.finished_at is not None for r in run.requests)
+
+
+@SETTINGS
+@given(scenarios())
+def test_fifo_within_model_and_request_priority(case: tuple[Config, Trace]) -> None:
+    config, trace = case
+    run = simulate(config, trace, check=True)
+    groups: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+    for r in run.requests:
+        assert r.dispatched_at is not None
+        groups[(r.model, r.priority)].append((r.seq, r.dispatched_at))
+    for group in groups.values():
+        by_arrival = [d for _, d in sorted(group)]
+        assert by_arrival == sorted(by_arrival)
+
+
+@SETTINGS
+@given(scenarios(closed=False))
+def test_makespan_is_never_below_the_lower_bound(case: tuple[Config, Trace]) -> None:
+    config, trace = case
+    run = simulate(config, trace, check=True)
+    lb = lower_bound_makespan_s(config, trace)
+    assert lb is not None
+    first = min(r.arrived_at for r in run.requests)
+    last = max(r.finished_at or 0.0 for r in run.requests)
+    assert last - first >= lb - 1e-6
+
+
+@SETTINGS
+@given(
+    # Equal request priorities: cost may rightly split a model's work for a more important one.
+    scenarios(closed=False, at_zero=True, devices=1, max_wait=False, equal_priority=True),
+    st.sampled_from(["grouped", "fifo-plus", "cost"]),
+)
+def test_all_work_at_zero_loads_each_model_once(case: tuple[Config, Trace], policy: str) -> None:
+    config, trace = case
+    run = simulate(config.with_policy(policy), trace, check=True)  # type: ignore[arg-type]
+    assert dict(run.loads) == dict.fromkeys({x.model for x in trace.lines}, 1)
+
+
+def wait_bound_s(config: Config, trace: Trace) -> float:
+    """The bound of docs/design/scheduler.md for two models on one device:
+    2·S + (2 + k)·(U + L), S the longest service, U/L the largest unload/load, k min_visit_swaps."""
+    s = max(x.service_s for x in trace.lines)
+    u = max(m.unload_s for m in config.models.values())
+    lo = max(m.load_s for m in config.models.values())
+    return 2 * s + (2 + config.scheduler.min_visit_swaps) * (u + lo)
+
+
+def oldest_of_its_model_when_due(run: Run, max_wait_s: float) -> list[tuple[float, float]]:
+    """(wait, arrival) of requests that were their model's oldest pending one at their deadline
+    (the others also wait for their own model's backlog, which no schedule avoids)."""
+    out = []
+    by_model: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for r in run.requests:
+        assert r.dispatched_at is not None
+        by_model[r.model].append((r.seq, r.arrived_at, r.dispatched_at))
+    for reqs in by_model.values():
+        for seq, arrived, dispatched in reqs:
+            due = arrived + max_wait_s
+            if all(d <= due for s2, _, d in reqs if s2 < seq):
+                out.append((dispatched - arrived, arrived))
+    return out
+
+
+@settings(max_examples=2 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scenarios(closed=False, models=2, devices=1, max_wait=True),
+    st.sampled_from(["fifo-plus", "priority", "cost"]),
+)
+def test_waits_are_bounded_by_max_wait(case: tuple[Config, Trace], policy: str) -> None:
+    config, trace = case
+    config = config.with_policy(policy)  # type: ignore[arg-type]
+    run = simulate(config, trace, check=True)
+    max_wait = config.scheduler.max_wait_s
+    assert max_wait is not None
+    bound = max_wait + wait_bound_s(config, trace) + 1e-6
+    for wait, arrived in oldest_of_its_model_when_due(run, max_wait):
+        assert wait <= bound, f"request arriving at {arrived} waited {wait} > {bound}"
