@@ -423,6 +423,15 @@ class Scheduler:
         r = dev.residents[0]
         if forced is not None:
             target = forced
+        elif self._strict:
+            # Strict order: the only possible target is the oldest request's model (the same
+            # answer as ranking every candidate, in O(1)).
+            head = self._head()
+            hm = self.models[head.model] if head is not None else r
+            if hm is r or hm.state is not _UNLOADED or not self.policy.should_yield(r, hm, now):
+                self._arm_linger(r, now)
+                return
+            target = hm
         else:
             passing = [c for c in candidates if self.policy.should_yield(r, c, now)]
             if not passing:
