@@ -23,7 +23,7 @@ from corral.config import Config
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.policies import Policy, make_policy
-from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.state import DeviceRecord, ModelRecord, first_pending
 from corral.core.types import Decision, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
@@ -206,14 +206,8 @@ class Scheduler:
         return w
 
     def _head(self) -> Request | None:
-        """The oldest pending request of all."""
-        q = self._arrivals
-        while q:
-            r = q[0]
-            if r.state is _PENDING:
-                return r
-            q.popleft()
-        return None
+        """The oldest pending request of all (kept for strict-order policies only)."""
+        return first_pending(self._arrivals)
 
     def _may_switch_to(self, c: ModelRecord, now: float) -> bool:
         """Solo device: could an arrival for non-resident `c` change the decision? (O(1))"""

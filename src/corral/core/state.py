@@ -14,6 +14,16 @@ _EWMA_GAP = 0.3
 _EWMA_SWAP = 0.3
 
 
+def first_pending(q: deque[Request]) -> Request | None:
+    """The first pending request of a lazily pruned deque, dropping ended ones in front of it."""
+    while q:
+        r = q[0]
+        if r.state is _PENDING:
+            return r
+        q.popleft()
+    return None
+
+
 class ModelRecord:
     """One model's queue, residency and running estimates.
 
@@ -99,13 +109,7 @@ class ModelRecord:
         self.wa_sum += weight * r.arrived_at
 
     def _head(self, level: int) -> Request | None:
-        q = self._levels[level]
-        while q:
-            r = q[0]
-            if r.state is _PENDING:
-                return r
-            q.popleft()
-        return None
+        return first_pending(self._levels[level])
 
     def best(self) -> Request | None:
         """The next request by the shared rule: highest request priority, then oldest."""
