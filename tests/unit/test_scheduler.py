@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.core import RequestState
+from corral.core import RequestState, SchedulerBug
 from tests.helpers import Harness
 
 TWO = """
@@ -358,3 +358,10 @@ def test_max_wait_cannot_end_a_visit_before_its_quantum() -> None:
     h.at(40).timers_due()
     h.at(41).finish("a2")
     assert h.take() == [("load", "b", ("a",))]
+
+
+def test_lifecycle_moves_follow_the_transition_table() -> None:
+    h = Harness(TWO)
+    h.arrive("a1")  # a is loading; b never started
+    with pytest.raises(SchedulerBug, match="b: unloaded -> ready is not a lifecycle move"):
+        h.s.on_load_finished("b")

@@ -24,7 +24,7 @@ from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.state import DeviceRecord, ModelRecord, first_pending
-from corral.core.types import Decision, Lifecycle, Request, RequestState
+from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
 _RUNNING = RequestState.RUNNING
@@ -195,9 +195,6 @@ class Scheduler:
         for d in self.devices:
             yield from d.residents
 
-    def pending_count(self) -> int:
-        return sum(m.count for m in self._pending)
-
     # --- internals ----------------------------------------------------------------------------
     def _weight(self, priority: int) -> float:
         w = self._weights.get(priority)
@@ -227,6 +224,8 @@ class Scheduler:
         return self.policy.should_yield(r, c, now)
 
     def _move(self, m: ModelRecord, to: Lifecycle) -> None:
+        if to not in TRANSITIONS[m.state]:
+            raise SchedulerBug(f"{m.name}: {m.state.value} -> {to.value} is not a lifecycle move")
         m.state = to
 
     def _drop(self, r: Request, state: RequestState) -> None:
@@ -377,7 +376,9 @@ class Scheduler:
             for v in victims:
                 until = v.ready_at + self._min_visit * (v.ready_at - v.load_started_at)
                 if v.count and until > now:
-                    self._fx.set_timer(until, _QUANTUM + v.name)
+                    if v.quantum_timer_at != until:
+                        v.quantum_timer_at = until
+                        self._fx.set_timer(until, _QUANTUM + v.name)
                     return False
         # Progress: a model loaded for pending work serves one round before it yields, so no
         # swap is wasted and no two models can swap back and forth forever.

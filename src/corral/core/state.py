@@ -50,6 +50,7 @@ class ModelRecord:
         "load_started_at",
         "name",
         "priority",
+        "quantum_timer_at",
         "ready_at",
         "recheck",
         "served",
@@ -79,6 +80,7 @@ class ModelRecord:
         self.served = False  # dispatched at least once since it last loaded
         self.recheck = False  # a challenger waits for this model's first round to end
         self.load_started_at = 0.0
+        self.quantum_timer_at: float | None = None
         self.ready_at = 0.0
         self.linger_until: float | None = None
         self.linger_timer_at: float | None = None
