@@ -47,5 +47,8 @@ def test_summary_of_a_known_schedule() -> None:
     assert s["busy_frac"] == pytest.approx(20 / 37)
     assert s["wait_max_s"] == pytest.approx(32)  # b's second request
     assert s["per_model"]["a"]["wait_mean_s"] == pytest.approx((4 + 9) / 2)
+    assert s["per_model"]["a"]["makespan_s"] == pytest.approx(14)
+    assert s["per_model"]["b"]["makespan_s"] == pytest.approx(37)
+    assert s["per_model"]["b"]["throughput_rps"] == pytest.approx(2 / 37)
     assert s["lower_bound_makespan_s"] == pytest.approx(36)
     assert s["lower_bound_makespan_s"] <= s["makespan_s"]

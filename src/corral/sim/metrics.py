@@ -1,5 +1,8 @@
 """Figures of a simulated run: waits, latencies, device time shares, fairness, lower bound.
 
+Per model: requests, loads, makespan and throughput (its first arrival to its last finish),
+waits, latencies and mean slowdown; device shares and fairness are whole-run figures.
+
 Wait = dispatch - arrival; latency = finish - arrival; makespan = last finish - first arrival.
 """
 
@@ -141,9 +144,12 @@ def summarize(run: Run) -> dict[str, Any]:
         if not mask.any():
             continue
         w, la = wait[mask], lat[mask]
+        span = float(fin[mask].max() - arr[mask].min())
         entry: dict[str, float] = {
             "requests": int(mask.sum()),
             "loads": int(run.loads.get(name, 0)),
+            "makespan_s": span,
+            "throughput_rps": int(mask.sum()) / span if span else 0.0,
             **_stats("wait", w),
             **_stats("latency", la),
         }
