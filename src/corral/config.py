@@ -6,7 +6,6 @@ path and line (`ConfigError`). Unknown keys are errors so that typos never pass 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -245,8 +244,3 @@ def load_config(path: str | Path) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(str(p), None, "", f"not UTF-8 text ({exc.reason})")]) from None
     return parse_config(text, str(p))
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """`x` unless it is None or infinite (for JSON output)."""
-    return None if x is None or math.isinf(x) else x

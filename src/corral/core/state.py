@@ -191,6 +191,3 @@ class DeviceRecord:
         if self.memory_gb is None or model.spec.memory_gb is None:
             return self.capacity
         return model.spec.memory_gb
-
-    def used(self) -> float:
-        return sum(self.size_of(m) for m in self.residents)

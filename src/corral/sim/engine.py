@@ -62,7 +62,6 @@ class Run:
     busy_s: dict[str, float]
     swap_s: dict[str, float]
     rejected: list[tuple[SimRequest, str]] = field(default_factory=list)
-    end_s: float = 0.0
 
 
 class Simulation:
@@ -116,7 +115,7 @@ class Simulation:
         self._busy_since: dict[str, float] = {}
         self._resident_since: dict[str, float] = {}
         self._ready: set[str] = set()
-        self.run_ = Run(
+        self._run = Run(
             policy=self.scheduler.policy.name,
             config=config,
             trace=trace,
@@ -145,7 +144,7 @@ class Simulation:
             self._where.pop(v)
             self._ready.discard(v)
             since = self._resident_since.pop(v, now)
-            self.run_.segments.append(Segment(device, v, "resident", since, now))
+            self._run.segments.append(Segment(device, v, "resident", since, now))
         self._where[model] = device
         if self.check:
             dev = self._sizes[device]
@@ -157,9 +156,9 @@ class Simulation:
                     f"t={now}: {device} over capacity ({used} > {dev.capacity})"
                 )
         duration = sum(models[v].unload_s for v in evict) + models[model].load_s
-        self.run_.segments.append(Segment(device, model, "swap", now, now + duration))
-        self.run_.swap_s[device] += duration
-        self.run_.loads[model] += 1
+        self._run.segments.append(Segment(device, model, "swap", now, now + duration))
+        self._run.swap_s[device] += duration
+        self._run.loads[model] += 1
         self._push(now + duration, _LOAD, self._next_seq(), model)
 
     def dispatch(self, request: Request) -> None:
@@ -176,7 +175,7 @@ class Simulation:
 
     def reject(self, request: Request, reason: str) -> None:
         assert isinstance(request, SimRequest)
-        self.run_.rejected.append((request, reason))
+        self._run.rejected.append((request, reason))
         self._remaining -= 1
         self._continue_session(request)
 
@@ -209,7 +208,7 @@ class Simulation:
         running = self._running
         dev_running = self._dev_running
         where = self._where
-        busy = self.run_.busy_s
+        busy = self._run.busy_s
         busy_since = self._busy_since
         has_sessions = bool(self._sessions)
         progress = self._progress
@@ -271,20 +270,19 @@ class Simulation:
             else:
                 key = ev[3]
                 sched.on_timer(key)
-        self.run_.end_s = self.now
         for model, since in self._resident_since.items():
-            self.run_.segments.append(Segment(where[model], model, "resident", since, self.now))
+            self._run.segments.append(Segment(where[model], model, "resident", since, self.now))
         if progress is not None:
             progress(total, total)
         if self.check:
             stuck = [
                 r
                 for r in self._requests
-                if r.finished_at is None and not any(r is x for x, _ in self.run_.rejected)
+                if r.finished_at is None and not any(r is x for x, _ in self._run.rejected)
             ]
             if stuck:
                 raise InvariantViolation(f"{len(stuck)} requests never finished, e.g. {stuck[0]}")
-        return self.run_
+        return self._run
 
 
 def simulate(
