@@ -1,4 +1,5 @@
-"""Tiers by folder: tests/unit (pure; `property` and `scenario` marked inside), tests/e2e."""
+"""Tiers by folder: tests/unit (pure; `property` and `scenario` marked inside), tests/contract
+(one suite over every store), tests/e2e."""
 
 from __future__ import annotations
 
@@ -10,5 +11,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = str(item.path)
         if "/tests/unit/" in path:
             item.add_marker(pytest.mark.unit)
+        elif "/tests/contract/" in path:
+            item.add_marker(pytest.mark.contract)
         elif "/tests/e2e/" in path:
             item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,61 @@
+"""Durable task storage behind one Protocol: memory, SQLite (default) and PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.store.base import (
+    FINAL,
+    BadTask,
+    Lease,
+    NewTask,
+    SchemaTooNew,
+    Store,
+    StoreBusy,
+    StoreError,
+    Task,
+    TaskNotFound,
+    TaskStatus,
+)
+from corral.store.memory import MemoryStore
+
+__all__ = [
+    "FINAL",
+    "BadTask",
+    "Lease",
+    "MemoryStore",
+    "NewTask",
+    "SchemaTooNew",
+    "Store",
+    "StoreBusy",
+    "StoreError",
+    "Task",
+    "TaskNotFound",
+    "TaskStatus",
+    "open_store",
+]
+
+
+def open_store(url: str) -> Store:
+    """A store by URL: `memory://`, `sqlite:///relative.db`, `sqlite:////absolute.db`,
+    `postgresql://user@host/db` (optionally `?schema=name` for a schema of its own)."""
+    if url == "memory://":
+        return MemoryStore()
+    if url.startswith("sqlite:///"):
+        from corral.store.sqlite import SqliteStore
+
+        path = url[len("sqlite:///") :]
+        if not path:
+            raise StoreError("sqlite URL needs a path: sqlite:///tasks.db")
+        return SqliteStore(Path(path))
+    if url.startswith(("postgresql://", "postgres://")):
+        from corral.store.postgres import PostgresStore
+
+        base, _, query = url.partition("?")
+        params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        schema = params.pop("schema", None)
+        rest = "&".join(f"{k}={v}" for k, v in params.items())
+        return PostgresStore(base + (f"?{rest}" if rest else ""), schema=schema)
+    raise StoreError(
+        f"unknown store URL {url!r}; use sqlite:///tasks.db, postgresql://host/db or memory://"
+    )
