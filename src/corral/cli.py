@@ -9,11 +9,12 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from corral import __version__
+from corral.cli_tasks import db_app, tasks_app
 from corral.config import POLICY_NAMES, Config, PolicyName, load_config
+from corral.console import err_console, out_console
 from corral.errors import CorralError
 from corral.sim.engine import Run, simulate
 from corral.sim.metrics import summarize
@@ -29,10 +30,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
-
-# Fixed width when stdout is a pipe or file: rich would assume 80 columns and squeeze tables.
-out_console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, soft_wrap=True)  # an error line is never wrapped
+app.add_typer(db_app, name="db")
+app.add_typer(tasks_app, name="tasks")
 
 
 def _fail(exc: CorralError) -> typer.Exit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,8 +21,13 @@ scheduler: {policy: cost, max_wait_s: 120}
 """
 
 
-def corral(*args: str | Path, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([CORRAL, *map(str, args)], capture_output=True, text=True, timeout=120)
+def corral(
+    *args: str | Path, ok: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [CORRAL, *map(str, args)], capture_output=True, text=True, timeout=120, env=full_env
+    )
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc

@@ -36,9 +36,10 @@ __all__ = [
 ]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, migrate: bool = True) -> Store:
     """A store by URL: `memory://`, `sqlite:///relative.db`, `sqlite:////absolute.db`,
-    `postgresql://user@host/db` (optionally `?schema=name` for a schema of its own)."""
+    `postgresql://user@host/db` (optionally `?schema=name` for a schema of its own). SQL stores
+    apply pending migrations on open unless `migrate` is False."""
     if url == "memory://":
         return MemoryStore()
     if url.startswith("sqlite:///"):
@@ -47,7 +48,7 @@ def open_store(url: str) -> Store:
         path = url[len("sqlite:///") :]
         if not path:
             raise StoreError("sqlite URL needs a path: sqlite:///tasks.db")
-        return SqliteStore(Path(path))
+        return SqliteStore(Path(path), migrate=migrate)
     if url.startswith(("postgresql://", "postgres://")):
         from corral.store.postgres import PostgresStore
 
@@ -55,7 +56,7 @@ def open_store(url: str) -> Store:
         params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
         schema = params.pop("schema", None)
         rest = "&".join(f"{k}={v}" for k, v in params.items())
-        return PostgresStore(base + (f"?{rest}" if rest else ""), schema=schema)
+        return PostgresStore(base + (f"?{rest}" if rest else ""), schema=schema, migrate=migrate)
     raise StoreError(
         f"unknown store URL {url!r}; use sqlite:///tasks.db, postgresql://host/db or memory://"
     )

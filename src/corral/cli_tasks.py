@@ -1,0 +1,181 @@
+"""`corral db` and `corral tasks`: look after the task store from the shell."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from corral.console import err_console, out_console
+from corral.errors import CorralError
+from corral.store import Store, StoreError, Task, TaskStatus, open_store
+from corral.store.sql import SqlStore
+
+db_app = typer.Typer(help="Manage the task database.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Inspect and steer queued tasks.", no_args_is_help=True)
+out, err = out_console, err_console
+
+DbOption = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="CORRAL_DB",
+        help="Store URL: sqlite:///tasks.db or postgresql://host/db (env CORRAL_DB).",
+    ),
+]
+DEFAULT_DB = "sqlite:///corral.db"
+
+
+def _open(url: str) -> Store:
+    try:
+        return open_store(url)
+    except CorralError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _fail(exc: CorralError) -> typer.Exit:
+    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    return typer.Exit(2)
+
+
+def _when(t: float | None) -> str:
+    return "" if t is None else dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _json(task: Task) -> dict[str, Any]:
+    d = asdict(task)
+    d["status"] = task.status.value
+    return d
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOption = DEFAULT_DB) -> None:
+    """Apply pending schema migrations (Corral also applies them whenever it opens a store)."""
+    if not db.startswith(("sqlite:", "postgres")):
+        err.print(f"[red]error:[/red] {db!r} has no schema; give sqlite:///... or postgresql://...")
+        raise typer.Exit(2)
+    try:
+        store = open_store(db, migrate=False)
+        assert isinstance(store, SqlStore)
+        applied = store.upgrade()
+        version = store.schema_version()
+        store.close()
+    except CorralError as exc:
+        raise _fail(exc) from None
+    done = f"applied {', '.join(map(str, applied))}" if applied else "already up to date"
+    out.print(f"{db}: schema version {version} ({done})")
+
+
+@tasks_app.command("list")
+def tasks_list(
+    db: DbOption = DEFAULT_DB,
+    status: Annotated[TaskStatus | None, typer.Option(help="Only this status.")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+) -> None:
+    """Tasks, newest first, with per-model counts."""
+    store = _open(db)
+    try:
+        rows = store.list(status=status, model=model, limit=limit)
+        counts = store.counts()
+    except StoreError as exc:
+        raise _fail(exc) from None
+    finally:
+        store.close()
+    if as_json:
+        for t in rows:
+            print(json.dumps(_json(t)))
+        return
+    table = Table(title=f"tasks in {db}", title_justify="left")
+    for col in ("id", "kind", "model", "status", "priority", "attempts", "created", "error"):
+        table.add_column(
+            col,
+            justify="right" if col in ("priority", "attempts") else "left",
+            overflow="fold" if col == "error" else "ellipsis",
+        )
+    style = {
+        TaskStatus.SUCCEEDED: "green",
+        TaskStatus.FAILED: "red",
+        TaskStatus.RUNNING: "cyan",
+        TaskStatus.CANCELLED: "dim",
+    }
+    for t in rows:
+        table.add_row(
+            t.id,
+            t.kind,
+            t.model,
+            Text(t.status.value, style=style.get(t.status, "")),
+            str(t.priority),
+            f"{t.attempts}/{t.max_attempts}",
+            _when(t.created_at),
+            (t.error or "")[:60],
+        )
+    out.print(table)
+    summary = ", ".join(
+        f"{m}: " + " ".join(f"{n} {s.value}" for s, n in sorted(c.items()))
+        for m, c in sorted(counts.items())
+    )
+    out.print(summary or "no tasks")
+
+
+@tasks_app.command("show")
+def tasks_show(
+    task_id: str,
+    db: DbOption = DEFAULT_DB,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Everything about one task: payload, result, every attempt's error."""
+    store = _open(db)
+    try:
+        t = store.get(task_id)
+    except StoreError as exc:
+        raise _fail(exc) from None
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(_json(t), indent=2))
+        return
+    table = Table(show_header=False, title=f"task {t.id}", title_justify="left")
+    table.add_column(style="cyan")
+    table.add_column(overflow="fold")
+    for key, value in _json(t).items():
+        if (key.endswith("_at") or key == "run_after") and value is not None:
+            value = _when(value)
+        elif isinstance(value, dict | list):
+            value = json.dumps(value)
+        table.add_row(key, "" if value is None else str(value))
+    out.print(table)
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str, db: DbOption = DEFAULT_DB) -> None:
+    """Cancel a task: a queued one never starts; a running one is told to stop."""
+    store = _open(db)
+    try:
+        status = store.cancel(task_id)
+    except StoreError as exc:
+        raise _fail(exc) from None
+    finally:
+        store.close()
+    note = {TaskStatus.RUNNING: " (its worker stops it within a second)"}.get(status, "")
+    out.print(f"{task_id}: {status.value}{note}")
+
+
+@tasks_app.command("retry")
+def tasks_retry(task_id: str, db: DbOption = DEFAULT_DB) -> None:
+    """Queue a failed or cancelled task again, with fresh attempts."""
+    store = _open(db)
+    try:
+        status = store.retry(task_id)
+    except StoreError as exc:
+        raise _fail(exc) from None
+    finally:
+        store.close()
+    out.print(f"{task_id}: {status.value}")

@@ -1,0 +1,11 @@
+"""The CLI's two consoles. When stdout is a pipe or a file, rich would assume 80 columns and
+squeeze tables, so it gets a fixed width; error lines are never wrapped."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+out_console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, soft_wrap=True)

@@ -1,0 +1,93 @@
+"""`corral db` and `corral tasks` as real processes on real SQLite and PostgreSQL stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from corral.store import NewTask, TaskStatus, open_store
+from tests.e2e.test_cli import corral
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/tasks.db"
+        return
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?schema={schema}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def seed(db: str) -> list[str]:
+    store = open_store(db)
+    ids = store.enqueue_many(
+        [NewTask("cover_letter", "cover-writer", {"job": i}) for i in range(3)]
+        + [NewTask("research", "research-8b", {"job": 9})]
+    )
+    (t,) = store.claim("cover-writer", "w1", 1, 30)
+    store.fail(t.id, t.lease_token or "", "model timed out", None)
+    store.close()
+    return ids
+
+
+def test_db_upgrade_applies_then_reports_up_to_date(db: str) -> None:
+    assert "schema version 1 (applied 1)" in corral("db", "upgrade", "--db", db).stdout
+    assert "(already up to date)" in corral("db", "upgrade", "--db", db).stdout
+
+
+def test_tasks_list_filters_and_json(db: str) -> None:
+    ids = seed(db)
+    table = corral("tasks", "list", "--db", db).stdout
+    assert "model timed out" in table
+    assert "cover-writer: 1 failed 2 queued" in table
+    rows = [
+        json.loads(x)
+        for x in corral(
+            "tasks", "list", "--db", db, "--json", "--model", "cover-writer", "--status", "queued"
+        ).stdout.splitlines()
+    ]
+    assert [r["id"] for r in rows] == [ids[2], ids[1]]  # newest first
+    env_rows = corral("tasks", "list", "--json", env={"CORRAL_DB": db}).stdout.splitlines()
+    assert len(env_rows) == 4
+
+
+def test_tasks_show_cancel_retry(db: str) -> None:
+    ids = seed(db)
+    shown = json.loads(corral("tasks", "show", ids[0], "--db", db, "--json").stdout)
+    assert shown["status"] == "failed"
+    assert shown["errors"][0]["error"] == "model timed out"
+    assert "model timed out" in corral("tasks", "show", ids[0], "--db", db).stdout
+    assert f"{ids[1]}: cancelled" in corral("tasks", "cancel", ids[1], "--db", db).stdout
+    assert f"{ids[0]}: queued" in corral("tasks", "retry", ids[0], "--db", db).stdout
+    store = open_store(db)
+    assert store.get(ids[1]).status is TaskStatus.CANCELLED
+    assert store.get(ids[0]).attempts == 0
+    store.close()
+
+
+def test_tasks_errors_are_clear(db: str, tmp_path: Path) -> None:
+    seed(db)
+    p = corral("tasks", "show", "nope", "--db", db, ok=False)
+    assert p.returncode == 2
+    assert "no task with id 'nope'" in p.stderr
+    p = corral("tasks", "list", "--status", "lost", "--db", db, ok=False)
+    assert p.returncode == 2
+    assert "lost" in p.stderr
+    p = corral("tasks", "list", "--db", "redis://x", ok=False)
+    assert p.returncode == 2
+    assert "unknown store URL 'redis://x'" in p.stderr
+    (tmp_path / "f").write_text("")
+    p = corral("tasks", "list", "--db", f"sqlite:///{tmp_path}/f/x.db", ok=False)
+    assert p.returncode == 2
+    assert "cannot open the SQLite database" in p.stderr
+    assert os.environ.get("CORRAL_DB") is None
