@@ -251,6 +251,19 @@ def test_list_filters_and_counts(store: Store) -> None:
         store.get("nope")
 
 
+def test_ready_counts_are_what_claim_could_take_now(store: Store, clock: Clock) -> None:
+    add(store, n=2)
+    add(store, n=1, priority=3)
+    add(store, model="other", n=2, serial_key="s")  # only the first of a serial key is ready
+    store.claim("m", "w", limit=1, lease_s=30)  # takes the priority-3 task
+    assert store.ready_counts() == {"m": {0: 2}, "other": {0: 1}}
+    (a,) = store.claim("m", "w", limit=1, lease_s=30)
+    store.fail(a.id, a.lease_token or "", "x", retry_in_s=10)
+    assert store.ready_counts() == {"m": {0: 1}, "other": {0: 1}}  # the retry is not due yet
+    clock.t += 10
+    assert store.ready_counts()["m"] == {0: 2}
+
+
 def test_concurrent_claims_never_hand_out_a_task_twice(
     store: Store, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

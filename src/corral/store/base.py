@@ -183,6 +183,11 @@ class Store(Protocol):
         """Tasks per model and status."""
         ...
 
+    def ready_counts(self) -> dict[str, dict[int, int]]:
+        """Tasks `claim` could take right now, per model and priority (serial keys and
+        `run_after` respected): what a worker's scheduler should see as waiting."""
+        ...
+
     def close(self) -> None:
         """Release connections. Idempotent."""
         ...

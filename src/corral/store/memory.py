@@ -59,30 +59,41 @@ class MemoryStore:
                 ids.append(tid)
             return ids
 
+    def _claimable(self, now: float) -> list[Task]:
+        """Queued tasks `claim` may take now: due, and first of a serial key with none running."""
+        busy_keys = {
+            t.serial_key
+            for t in self._tasks.values()
+            if t.status is TaskStatus.RUNNING and t.serial_key is not None
+        }
+        first_of_key: dict[str, int] = {}
+        for t in self._tasks.values():
+            if t.status is TaskStatus.QUEUED and t.serial_key is not None:
+                first_of_key[t.serial_key] = min(first_of_key.get(t.serial_key, t.seq), t.seq)
+        return [
+            t
+            for t in self._tasks.values()
+            if t.status is TaskStatus.QUEUED
+            and t.run_after <= now
+            and (
+                t.serial_key is None
+                or (t.serial_key not in busy_keys and first_of_key[t.serial_key] == t.seq)
+            )
+        ]
+
+    def ready_counts(self) -> dict[str, dict[int, int]]:
+        with self._lock:
+            out: dict[str, dict[int, int]] = {}
+            for t in self._claimable(self._clock()):
+                per = out.setdefault(t.model, {})
+                per[t.priority] = per.get(t.priority, 0) + 1
+            return out
+
     def claim(self, model: str, worker_id: str, limit: int, lease_s: float) -> list[Task]:
         with self._lock:
             now = self._clock()
-            busy_keys = {
-                t.serial_key
-                for t in self._tasks.values()
-                if t.status is TaskStatus.RUNNING and t.serial_key is not None
-            }
-            first_of_key: dict[str, int] = {}
-            for t in self._tasks.values():
-                if t.status is TaskStatus.QUEUED and t.serial_key is not None:
-                    first_of_key[t.serial_key] = min(first_of_key.get(t.serial_key, t.seq), t.seq)
             eligible = sorted(
-                (
-                    t
-                    for t in self._tasks.values()
-                    if t.status is TaskStatus.QUEUED
-                    and t.model == model
-                    and t.run_after <= now
-                    and (
-                        t.serial_key is None
-                        or (t.serial_key not in busy_keys and first_of_key[t.serial_key] == t.seq)
-                    )
-                ),
+                (t for t in self._claimable(now) if t.model == model),
                 key=lambda t: (-t.priority, t.seq),
             )
             out = []

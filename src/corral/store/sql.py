@@ -72,6 +72,15 @@ class Tx(Protocol):
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]: ...
 
 
+# A queued task `claim` may take now: due, and first of its serial key with none running.
+_CLAIMABLE = """t.status = 'queued' AND t.run_after <= :now
+      AND (t.serial_key IS NULL OR (
+        NOT EXISTS (SELECT 1 FROM corral_tasks r
+                    WHERE r.serial_key = t.serial_key AND r.status = 'running')
+        AND t.seq = (SELECT MIN(q.seq) FROM corral_tasks q
+                     WHERE q.serial_key = t.serial_key AND q.status = 'queued')))"""
+
+
 def _task(row: Mapping[str, Any]) -> Task:
     return Task(
         id=row["id"],
@@ -188,12 +197,7 @@ UPDATE corral_tasks SET status = 'running', attempts = attempts + 1,
     started_at = :now
 WHERE seq IN (
     SELECT t.seq FROM corral_tasks t
-    WHERE t.model = :model AND t.status = 'queued' AND t.run_after <= :now
-      AND (t.serial_key IS NULL OR (
-        NOT EXISTS (SELECT 1 FROM corral_tasks r
-                    WHERE r.serial_key = t.serial_key AND r.status = 'running')
-        AND t.seq = (SELECT MIN(q.seq) FROM corral_tasks q
-                     WHERE q.serial_key = t.serial_key AND q.status = 'queued')))
+    WHERE t.model = :model AND {_CLAIMABLE}
     ORDER BY t.priority DESC, t.seq
     LIMIT :limit {self.dialect.lock_skip})
 RETURNING {_COLUMNS}"""
@@ -389,6 +393,18 @@ RETURNING {_COLUMNS}"""
         out: dict[str, dict[TaskStatus, int]] = {}
         for r in rows:
             out.setdefault(r["model"], {})[TaskStatus(r["status"])] = int(r["n"])
+        return out
+
+    def ready_counts(self) -> dict[str, dict[int, int]]:
+        with self._tx(write=False) as tx:
+            rows = tx.run(
+                f"SELECT t.model, t.priority, COUNT(*) AS n FROM corral_tasks t "
+                f"WHERE {_CLAIMABLE} GROUP BY t.model, t.priority",
+                {"now": self._clock()},
+            )
+        out: dict[str, dict[int, int]] = {}
+        for r in rows:
+            out.setdefault(r["model"], {})[int(r["priority"])] = int(r["n"])
         return out
 
 
