@@ -11,6 +11,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = str(item.path)
         if "/tests/unit/" in path:
             item.add_marker(pytest.mark.unit)
+        elif "/tests/integration/" in path:
+            item.add_marker(pytest.mark.integration)
         elif "/tests/contract/" in path:
             item.add_marker(pytest.mark.contract)
         elif "/tests/e2e/" in path:

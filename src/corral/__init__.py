@@ -2,14 +2,21 @@
 
 from corral.config import Config, load_config, parse_config
 from corral.errors import ConfigError, CorralError, TraceError
+from corral.queue import Queue, TaskCancelled, TaskFailed, UnknownKind
+from corral.worker.registry import current_task
 
 __version__ = "0.1.0"
 __all__ = [
     "Config",
     "ConfigError",
     "CorralError",
+    "Queue",
+    "TaskCancelled",
+    "TaskFailed",
     "TraceError",
+    "UnknownKind",
     "__version__",
+    "current_task",
     "load_config",
     "parse_config",
 ]

@@ -1,0 +1,187 @@
+"""The library API an app writes against:
+
+q = corral.Queue("sqlite:///tasks.db")            # or postgresql://...
+@q.handler("cover_letter", model="cover-writer")
+def write_cover_letter(payload): ...
+task_id = q.submit("cover_letter", {"job": 42})
+q.result(task_id, timeout=60)                      # waits; raises on failure or cancel
+q.run_worker()                                     # drains in the scheduler's order
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from corral.config import Config, ModelConfig, load_config
+from corral.errors import CorralError
+from corral.store import NewTask, Store, Task, TaskStatus, open_store
+from corral.worker.registry import Hook, ModelHooks, Registry
+from corral.worker.runtime import Worker, WorkerSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UnknownKind(CorralError):
+    """No handler is registered for that task kind."""
+
+
+class TaskFailed(CorralError):
+    """The task failed for good; `.task` holds every attempt's error."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        super().__init__(
+            f"task {task.id} ({task.kind}) failed after {task.attempts} attempt(s): {task.error}"
+        )
+
+
+class TaskCancelled(CorralError):
+    """The task was cancelled."""
+
+
+class Queue:
+    """Submit tasks, wait for results, run workers. Thread-safe for submitting."""
+
+    def __init__(
+        self, url: str = "sqlite:///corral.db", config: Config | str | Path | None = None
+    ) -> None:
+        self.url = url
+        self._store: Store | None = None
+        self._config = config
+        self.registry = Registry()
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def handler(self, kind: str, *, model: str) -> Callable[[F], F]:
+        """Register the function that runs tasks of `kind` on `model` (sync or async)."""
+
+        def register(fn: F) -> F:
+            self.registry.add_handler(kind, model, fn)
+            return fn
+
+        return register
+
+    def model(self, name: str, *, load: Hook | None = None, unload: Hook | None = None) -> None:
+        """Declare an in-process model: `load()` runs before its tasks, `unload()` on eviction."""
+        self.registry.add_model(ModelHooks(name, load, unload))
+
+    # --- submitting ---------------------------------------------------------------------------
+    def _new(
+        self,
+        kind: str,
+        payload: Any,
+        priority: int,
+        serial_key: str | None,
+        max_attempts: int,
+        batch_id: str | None,
+    ) -> NewTask:
+        spec = self.registry.handlers.get(kind)
+        if spec is None:
+            raise UnknownKind(
+                f"no handler for task kind {kind!r}; registered: "
+                f"{', '.join(sorted(self.registry.handlers)) or 'none'} "
+                "(register one with @queue.handler(kind, model=...))"
+            )
+        return NewTask(kind, spec.model, payload, priority, serial_key, max_attempts, batch_id)
+
+    def submit(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        priority: int = 0,
+        serial_key: str | None = None,
+        max_attempts: int = 3,
+        batch_id: str | None = None,
+    ) -> str:
+        """Queue one task; returns its id."""
+        return self.store.enqueue(
+            self._new(kind, payload, priority, serial_key, max_attempts, batch_id)
+        )
+
+    def submit_many(
+        self,
+        kind: str,
+        payloads: Iterable[Any],
+        *,
+        priority: int = 0,
+        max_attempts: int = 3,
+        batch_id: str | None = None,
+    ) -> list[str]:
+        """Queue many tasks of one kind in one transaction (all or none)."""
+        return self.store.enqueue_many(
+            [self._new(kind, p, priority, None, max_attempts, batch_id) for p in payloads]
+        )
+
+    def get(self, task_id: str) -> Task:
+        return self.store.get(task_id)
+
+    def cancel(self, task_id: str) -> TaskStatus:
+        return self.store.cancel(task_id)
+
+    def result(self, task_id: str, timeout: float | None = None, poll_s: float = 0.05) -> Any:
+        """Wait for the task to end; its result, or `TaskFailed` / `TaskCancelled`;
+        `TimeoutError` if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            t = self.store.get(task_id)
+            if t.status is TaskStatus.SUCCEEDED:
+                return t.result
+            if t.status is TaskStatus.FAILED:
+                raise TaskFailed(t)
+            if t.status is TaskStatus.CANCELLED:
+                raise TaskCancelled(f"task {task_id} was cancelled")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"task {task_id} is still {t.status.value} after {timeout} s")
+            time.sleep(poll_s)
+
+    async def aresult(self, task_id: str, timeout: float | None = None) -> Any:
+        return await asyncio.to_thread(self.result, task_id, timeout)
+
+    async def asubmit(self, kind: str, payload: Any = None, **kw: Any) -> str:
+        return await asyncio.to_thread(self.submit, kind, payload, **kw)
+
+    # --- working ------------------------------------------------------------------------------
+    def config(self) -> Config:
+        """The scheduler configuration: the given file, or defaults for every registered model."""
+        if isinstance(self._config, Config):
+            return self._config
+        if self._config is not None:
+            return load_config(self._config)
+        return Config(models={m: ModelConfig() for m in self.registry.model_names()})
+
+    def worker(self, settings: WorkerSettings | None = None) -> Worker:
+        return Worker(self.store, self.registry, self.config(), settings)
+
+    async def arun_worker(
+        self, until_idle: bool = False, settings: WorkerSettings | None = None
+    ) -> Worker:
+        w = self.worker(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Not in the main thread, or no signals on this platform: stop() still works.
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, w.stop)
+        await w.run(until_idle=until_idle)
+        return w
+
+    def run_worker(
+        self, until_idle: bool = False, settings: WorkerSettings | None = None
+    ) -> Worker:
+        """Run a worker in this thread until SIGTERM/SIGINT (or until idle)."""
+        return asyncio.run(self.arun_worker(until_idle, settings))
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None

@@ -1,0 +1,77 @@
+"""What an app registers: handlers (one per task kind) and in-process models' hooks."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Handler = Callable[[Any], Any]
+Hook = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    kind: str
+    model: str
+    fn: Handler
+    is_async: bool
+
+
+@dataclass(frozen=True)
+class ModelHooks:
+    """An in-process model: `load()` before its first task, `unload()` when it is evicted."""
+
+    name: str
+    load: Hook | None = None
+    unload: Hook | None = None
+
+
+@dataclass
+class Registry:
+    handlers: dict[str, HandlerSpec] = field(default_factory=dict)
+    models: dict[str, ModelHooks] = field(default_factory=dict)
+
+    def add_handler(self, kind: str, model: str, fn: Handler) -> None:
+        if kind in self.handlers:
+            raise ValueError(f"a handler for {kind!r} is already registered")
+        self.handlers[kind] = HandlerSpec(kind, model, fn, inspect.iscoroutinefunction(fn))
+
+    def add_model(self, hooks: ModelHooks) -> None:
+        self.models[hooks.name] = hooks
+
+    def model_names(self) -> list[str]:
+        return sorted({h.model for h in self.handlers.values()} | set(self.models))
+
+
+class TaskContext:
+    """What a running handler can ask about its task (`corral.current_task()`)."""
+
+    def __init__(self, task_id: str, attempt: int) -> None:
+        self.task_id = task_id
+        self.attempt = attempt
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once cancellation was requested: a sync handler should poll it and return."""
+        return self._cancelled.is_set()
+
+    def _cancel(self) -> None:
+        self._cancelled.set()
+
+
+_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "corral_task", default=None
+)
+
+
+def current_task() -> TaskContext:
+    """The task the calling handler runs (sync handlers see it in their thread too)."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("current_task() is only available inside a Corral task handler")
+    return ctx

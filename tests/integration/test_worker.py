@@ -1,0 +1,216 @@
+"""The worker and the `corral.Queue` API on real SQLite and PostgreSQL stores."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import corral
+from corral.store import BadTask, NewTask, TaskStatus
+from corral.worker.runtime import WorkerSettings
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+FAST = WorkerSettings(poll_s=0.02, retry_base_s=0.05, lease_s=3.0, shutdown_timeout_s=0.5)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/tasks.db"
+        return
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?schema={schema}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def two_model_queue(url: str, log: list[Any]) -> corral.Queue:
+    q = corral.Queue(url)
+    for name in ("cover-writer", "research-8b"):
+        q.model(
+            name,
+            load=functools.partial(log.append, ("load", name)),
+            unload=functools.partial(log.append, ("unload", name)),
+        )
+
+    @q.handler("cover_letter", model="cover-writer")
+    def cover(p: dict[str, int]) -> str:
+        log.append(("cover", p["job"]))
+        return f"letter {p['job']}"
+
+    @q.handler("research", model="research-8b")
+    async def research(p: dict[str, int]) -> dict[str, int]:
+        log.append(("research", p["job"]))
+        return {"facts": p["job"]}
+
+    return q
+
+
+def test_alternating_tasks_load_each_model_once(url: str) -> None:
+    log: list[Any] = []
+    q = two_model_queue(url, log)
+    ids = []
+    for job in range(10):
+        ids += [q.submit("cover_letter", {"job": job}), q.submit("research", {"job": job})]
+    w = q.run_worker(until_idle=True, settings=FAST)
+    assert [m for m, _ in w.loads] == ["cover-writer", "research-8b"]
+    assert [e for e in log if e[0] in ("load", "unload")] == [
+        ("load", "cover-writer"),
+        ("unload", "cover-writer"),
+        ("load", "research-8b"),
+    ]
+    work = [e for e in log if e[0] in ("cover", "research")]
+    assert [e[1] for e in work[:10]] == list(range(10))  # FIFO within the model
+    assert {e[0] for e in work[:10]} == {"cover"}
+    assert q.result(ids[4], timeout=10) == "letter 2"
+    assert q.result(ids[5], timeout=10) == {"facts": 2}
+    assert q.store.counts() == {
+        "cover-writer": {TaskStatus.SUCCEEDED: 10},
+        "research-8b": {TaskStatus.SUCCEEDED: 10},
+    }
+    q.close()
+
+
+def test_failures_retry_with_backoff_and_keep_every_error(url: str) -> None:
+    q = corral.Queue(url)
+    calls: dict[int, int] = {}
+
+    @q.handler("flaky", model="m")
+    def flaky(p: dict[str, int]) -> str:
+        calls[p["n"]] = calls.get(p["n"], 0) + 1
+        if calls[p["n"]] < p["n"]:
+            raise RuntimeError(f"try {calls[p['n']]}")
+        return "ok"
+
+    ok = q.submit("flaky", {"n": 3}, max_attempts=3)
+    bad = q.submit("flaky", {"n": 9}, max_attempts=2)
+    q.run_worker(until_idle=True, settings=FAST)
+    assert q.result(ok, timeout=10) == "ok"
+    t = q.get(ok)
+    assert t.attempts == 3
+    assert [e["error"] for e in t.errors] == ["RuntimeError: try 1", "RuntimeError: try 2"]
+    with pytest.raises(
+        corral.TaskFailed, match="failed after 2 attempt\\(s\\): RuntimeError: try 2"
+    ):
+        q.result(bad, timeout=10)
+    q.close()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancelling_a_running_task_reaches_its_handler_within_a_second(url: str, kind: str) -> None:
+    q = corral.Queue(url)
+    started = threading.Event()
+    stopped_at: list[float] = []
+
+    @q.handler("slow_async", model="m")
+    async def slow_async(p: Any) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped_at.append(time.monotonic())
+            raise
+
+    @q.handler("slow_sync", model="m")
+    def slow_sync(p: Any) -> str:
+        started.set()
+        while not corral.current_task().cancelled:
+            time.sleep(0.01)
+        stopped_at.append(time.monotonic())
+        return "stopped"
+
+    tid = q.submit(f"slow_{kind}")
+    runner = threading.Thread(target=q.run_worker, kwargs={"until_idle": True, "settings": FAST})
+    runner.start()
+    assert started.wait(10)
+    cancelled_at = time.monotonic()
+    assert q.cancel(tid) is TaskStatus.RUNNING
+    runner.join(15)
+    assert not runner.is_alive()
+    assert stopped_at
+    assert stopped_at[0] - cancelled_at < 1.5
+    assert q.get(tid).status is TaskStatus.CANCELLED
+    with pytest.raises(corral.TaskCancelled):
+        q.result(tid, timeout=10)
+    q.close()
+
+
+def test_serial_keys_never_overlap_and_run_in_order(url: str, tmp_path: Path) -> None:
+    q = corral.Queue(url, config=corral.parse_config("models: {m: {concurrency: 4}}"))
+    spans: dict[str, list[tuple[int, float, float]]] = {"a": [], "b": []}
+    lock = threading.Lock()
+
+    @q.handler("note", model="m")
+    async def note(p: dict[str, Any]) -> None:
+        start = time.monotonic()
+        await asyncio.sleep(0.03)
+        with lock:
+            spans[p["group"]].append((p["i"], start, time.monotonic()))
+
+    for i in range(5):
+        for g in ("a", "b"):
+            q.submit("note", {"group": g, "i": i}, serial_key=f"tag-{g}")
+    q.run_worker(until_idle=True, settings=FAST)
+    for g, s in spans.items():
+        assert [i for i, _, _ in s] == list(range(5)), g  # FIFO within the key
+        assert all(a[2] <= b[1] for a, b in itertools.pairwise(s)), g  # never overlap
+    overlap = any(a[1] < b[2] and b[1] < a[2] for a in spans["a"] for b in spans["b"])
+    assert overlap  # different keys do run in parallel
+    q.close()
+
+
+def test_bad_input_is_refused_with_what_and_where(url: str) -> None:
+    q = corral.Queue(url)
+
+    @q.handler("known", model="m")
+    def known(p: Any) -> None:
+        return None
+
+    with pytest.raises(
+        corral.UnknownKind, match="no handler for task kind 'nope'; registered: known"
+    ):
+        q.submit("nope", {})
+    with pytest.raises(BadTask, match="payload of a 'known' task is not JSON-serialisable"):
+        q.submit("known", {"when": object()})
+    orphan = q.store.enqueue(NewTask("ghost", "m", {}))  # stored by some other app
+    q.run_worker(until_idle=True, settings=FAST)
+    t = q.get(orphan)
+    assert t.status is TaskStatus.FAILED
+    assert t.error == "no handler for task kind 'ghost' (registered: known)"
+    assert q.store.counts() == {"m": {TaskStatus.FAILED: 1}}
+    q.close()
+
+
+def test_stop_releases_tasks_that_outlive_the_shutdown_timeout(url: str) -> None:
+    q = corral.Queue(url)
+    started = threading.Event()
+
+    @q.handler("forever", model="m")
+    async def forever(p: Any) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    tid = q.submit("forever")
+
+    async def main() -> None:
+        w = q.worker(FAST)
+        run = asyncio.ensure_future(w.run())
+        await asyncio.to_thread(started.wait, 10)
+        w.stop()
+        await asyncio.wait_for(run, 10)
+
+    asyncio.run(main())
+    t = q.get(tid)
+    assert t.status is TaskStatus.QUEUED
+    assert t.attempts == 0
+    q.close()
