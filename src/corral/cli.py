@@ -12,7 +12,7 @@ import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from corral import __version__
-from corral.cli_tasks import db_app, tasks_app
+from corral.cli_tasks import db_app, tasks_app, worker_cmd
 from corral.config import POLICY_NAMES, Config, PolicyName, load_config
 from corral.console import err_console, out_console
 from corral.errors import CorralError
@@ -32,6 +32,7 @@ config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(tasks_app, name="tasks")
+app.command(name="worker")(worker_cmd)
 
 
 def _fail(exc: CorralError) -> typer.Exit:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
+import os
+import sys
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -13,8 +16,10 @@ from rich.text import Text
 
 from corral.console import err_console, out_console
 from corral.errors import CorralError
+from corral.queue import Queue
 from corral.store import Store, StoreError, Task, TaskStatus, open_store
 from corral.store.sql import SqlStore
+from corral.worker.runtime import WorkerSettings
 
 db_app = typer.Typer(help="Manage the task database.", no_args_is_help=True)
 tasks_app = typer.Typer(help="Inspect and steer queued tasks.", no_args_is_help=True)
@@ -179,3 +184,49 @@ def tasks_retry(task_id: str, db: DbOption = DEFAULT_DB) -> None:
     finally:
         store.close()
     out.print(f"{task_id}: {status.value}")
+
+
+def load_app(spec: str) -> Queue:
+    """`package.module:attribute` naming a `corral.Queue` (the current folder is importable)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CorralError(f"--app must look like package.module:queue; got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CorralError(f"cannot import {module_name!r} (from --app {spec}): {exc}") from None
+    queue = getattr(module, attr, None)
+    if not isinstance(queue, Queue):
+        found = "nothing" if queue is None else type(queue).__name__
+        raise CorralError(f"{spec} must be a corral.Queue; found {found}")
+    return queue
+
+
+def worker_cmd(
+    app: Annotated[str, typer.Option(help="The app's queue, as package.module:attribute.")],
+    until_idle: Annotated[
+        bool,
+        typer.Option("--until-idle", help="Exit once nothing of its models is queued or running."),
+    ] = False,
+    lease_s: Annotated[float, typer.Option(min=0.5, help="Lease length, seconds.")] = 30.0,
+    poll_s: Annotated[float, typer.Option(min=0.01, help="Look for work this often.")] = 0.2,
+    shutdown_timeout_s: Annotated[
+        float,
+        typer.Option(min=0, help="On SIGTERM, running tasks get this long before they go back."),
+    ] = 30.0,
+) -> None:
+    """Run a worker for an app's queue until SIGTERM/SIGINT."""
+    try:
+        queue = load_app(app)
+        settings = WorkerSettings(
+            lease_s=lease_s, poll_s=poll_s, shutdown_timeout_s=shutdown_timeout_s
+        )
+        err.print(
+            f"corral worker: {app} on {queue.url} "
+            f"(models: {', '.join(queue.registry.model_names()) or 'none'})"
+        )
+        queue.run_worker(until_idle=until_idle, settings=settings)
+    except CorralError as exc:
+        raise _fail(exc) from None
