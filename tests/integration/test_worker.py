@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import threading
@@ -213,4 +214,35 @@ def test_stop_releases_tasks_that_outlive_the_shutdown_timeout(url: str) -> None
     t = q.get(tid)
     assert t.status is TaskStatus.QUEUED
     assert t.attempts == 0
+    q.close()
+
+
+def test_tasks_claimed_ahead_go_back_when_their_model_is_evicted(url: str) -> None:
+    config = corral.parse_config(
+        "models: {low: {priority: 0}, high: {priority: 1}}\nscheduler: {policy: priority}\n"
+    )
+    q = corral.Queue(url, config=config)
+    order: list[str] = []
+
+    @q.handler("low_job", model="low")
+    def low_job(p: dict[str, int]) -> int:
+        if p["i"] == 0:  # while the first low task runs, urgent work for the other model arrives
+            q.submit("high_job", {"i": 0})
+            time.sleep(0.3)
+        order.append(f"low{p['i']}")
+        return p["i"]
+
+    @q.handler("high_job", model="high")
+    def high_job(p: dict[str, int]) -> int:
+        order.append("high")
+        return p["i"]
+
+    ids = q.submit_many("low_job", [{"i": i} for i in range(30)])
+    w = q.run_worker(until_idle=True, settings=dataclasses.replace(FAST, prefetch=16))
+    assert [m for m, _ in w.loads] == ["low", "high", "low"]
+    assert order.index("high") <= 2  # it did not wait behind the 29 low tasks claimed ahead
+    tasks = [q.get(i) for i in ids]
+    assert all(t.status is TaskStatus.SUCCEEDED for t in tasks)
+    assert all(t.attempts == 1 for t in tasks)  # going back to the queue is not an attempt
+    assert sorted(t.result for t in tasks) == list(range(30))
     q.close()

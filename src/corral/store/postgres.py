@@ -69,13 +69,16 @@ class PostgresStore(SqlStore):
             self.upgrade()
 
     @contextmanager
-    def _tx(self, write: bool) -> Iterator[Tx]:
+    def _tx(self, write: bool, single: bool = False) -> Iterator[Tx]:
         import psycopg
 
         with self._lock:
             try:
-                with self._conn.transaction():
+                if single:  # autocommit: one statement is its own transaction, one round trip
                     yield _PgTx(self._conn)
+                else:
+                    with self._conn.transaction():
+                        yield _PgTx(self._conn)
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL error: {exc}") from exc
 

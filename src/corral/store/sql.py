@@ -116,7 +116,9 @@ class SqlStore:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
 
-    def _tx(self, write: bool) -> AbstractContextManager[Tx]:
+    def _tx(self, write: bool, single: bool = False) -> AbstractContextManager[Tx]:
+        """A transaction. `single`: the caller runs exactly one statement, which is atomic on
+        its own, so an adapter may skip BEGIN/COMMIT round trips."""
         raise NotImplementedError
 
     # --- schema -------------------------------------------------------------------------------
@@ -201,7 +203,7 @@ WHERE seq IN (
     ORDER BY t.priority DESC, t.seq
     LIMIT :limit {self.dialect.lock_skip})
 RETURNING {_COLUMNS}"""
-        with self._tx(write=True) as tx:
+        with self._tx(write=True, single=True) as tx:
             rows = tx.run(
                 sql,
                 {
@@ -221,7 +223,7 @@ RETURNING {_COLUMNS}"""
             f"UPDATE corral_tasks SET {sets} WHERE id = :id AND status = 'running' "
             f"AND lease_token = :token RETURNING cancel_requested"
         )
-        with self._tx(write=True) as tx:
+        with self._tx(write=True, single=True) as tx:
             return tx.run(sql, {"id": task_id, "token": token, **params})
 
     def heartbeat(self, task_id: str, token: str, lease_s: float) -> Lease:
@@ -307,7 +309,7 @@ RETURNING {_COLUMNS}"""
         )
 
     def cancel(self, task_id: str) -> TaskStatus:
-        with self._tx(write=True) as tx:
+        with self._tx(write=True, single=True) as tx:
             rows = tx.run(
                 "UPDATE corral_tasks SET "
                 "cancel_requested = CASE WHEN status = 'running' THEN 1 ELSE cancel_requested END, "
@@ -368,7 +370,7 @@ RETURNING {_COLUMNS}"""
 
     # --- reads --------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:
-        with self._tx(write=False) as tx:
+        with self._tx(write=False, single=True) as tx:
             rows = tx.run(f"SELECT {_COLUMNS} FROM corral_tasks WHERE id = :id", {"id": task_id})
         if not rows:
             raise TaskNotFound(f"no task with id {task_id!r}")
@@ -379,14 +381,14 @@ RETURNING {_COLUMNS}"""
     ) -> list[Task]:
         where, params = _filters(status, model)
         params["limit"] = limit
-        with self._tx(write=False) as tx:
+        with self._tx(write=False, single=True) as tx:
             rows = tx.run(
                 f"SELECT {_COLUMNS} FROM corral_tasks{where} ORDER BY seq DESC LIMIT :limit", params
             )
         return [_task(r) for r in rows]
 
     def counts(self) -> dict[str, dict[TaskStatus, int]]:
-        with self._tx(write=False) as tx:
+        with self._tx(write=False, single=True) as tx:
             rows = tx.run(
                 "SELECT model, status, COUNT(*) AS n FROM corral_tasks GROUP BY model, status"
             )
@@ -396,7 +398,7 @@ RETURNING {_COLUMNS}"""
         return out
 
     def ready_counts(self) -> dict[str, dict[int, int]]:
-        with self._tx(write=False) as tx:
+        with self._tx(write=False, single=True) as tx:
             rows = tx.run(
                 f"SELECT t.model, t.priority, COUNT(*) AS n FROM corral_tasks t "
                 f"WHERE {_CLAIMABLE} GROUP BY t.model, t.priority",

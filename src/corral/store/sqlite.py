@@ -65,7 +65,8 @@ class SqliteStore(SqlStore):
             self.upgrade()
 
     @contextmanager
-    def _tx(self, write: bool) -> Iterator[Tx]:
+    def _tx(self, write: bool, single: bool = False) -> Iterator[Tx]:
+        # Always explicit: BEGIN IMMEDIATE makes a writer wait on the busy timeout up front.
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
