@@ -192,6 +192,21 @@ def test_bad_input_is_refused_with_what_and_where(url: str) -> None:
     q.close()
 
 
+def test_a_handler_model_missing_from_the_config_is_a_clear_error(url: str) -> None:
+    q = corral.Queue(url, config=corral.parse_config("models: {other: {}}"))
+
+    @q.handler("letter", model="cover-writer")
+    def letter(p: Any) -> None:
+        return None
+
+    with pytest.raises(
+        corral.CorralError,
+        match=r"defines no model 'cover-writer', which handlers use \('letter' -> 'cover-writer'\)",
+    ):
+        q.worker()
+    q.close()
+
+
 def test_stop_releases_tasks_that_outlive_the_shutdown_timeout(url: str) -> None:
     q = corral.Queue(url)
     started = threading.Event()

@@ -30,6 +30,7 @@ from typing import Any
 
 from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
+from corral.errors import CorralError
 from corral.store import Lease, Store, Task, TaskStatus
 from corral.worker.registry import Handler, Registry, TaskContext, _current
 
@@ -73,6 +74,17 @@ class Worker:
         self.config = config
         self.settings = settings or WorkerSettings()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        missing = sorted({h.model for h in registry.handlers.values()} - set(config.models))
+        if missing:
+            uses = ", ".join(
+                f"{h.kind!r} -> {h.model!r}"
+                for h in registry.handlers.values()
+                if h.model in missing
+            )
+            raise CorralError(
+                f"the configuration defines no model {', '.join(map(repr, missing))}, which "
+                f"handlers use ({uses}); add it under `models:` or fix the handler's model"
+            )
         self.models = [m for m in config.models if m in set(registry.model_names())]
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
         self._stop = asyncio.Event()
