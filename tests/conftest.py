@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
 import pytest
 
 
@@ -17,3 +22,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.contract)
         elif "/tests/e2e/" in path:
             item.add_marker(pytest.mark.e2e)
+
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store URL: a new SQLite file, or a PostgreSQL schema of its own (dropped after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/tasks.db"
+        return
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?schema={schema}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

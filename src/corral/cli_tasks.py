@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -159,16 +160,20 @@ def tasks_show(
     out.print(table)
 
 
-@tasks_app.command("cancel")
-def tasks_cancel(task_id: str, db: DbOption = DEFAULT_DB) -> None:
-    """Cancel a task: a queued one never starts; a running one is told to stop."""
+def _with_store(db: str, op: Callable[[Store], TaskStatus]) -> TaskStatus:
     store = _open(db)
     try:
-        status = store.cancel(task_id)
+        return op(store)
     except StoreError as exc:
         raise _fail(exc) from None
     finally:
         store.close()
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str, db: DbOption = DEFAULT_DB) -> None:
+    """Cancel a task: a queued one never starts; a running one is told to stop."""
+    status = _with_store(db, lambda s: s.cancel(task_id))
     note = {TaskStatus.RUNNING: " (its worker stops it within a second)"}.get(status, "")
     out.print(f"{task_id}: {status.value}{note}")
 
@@ -176,13 +181,7 @@ def tasks_cancel(task_id: str, db: DbOption = DEFAULT_DB) -> None:
 @tasks_app.command("retry")
 def tasks_retry(task_id: str, db: DbOption = DEFAULT_DB) -> None:
     """Queue a failed or cancelled task again, with fresh attempts."""
-    store = _open(db)
-    try:
-        status = store.retry(task_id)
-    except StoreError as exc:
-        raise _fail(exc) from None
-    finally:
-        store.close()
+    status = _with_store(db, lambda s: s.retry(task_id))
     out.print(f"{task_id}: {status.value}")
 
 

@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from corral.store import NewTask, TaskStatus, open_store
 from tests.e2e.test_cli import corral
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/tasks.db"
-        return
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+@pytest.fixture
+def db(store_url: str) -> str:
+    return store_url
 
 
 def seed(db: str) -> list[str]:

@@ -9,17 +9,13 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from corral.store import NewTask, TaskStatus, open_store
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
 APP = """
 import os, time
@@ -40,15 +36,9 @@ def work(p):
 WORKER = ["worker", "--app", "app:q", "--lease-s", "1", "--poll-s", "0.02"]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/tasks.db"
-        return
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+@pytest.fixture
+def url(store_url: str) -> str:
+    return store_url
 
 
 @pytest.fixture

@@ -8,31 +8,21 @@ import functools
 import itertools
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import corral
 from corral.store import BadTask, NewTask, TaskStatus
 from corral.worker.runtime import WorkerSettings
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 FAST = WorkerSettings(poll_s=0.02, retry_base_s=0.05, lease_s=3.0, shutdown_timeout_s=0.5)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/tasks.db"
-        return
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+@pytest.fixture
+def url(store_url: str) -> str:
+    return store_url
 
 
 def two_model_queue(url: str, log: list[Any]) -> corral.Queue:
