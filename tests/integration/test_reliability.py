@@ -146,3 +146,35 @@ def test_several_workers_on_one_database_never_share_a_task(
     assert all(c == 1 for c in starts.values())
     assert len(starts) == n
     assert len({line[2] for line in lines}) >= 2  # the work was shared
+
+
+def test_sqlite_locked_by_another_process_is_retryable_and_loses_nothing(tmp_path: Path) -> None:
+    from corral.store import StoreBusy
+    from corral.store.sqlite import SqliteStore
+
+    path = tmp_path / "t.db"
+    store = SqliteStore(path, busy_timeout_s=0.2)
+    store.enqueue(NewTask("work", "m", {"i": 0}))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+            "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(1.5)\n"
+            "c.execute('ROLLBACK')\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(StoreBusy, match="stayed locked beyond the busy timeout"):
+        store.enqueue(NewTask("work", "m", {"i": 1}))
+    with pytest.raises(StoreBusy):
+        store.claim("m", "w", limit=1, lease_s=30)
+    holder.wait(10)
+    store.enqueue(NewTask("work", "m", {"i": 1}))  # retried after the lock is gone: it works
+    claimed = store.claim("m", "w", limit=5, lease_s=30)
+    assert sorted(t.payload["i"] for t in claimed) == [0, 1]  # nothing lost, nothing doubled
+    store.close()
