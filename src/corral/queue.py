@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from corral.config import Config, ModelConfig, load_config
 from corral.errors import CorralError
-from corral.store import NewTask, Store, Task, TaskStatus, open_store
+from corral.store import BadTask, NewTask, Store, Task, TaskStatus, open_store
 from corral.worker.registry import Hook, ModelHooks, Registry
 from corral.worker.runtime import Worker, WorkerSettings
 
@@ -62,11 +62,17 @@ class Queue:
             self._store = open_store(self.url)
         return self._store
 
-    def handler(self, kind: str, *, model: str) -> Callable[[F], F]:
-        """Register the function that runs tasks of `kind` on `model` (sync or async)."""
+    def handler(self, kind: str, *, model: str, split_on_failure: bool = False) -> Callable[[F], F]:
+        """Register the function that runs tasks of `kind` on `model` (sync or async).
+
+        `split_on_failure`: the payload is a list processed in one call and the function
+        returns one result per item. If a call fails, the list is split in halves and each half
+        is tried again (serially); an item that fails alone is recorded as failed, and every
+        success is kept. The task's result is `{"results": [...], "failed": {index: error}}`;
+        the task fails (and may retry) only if every item failed."""
 
         def register(fn: F) -> F:
-            self.registry.add_handler(kind, model, fn)
+            self.registry.add_handler(kind, model, fn, split_on_failure)
             return fn
 
         return register
@@ -91,6 +97,11 @@ class Queue:
                 f"no handler for task kind {kind!r}; registered: "
                 f"{', '.join(sorted(self.registry.handlers)) or 'none'} "
                 "(register one with @queue.handler(kind, model=...))"
+            )
+        if spec.split_on_failure and (not isinstance(payload, list) or not payload):
+            raise BadTask(
+                f"a {kind!r} task splits on failure, so its payload must be a non-empty list; "
+                f"got {type(payload).__name__}"
             )
         return NewTask(kind, spec.model, payload, priority, serial_key, max_attempts, batch_id)
 

@@ -251,3 +251,26 @@ def test_tasks_claimed_ahead_go_back_when_their_model_is_evicted(url: str) -> No
     assert all(t.attempts == 1 for t in tasks)  # going back to the queue is not an attempt
     assert sorted(t.result for t in tasks) == list(range(30))
     q.close()
+
+
+def test_split_on_failure_keeps_successes_and_isolates_bad_items(url: str) -> None:
+    q = corral.Queue(url)
+
+    @q.handler("consolidate", model="m", split_on_failure=True)
+    def consolidate(notes: list[str]) -> list[str]:
+        if any("corrupt" in n for n in notes):
+            raise ValueError("model returned garbage")
+        return [n.title() for n in notes]
+
+    tid = q.submit("consolidate", ["alpha", "corrupt beta", "gamma", "delta"])
+    doomed = q.submit("consolidate", ["corrupt", "corrupt too"], max_attempts=1)
+    with pytest.raises(BadTask, match="payload must be a non-empty list; got dict"):
+        q.submit("consolidate", {"not": "a list"})
+    q.run_worker(until_idle=True, settings=FAST)
+    assert q.result(tid, timeout=10) == {
+        "results": ["Alpha", None, "Gamma", "Delta"],
+        "failed": {"1": "ValueError: model returned garbage"},
+    }
+    with pytest.raises(corral.TaskFailed, match="all 2 items failed"):
+        q.result(doomed, timeout=10)
+    q.close()

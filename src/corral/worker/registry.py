@@ -19,6 +19,7 @@ class HandlerSpec:
     model: str
     fn: Handler
     is_async: bool
+    split_on_failure: bool = False  # payload is a list; fn returns one result per item
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,14 @@ class Registry:
     handlers: dict[str, HandlerSpec] = field(default_factory=dict)
     models: dict[str, ModelHooks] = field(default_factory=dict)
 
-    def add_handler(self, kind: str, model: str, fn: Handler) -> None:
+    def add_handler(
+        self, kind: str, model: str, fn: Handler, split_on_failure: bool = False
+    ) -> None:
         if kind in self.handlers:
             raise ValueError(f"a handler for {kind!r} is already registered")
-        self.handlers[kind] = HandlerSpec(kind, model, fn, inspect.iscoroutinefunction(fn))
+        self.handlers[kind] = HandlerSpec(
+            kind, model, fn, inspect.iscoroutinefunction(fn), split_on_failure
+        )
 
     def add_model(self, hooks: ModelHooks) -> None:
         self.models[hooks.name] = hooks

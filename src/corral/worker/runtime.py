@@ -33,6 +33,7 @@ from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
 from corral.store import Lease, Store, Task, TaskStatus
 from corral.worker.registry import Handler, Registry, TaskContext, _current
+from corral.worker.split import run_split, run_split_async
 
 log = logging.getLogger("corral.worker")
 
@@ -251,7 +252,19 @@ class Worker:
                     None,
                 )
                 return
-            work = asyncio.ensure_future(self._execute(spec.fn, spec.is_async, task, token, ctx))
+            fn: Handler = spec.fn
+            if spec.split_on_failure:
+                inner = spec.fn
+                if spec.is_async:
+
+                    async def fn(items: Any) -> Any:
+                        return await run_split_async(inner, items)
+                else:
+
+                    def fn(items: Any) -> Any:
+                        return run_split(inner, items)
+
+            work = asyncio.ensure_future(self._execute(fn, spec.is_async, task, token, ctx))
             beat = asyncio.ensure_future(self._heartbeat(task, token, work, ctx))
             try:
                 await work
