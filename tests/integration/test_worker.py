@@ -274,3 +274,21 @@ def test_split_on_failure_keeps_successes_and_isolates_bad_items(url: str) -> No
     with pytest.raises(corral.TaskFailed, match="all 2 items failed"):
         q.result(doomed, timeout=10)
     q.close()
+
+
+def test_async_api_submits_and_awaits_results(url: str) -> None:
+    q = corral.Queue(url)
+
+    @q.handler("double", model="m")
+    async def double(p: dict[str, int]) -> int:
+        return p["n"] * 2
+
+    async def main() -> int:
+        tid = await q.asubmit("double", {"n": 21})
+        worker = asyncio.ensure_future(q.arun_worker(until_idle=True, settings=FAST))
+        result = await q.aresult(tid, timeout=10)
+        await worker
+        return int(result)
+
+    assert asyncio.run(main()) == 42
+    q.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.store.base import (
-    FINAL,
     BadTask,
     Lease,
     NewTask,
@@ -20,7 +19,6 @@ from corral.store.base import (
 from corral.store.memory import MemoryStore
 
 __all__ = [
-    "FINAL",
     "BadTask",
     "Lease",
     "MemoryStore",

@@ -31,9 +31,6 @@ class TaskStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-FINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
-
-
 class Lease(enum.StrEnum):
     """What a heartbeat learns about its task."""
 
