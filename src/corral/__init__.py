@@ -3,13 +3,14 @@
 from corral.config import Config, load_config, parse_config
 from corral.errors import ConfigError, CorralError, TraceError
 from corral.queue import Queue, TaskCancelled, TaskFailed, UnknownKind
-from corral.worker.registry import current_task
+from corral.worker.registry import Fail, current_task
 
 __version__ = "0.1.0"
 __all__ = [
     "Config",
     "ConfigError",
     "CorralError",
+    "Fail",
     "Queue",
     "TaskCancelled",
     "TaskFailed",

@@ -12,9 +12,11 @@ import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from corral import __version__
+from corral.cli_batches import batches_app, submit
 from corral.cli_tasks import db_app, tasks_app, worker_cmd
 from corral.config import POLICY_NAMES, Config, PolicyName, load_config
 from corral.console import err_console, out_console
+from corral.console import fail as _fail
 from corral.errors import CorralError
 from corral.sim.engine import Run, simulate
 from corral.sim.metrics import summarize
@@ -32,12 +34,9 @@ config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(batches_app, name="batches")
+app.command(name="submit")(submit)
 app.command(name="worker")(worker_cmd)
-
-
-def _fail(exc: CorralError) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
-    return typer.Exit(2)
 
 
 @app.command()
@@ -54,14 +53,22 @@ def config_check(
     ] = False,
 ) -> None:
     """Validate FILE and print the resolved configuration (defaults filled in)."""
+    from corral.llamaswap import load_config_file
+
     try:
-        config = load_config(file)
+        config, mapping = load_config_file(file)
     except CorralError as exc:
         raise _fail(exc) from None
     data = config.model_dump(mode="json")
     if as_json:
         print(json.dumps(data, indent=2))
         return
+    if mapping is not None:
+        err_console.print(f"{file} is in llama-swap's format; mapped onto Corral's:")
+        for src, dst in mapping.mapped:
+            err_console.print(f"  mapped   {src} -> {dst}", highlight=False)
+        for key, why in mapping.ignored:
+            err_console.print(f"  ignored  {key}: {why}", highlight=False)
     err_console.print(
         f"[green]ok[/green]: {file} is valid "
         f"({len(config.models)} models, {len(config.devices)} devices, "
@@ -201,6 +208,91 @@ def simulate_cmd(
         return
     out_console.print(results_table(results, title))
     out_console.print(per_model_table(results))
+
+
+@app.command(name="serve")
+def serve_cmd(
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", help="Configuration file; without it, the built-in demo."),
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="host:port to bind (overrides server.listen).")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help=f"Scheduling policy: {', '.join(POLICY_NAMES)}.")
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
+    import logging
+
+    import uvicorn
+
+    from corral.gateway.app import create_app
+    from corral.gateway.demo import data_dir, demo_config
+
+    try:
+        if config_path is None:
+            config = demo_config()
+            title = "the built-in demo (three simulated models)"
+        else:
+            from corral.llamaswap import load_config_file
+
+            config, mapping = load_config_file(config_path)
+            title = str(config_path) + (" (llama-swap format)" if mapping else "")
+        if listen is not None:
+            server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
+            config = config.model_copy(update={"server": server})
+        if policy is not None:
+            if policy not in POLICY_NAMES:
+                raise CorralError(
+                    f"unknown policy {policy!r}; choose from {', '.join(POLICY_NAMES)}"
+                )
+            config = config.with_policy(policy)
+    except CorralError as exc:
+        raise _fail(exc) from None
+    except ValueError as exc:
+        raise _fail(CorralError(str(exc))) from None
+    log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
+    host, _, port = config.server.listen.rpartition(":")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
+    served = [n for n, m in config.models.items() if m.cmd or m.upstream]
+    batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
+    err_console.print(
+        f"corral serve: {title} on http://{config.server.listen}/v1 "
+        f"(policy {config.scheduler.policy}; models: {', '.join(served)}; logs: {log_dir}; "
+        f"batches: {batches}; dashboard: "
+        f"http://{config.server.listen}/ui)"
+    )
+    app = create_app(config, log_dir, data_dir())
+    uvicorn.run(app, host=host, port=int(port), log_level="warning")
+
+
+@app.command(name="sim-backend")
+def sim_backend_cmd(
+    model: Annotated[str, typer.Option(help="The model id it serves.")],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")],
+    load_s: Annotated[
+        float, typer.Option(min=0, help="Seconds before it is healthy, like loading weights.")
+    ] = 2.0,
+    tokens_per_s: Annotated[
+        float, typer.Option(min=0.001, help="Tokens generated per second per request.")
+    ] = 50.0,
+    parallel: Annotated[int, typer.Option(min=1, help="Requests served at once.")] = 1,
+    max_tokens: Annotated[
+        int, typer.Option(min=0, help="Tokens per answer when a request does not say.")
+    ] = 16,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks)."""
+    from corral.backends.sim_server import SimSettings, serve
+
+    err_console.print(
+        f"corral sim-backend: {model} on http://{host}:{port} "
+        f"(load {load_s:g} s, {tokens_per_s:g} tokens/s, {parallel} at once)"
+    )
+    serve(SimSettings(model, load_s, tokens_per_s, parallel, max_tokens), host, port)
 
 
 def main() -> None:

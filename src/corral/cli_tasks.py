@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corral.console import err_console, out_console
+from corral.console import fail as _fail
 from corral.errors import CorralError
 from corral.queue import Queue
 from corral.store import Store, StoreError, Task, TaskStatus, open_store
@@ -43,11 +44,6 @@ def _open(url: str) -> Store:
     except CorralError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
-
-
-def _fail(exc: CorralError) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
-    return typer.Exit(2)
 
 
 def _when(t: float | None) -> str:
@@ -211,6 +207,14 @@ def worker_cmd(
     ] = False,
     lease_s: Annotated[float, typer.Option(min=0.5, help="Lease length, seconds.")] = 30.0,
     poll_s: Annotated[float, typer.Option(min=0.01, help="Look for work this often.")] = 0.2,
+    idle_poll_s: Annotated[
+        float,
+        typer.Option(min=0.01, help="Poll this often where the store wakes workers (PostgreSQL)."),
+    ] = 2.0,
+    prefetch: Annotated[
+        int,
+        typer.Option(min=0, help="Claim up to this many short tasks ahead (0: never)."),
+    ] = 32,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(min=0, help="On SIGTERM, running tasks get this long before they go back."),
@@ -220,7 +224,11 @@ def worker_cmd(
     try:
         queue = load_app(app)
         settings = WorkerSettings(
-            lease_s=lease_s, poll_s=poll_s, shutdown_timeout_s=shutdown_timeout_s
+            lease_s=lease_s,
+            poll_s=poll_s,
+            idle_poll_s=idle_poll_s,
+            prefetch=prefetch,
+            shutdown_timeout_s=shutdown_timeout_s,
         )
         err.print(
             f"corral worker: {app} on {queue.url} "

@@ -34,6 +34,14 @@ class DeviceConfig(_Strict):
     )
 
 
+class HookConfig(_Strict):
+    """An HTTP call to an upstream server when the scheduler loads or evicts its model."""
+
+    method: Literal["GET", "POST", "PUT", "DELETE"] = "POST"
+    path: str = Field(pattern=r"^/", description="Path on the upstream server, like /wake_up.")
+    json_body: Any = Field(default=None, alias="json", description="JSON body to send.")
+
+
 class ModelConfig(_Strict):
     """One model: its swap costs, size, parallelism and importance."""
 
@@ -41,6 +49,9 @@ class ModelConfig(_Strict):
     unload_s: NonNegSeconds = Field(default=1.0, description="Estimated unload time, seconds.")
     memory_gb: PosGB | None = Field(
         default=None, description="Size on a device; without it the model fills a device."
+    )
+    devices: list[str] = Field(
+        default_factory=list, description="Devices that may hold it; empty: any device."
     )
     concurrency: int = Field(default=1, ge=1, description="Requests served at once.")
     priority: int = Field(default=0, description="Model priority; higher is more important.")
@@ -50,6 +61,57 @@ class ModelConfig(_Strict):
     service_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=1.0,
         description="Prior estimate of one request's service time, replaced by measurements.",
+    )
+    ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Unload after this many seconds idle, even if no other model needs the "
+        "room (frees memory for other programs). Unset: an idle model stays loaded.",
+    )
+    # --- how `corral serve` runs it --------------------------------------------------------
+    cmd: str | None = Field(
+        default=None,
+        description="Command that starts the model's server; ${PORT} and ${MODEL_ID} are "
+        "substituted. Without it the model is only scheduled (simulator, task queue).",
+    )
+    proxy: str = Field(
+        default="http://127.0.0.1:${PORT}", description="Where the started server listens."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for cmd.")
+    check_endpoint: str = Field(
+        default="/health", description="Polled until it answers 200; `none` skips the check."
+    )
+    cmd_stop: str | None = Field(
+        default=None, description="Command that stops the server instead of SIGTERM (${PID})."
+    )
+    health_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=120.0, description="Give up on a start that is not healthy by then."
+    )
+    stop_grace_s: NonNegSeconds = Field(
+        default=10.0, description="After SIGTERM, wait this long before SIGKILL."
+    )
+    upstream: str | None = Field(
+        default=None,
+        description="URL of an already-running OpenAI-compatible server (Ollama, vLLM, remote) "
+        "to use instead of starting `cmd`.",
+    )
+    upstream_model: str | None = Field(
+        default=None, description="The model's name on the upstream server (default: its id)."
+    )
+    load_hook: HookConfig | None = Field(
+        default=None, description="Called on the upstream when the model is loaded."
+    )
+    unload_hook: HookConfig | None = Field(
+        default=None, description="Called on the upstream when the model is evicted."
+    )
+    aliases: list[str] = Field(default_factory=list, description="Other names clients may use.")
+    unlisted: bool = Field(
+        default=False, description="Left out of GET /v1/models (still served by name)."
+    )
+    max_queue: int = Field(
+        default=512, ge=1, description="Requests waiting for this model beyond this get 429."
+    )
+    request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=600.0, description="A request still waiting for its model then gets 504."
     )
 
 
@@ -88,6 +150,71 @@ class SchedulerConfig(_Strict):
     cost: CostConfig = CostConfig()
 
 
+class ServerConfig(_Strict):
+    """`corral serve`: where it listens and who may call it."""
+
+    listen: str = Field(default="127.0.0.1:8080", description="host:port to bind.")
+    api_keys: list[str] = Field(
+        default_factory=list, description="If set, requests need `Authorization: Bearer KEY`."
+    )
+    max_body_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=32.0, description="Larger request bodies get 413."
+    )
+    log_dir: str | None = Field(
+        default=None, description="Per-model server logs (default: a folder in the data dir)."
+    )
+    store: str | None = Field(
+        default=None,
+        description="Where batches and their lines are kept: sqlite:///path.db or "
+        "postgresql://... (default: corral.db in the data dir).",
+    )
+    data_dir: str | None = Field(
+        default=None,
+        description="Uploaded and result files (default: $XDG_DATA_HOME/corral or "
+        "~/.local/share/corral).",
+    )
+    preload: list[str] = Field(
+        default_factory=list,
+        description="Models to load at start, in order, while they fit without evicting each "
+        "other (llama-swap's hooks.on_startup.preload).",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str) -> str:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"listen must be host:port, like 127.0.0.1:8080; got {listen!r}")
+        return listen
+
+
+class BatchConfig(_Strict):
+    """The Batch API's limits and how its lines are run (see docs/design/batch.md)."""
+
+    max_lines: int = Field(default=50_000, ge=1, description="Lines per batch file.")
+    max_file_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=200.0, description="Size of an uploaded file."
+    )
+    max_queued_batches: int = Field(
+        default=100, ge=1, description="Batches not yet ended; more are refused with 429."
+    )
+    max_queued_requests: int = Field(
+        default=1_000_000, ge=1, description="Lines of all batches not yet run; beyond: 429."
+    )
+    priority: int = Field(
+        default=-1,
+        description="Request priority of batch lines: below interactive requests (0), so "
+        "batch work fills the device's idle time.",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Tries per line on a 5xx answer or a dead server."
+    )
+    webhook_hosts: list[str] = Field(
+        default_factory=list,
+        description="If set, webhook URLs must point at one of these hosts.",
+    )
+
+
 def _default_devices() -> list[DeviceConfig]:
     return [DeviceConfig(name="device0")]
 
@@ -98,6 +225,8 @@ class Config(_Strict):
     devices: list[DeviceConfig] = Field(default_factory=_default_devices, min_length=1)
     models: dict[str, ModelConfig] = Field(min_length=1)
     scheduler: SchedulerConfig = SchedulerConfig()
+    server: ServerConfig = ServerConfig()
+    batch: BatchConfig = BatchConfig()
 
     @field_validator("models")
     @classmethod
@@ -113,6 +242,43 @@ class Config(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"device names must be unique; repeated: {', '.join(dupes)}")
+        for name, m in self.models.items():
+            if m.cmd is not None and m.upstream is not None:
+                raise ValueError(
+                    f"model {name!r} has both `cmd` (start a server) and `upstream` (use a "
+                    "running one); keep one"
+                )
+        seen: dict[str, str] = {}
+        for name, m in self.models.items():
+            for alias in m.aliases:
+                if alias in self.models:
+                    raise ValueError(f"alias {alias!r} of model {name!r} is itself a model name")
+                if alias in seen:
+                    raise ValueError(
+                        f"alias {alias!r} is given to both {seen[alias]!r} and {name!r}"
+                    )
+                seen[alias] = name
+        for name in self.server.preload:
+            if name not in self.models and name not in seen:
+                raise ValueError(
+                    f"server.preload names {name!r}, which is not a model or alias; models: "
+                    f"{', '.join(self.models)}"
+                )
+        by_name = {d.name: d for d in self.devices}
+        for name, m in self.models.items():
+            unknown = [d for d in m.devices if d not in by_name]
+            if unknown:
+                raise ValueError(
+                    f"model {name!r} names devices {', '.join(map(repr, unknown))}, which are "
+                    f"not defined; devices: {', '.join(by_name)}"
+                )
+            if m.devices and m.memory_gb is not None:
+                room = [by_name[d].memory_gb for d in m.devices]
+                if all(r is not None and m.memory_gb > r + 1e-9 for r in room):
+                    raise ValueError(
+                        f"model {name!r} needs memory_gb {m.memory_gb:g}, more than any of its "
+                        f"devices ({', '.join(m.devices)}) has"
+                    )
         sized = [d.memory_gb for d in self.devices if d.memory_gb is not None]
         if len(sized) == len(self.devices):
             biggest = max(sized)
@@ -123,6 +289,12 @@ class Config(_Strict):
                         f"has {biggest:g}; raise a device's memory_gb or lower the model's"
                     )
         return self
+
+    def resolve(self, name: str) -> str | None:
+        """The model a client's name refers to (a model name or an alias), or None."""
+        if name in self.models:
+            return name
+        return next((m for m, c in self.models.items() if name in c.aliases), None)
 
     def with_policy(self, policy: PolicyName) -> Config:
         """A copy of this configuration that runs `policy`."""
@@ -234,13 +406,17 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     return config
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate the configuration file at `path`."""
+def read_config_text(path: str | Path) -> str:
+    """The text of a configuration file, or `ConfigError` naming the file and the problem."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError([Problem(str(p), None, "", "no such file")]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(str(p), None, "", f"not UTF-8 text ({exc.reason})")]) from None
-    return parse_config(text, str(p))
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate the configuration file at `path`."""
+    return parse_config(read_config_text(path), str(path))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -16,18 +17,24 @@ import pytest
 
 from corral.store import (
     BadTask,
+    Batch,
+    BatchNotFound,
+    FileNotFound,
     Lease,
     MemoryStore,
     NewTask,
     SchemaTooNew,
     Store,
     StoreBusy,
+    StoredFile,
     StoreError,
     TaskNotFound,
     TaskStatus,
     open_store,
 )
 from corral.store.postgres import PostgresStore
+from corral.store.sql import SqlStore, migrations
+from corral.store.sqlite import DIALECT as SQLITE_DIALECT
 from corral.store.sqlite import SqliteStore
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -156,6 +163,66 @@ def test_fencing_a_lost_lease_cannot_commit(store: Store, clock: Clock) -> None:
     assert t.worker_id == "w2"
     assert not store.finish(tid, new.lease_token or "", "twice")  # exactly one commit
     assert "lease expired on worker w1" in t.errors[0]["error"]
+
+
+def test_reserved_tasks_count_no_attempt_until_they_start(store: Store, clock: Clock) -> None:
+    a, b, c, d = add(store, n=4)
+    got = store.claim("m", "w", limit=3, lease_s=30, start=1)
+    assert [t.id for t in got] == [a, b, c]
+    assert [(t.attempts, t.started_at) for t in got] == [(1, clock.t), (0, None), (0, None)]
+    assert all(t.status is TaskStatus.RUNNING for t in got)
+    assert [t.id for t in store.claim("m", "w2", limit=10, lease_s=30)] == [d]  # b, c are held
+    tok = {t.id: t.lease_token or "" for t in got}
+    # A commit starts the next reserved task in the same transaction, before its handler runs.
+    clock.t += 1
+    assert store.finish(a, tok[a], "ok", then_start=[(b, tok[b])])
+    assert (store.get(b).attempts, store.get(b).started_at) == (1, clock.t)
+    assert store.start([(b, tok[b])]) == []  # already started
+    assert store.start([(c, "wrong-token")]) == []
+    assert store.start([(c, tok[c])]) == [c]
+    assert store.get(c).attempts == 1
+
+
+def test_then_start_applies_even_when_the_commit_is_fenced(store: Store, clock: Clock) -> None:
+    a, b = add(store, n=2)
+    ta, tb = store.claim("m", "w", limit=2, lease_s=30, start=1)
+    assert not store.finish(a, "stale-token", "x", then_start=[(b, tb.lease_token or "")])
+    assert store.get(b).attempts == 1
+    assert store.get(a).status is TaskStatus.RUNNING
+    (c,) = add(store)
+    (tc,) = store.claim("m", "w", limit=1, lease_s=30, start=0)
+    assert store.fail(a, ta.lease_token or "", "boom", None, then_start=[(c, tc.lease_token or "")])
+    assert store.get(c).attempts == 1
+    (e,) = add(store)
+    (te,) = store.claim("m", "w", limit=1, lease_s=30, start=0)
+    store.cancel(b)
+    assert store.acknowledge_cancel(b, tb.lease_token or "", then_start=[(e, te.lease_token or "")])
+    assert store.get(e).attempts == 1
+
+
+def test_expired_reservations_go_back_without_using_an_attempt(store: Store, clock: Clock) -> None:
+    """A worker killed with tasks claimed ahead burns only the attempts it started."""
+    started, reserved = add(store, n=2, max_attempts=1)
+    store.claim("m", "w1", limit=2, lease_s=30, start=1)
+    clock.t += 31
+    assert store.reclaim_expired() == 2
+    s, r = store.get(started), store.get(reserved)
+    assert s.status is TaskStatus.FAILED  # its only attempt ran and the worker died
+    assert (r.status, r.attempts, r.errors, r.worker_id) == (TaskStatus.QUEUED, 0, [], None)
+    (again,) = store.claim("m", "w2", limit=1, lease_s=30, start=0)
+    assert store.release(reserved, again.lease_token or "")
+    assert store.get(reserved).attempts == 0
+
+
+def test_expired_task_whose_cancel_was_requested_ends_cancelled(store: Store, clock: Clock) -> None:
+    (tid,) = add(store)
+    store.claim("m", "w", limit=1, lease_s=30)
+    assert store.cancel(tid) is TaskStatus.RUNNING
+    clock.t += 31
+    assert store.reclaim_expired() == 1
+    t = store.get(tid)
+    assert t.status is TaskStatus.CANCELLED
+    assert t.finished_at == clock.t
 
 
 def test_heartbeat_extends_the_lease(store: Store, clock: Clock) -> None:
@@ -294,20 +361,107 @@ def test_concurrent_claims_never_hand_out_a_task_twice(
 
 
 # --- SQL stores only ------------------------------------------------------------------------------
+class Wakes:
+    """Counts a store's wake-ups; `wait_for(n)` waits until at least n arrived."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._cv = threading.Condition()
+
+    def __call__(self) -> None:
+        with self._cv:
+            self.n += 1
+            self._cv.notify_all()
+
+    def wait_for(self, n: int, timeout_s: float = 5.0) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: self.n >= n, timeout_s)
+
+
+def test_subscribers_hear_when_tasks_may_have_become_claimable(store: Store, clock: Clock) -> None:
+    wakes = Wakes()
+    unsubscribe = store.subscribe(wakes)
+
+    def woken_by(what: str, action: Callable[[], object]) -> None:
+        before = wakes.n
+        action()
+        assert wakes.wait_for(before + 1), f"no wake-up after {what}"
+
+    woken_by("enqueue", lambda: add(store, n=2, serial_key="s"))
+    (t,) = store.claim("m", "w", limit=5, lease_s=30)
+    woken_by("release", lambda: store.release(t.id, t.lease_token or ""))
+    (t,) = store.claim("m", "w", limit=5, lease_s=30)
+    woken_by("the end of a serial key's task", lambda: store.finish(t.id, t.lease_token or "", 1))
+    (t,) = store.claim("m", "w", limit=5, lease_s=30)
+    store.fail(t.id, t.lease_token or "", "boom", None)
+    woken_by("retry", lambda: store.retry(t.id))
+    store.claim("m", "w", limit=5, lease_s=30)
+    clock.t += 31
+    woken_by("reclaim", store.reclaim_expired)
+    unsubscribe()
+    settled = wakes.n
+    add(store)
+    assert not wakes.wait_for(settled + 1, timeout_s=0.3)  # unsubscribed: silence
+
+
+def test_postgres_wakes_subscribers_in_other_processes(pg_schema: str) -> None:
+    """LISTEN/NOTIFY: a task enqueued through another connection wakes this store's
+    subscribers at once, so idle workers need not poll hard."""
+    listener = PostgresStore(PG_URL, schema=pg_schema)
+    assert listener.wakes_other_processes
+    wakes = Wakes()
+    listener.subscribe(wakes)
+    assert wakes.wait_for(1)  # the listener fires once when it connects (it may have missed some)
+    other = PostgresStore(PG_URL, schema=pg_schema)
+    before = wakes.n
+    started = time.monotonic()
+    other.enqueue(NewTask("k", "m"))
+    assert wakes.wait_for(before + 1, timeout_s=2.0)
+    assert time.monotonic() - started < 1.0
+    other.close()
+    listener.close()
+
+
+LATEST = migrations(SQLITE_DIALECT)[-1][0]
+
+
 def test_schema_is_versioned_and_reopening_applies_nothing(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path / "t.db")
-    assert s.schema_version() == 1
+    assert s.schema_version() == LATEST
     s.close()
     again = SqliteStore(tmp_path / "t.db", migrate=False)
     assert again.upgrade() == []
     again.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_database_from_schema_1_upgrades_and_keeps_its_tasks(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    old: SqlStore
+    if kind == "sqlite":
+        old = SqliteStore(tmp_path / "t.db", migrate=False)
+    else:
+        old = PostgresStore(PG_URL, schema=request.getfixturevalue("pg_schema"), migrate=False)
+    with old._tx(write=True) as tx:  # the database as the first release left it
+        tx.run("CREATE TABLE corral_schema (version INTEGER NOT NULL)")
+        for statement in filter(str.strip, migrations(old.dialect)[0][1].split(";")):
+            tx.run(statement)
+        tx.run("INSERT INTO corral_schema (version) VALUES (1)")
+    (tid,) = add(old)
+    assert old.upgrade() == list(range(2, LATEST + 1))
+    assert old.schema_version() == LATEST
+    assert [t.id for t in old.claim("m", "w", limit=5, lease_s=30)] == [tid]
+    old.close()
+
+
 def test_newer_schema_is_a_clear_error(tmp_path: Path, pg_schema: str) -> None:
     s = SqliteStore(tmp_path / "t.db")
     s._conn.execute("INSERT INTO corral_schema (version) VALUES (99)")
     s.close()
-    with pytest.raises(SchemaTooNew, match="schema version 99 but this Corral knows up to 1"):
+    with pytest.raises(
+        SchemaTooNew, match=f"schema version 99 but this Corral knows up to {LATEST}"
+    ):
         SqliteStore(tmp_path / "t.db")
     p = PostgresStore(PG_URL, schema=pg_schema)
     p._conn.execute("INSERT INTO corral_schema (version) VALUES (99)")
@@ -354,3 +508,96 @@ def test_open_store_by_url(tmp_path: Path, pg_schema: str) -> None:
         StoreError, match="cannot connect to PostgreSQL at postgresql://u:\\*\\*\\*@"
     ):
         open_store("postgresql://u:secret@127.0.0.1:1/nope")
+
+
+# --- files and batches (the Batch API) -----------------------------------------------------------
+def a_file(i: int, purpose: str = "batch") -> StoredFile:
+    return StoredFile(f"file-{i}", purpose, f"in{i}.jsonl", 10 * i, 1_000.0 + i, f"/x/{i}")
+
+
+def test_files_round_trip_page_newest_first_and_delete(store: Store) -> None:
+    for i in range(5):
+        store.add_file(a_file(i, "batch" if i % 2 == 0 else "batch_output"))
+    assert store.get_file("file-3") == a_file(3, "batch_output")
+    assert [f.id for f in store.list_files()] == ["file-4", "file-3", "file-2", "file-1", "file-0"]
+    assert [f.id for f in store.list_files(after="file-3", limit=2)] == ["file-2", "file-1"]
+    assert [f.id for f in store.list_files(purpose="batch")] == ["file-4", "file-2", "file-0"]
+    assert store.delete_file("file-2").path == "/x/2"
+    with pytest.raises(FileNotFound, match="no file with id 'file-2'"):
+        store.get_file("file-2")
+    with pytest.raises(FileNotFound):
+        store.delete_file("file-2")
+
+
+def a_batch(i: int, key: str | None = None) -> Batch:
+    return Batch(f"batch-{i}", "in_progress", 1_000.0 + i, {"n": i, "meta": {"a": "b"}}, key)
+
+
+def lines(batch_id: str, n: int) -> list[NewTask]:
+    return [
+        NewTask("openai_batch", "m", {"line": i}, priority=-1, batch_id=batch_id) for i in range(n)
+    ]
+
+
+def test_a_batch_and_its_lines_are_stored_together(store: Store) -> None:
+    b = store.create_batch(a_batch(1), lines("batch-1", 3))
+    assert (b.id, b.status, b.data) == ("batch-1", "in_progress", {"n": 1, "meta": {"a": "b"}})
+    assert store.get_batch("batch-1") == b
+    assert store.batch_counts("batch-1") == {TaskStatus.QUEUED: 3}
+    assert [t.payload["line"] for t in store.batch_tasks("batch-1")] == [0, 1, 2]
+    first = store.batch_tasks("batch-1")[0]
+    assert [t.payload["line"] for t in store.batch_tasks("batch-1", after_seq=first.seq)] == [1, 2]
+    assert store.ready_counts() == {"m": {-1: 3}}  # claimable like any task
+    with pytest.raises(BatchNotFound, match="no batch with id 'nope'"):
+        store.get_batch("nope")
+
+
+def test_a_batch_that_does_not_store_stores_no_lines(store: Store) -> None:
+    bad = [*lines("batch-1", 2), NewTask("openai_batch", "m", {"x": float("nan")})]
+    with pytest.raises(BadTask):
+        store.create_batch(a_batch(1), bad)
+    with pytest.raises(BatchNotFound):
+        store.get_batch("batch-1")
+    assert store.counts() == {}
+
+
+def test_an_idempotency_key_returns_the_first_batch(store: Store) -> None:
+    first = store.create_batch(a_batch(1, key="k1"), lines("batch-1", 2))
+    again = store.create_batch(a_batch(2, key="k1"), lines("batch-2", 2))
+    assert again == first
+    assert store.counts() == {"m": {TaskStatus.QUEUED: 2}}  # the retry stored no lines
+    with pytest.raises(BatchNotFound):
+        store.get_batch("batch-2")
+
+
+def test_batches_page_newest_first(store: Store) -> None:
+    for i in range(4):
+        store.create_batch(a_batch(i), [])
+    assert [b.id for b in store.list_batches()] == ["batch-3", "batch-2", "batch-1", "batch-0"]
+    assert [b.id for b in store.list_batches(after="batch-2", limit=1)] == ["batch-1"]
+    store.update_batch("batch-1", "completed", {}, expect=["in_progress"])
+    live = store.list_batches(status=["in_progress", "cancelling"])
+    assert [b.id for b in live] == ["batch-3", "batch-2", "batch-0"]
+    assert [b.id for b in store.list_batches(after="batch-3", status=["completed"])] == ["batch-1"]
+
+
+def test_update_batch_is_compare_and_set_on_status(store: Store) -> None:
+    store.create_batch(a_batch(1), [])
+    done = store.update_batch("batch-1", "finalizing", {"n": 2}, expect=["in_progress"])
+    assert done is not None
+    assert (done.status, done.data) == ("finalizing", {"n": 2})
+    assert store.update_batch("batch-1", "cancelling", {}, expect=["in_progress"]) is None
+    assert store.get_batch("batch-1").status == "finalizing"  # the losing write changed nothing
+    with pytest.raises(BatchNotFound):
+        store.update_batch("nope", "x", {}, expect=["in_progress"])
+
+
+def test_cancel_batch_cancels_queued_lines_and_flags_running_ones(store: Store) -> None:
+    store.create_batch(a_batch(1), lines("batch-1", 4))
+    add(store, "other", n=2)  # not the batch's: untouched
+    (running,) = store.claim("m", "w", 1, 30.0)
+    assert running.batch_id == "batch-1"
+    assert store.cancel_batch("batch-1") == 4
+    assert store.batch_counts("batch-1") == {TaskStatus.CANCELLED: 3, TaskStatus.RUNNING: 1}
+    assert store.heartbeat(running.id, running.lease_token or "", 30.0) is Lease.CANCEL
+    assert store.counts()["other"] == {TaskStatus.QUEUED: 2}

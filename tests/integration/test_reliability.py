@@ -119,6 +119,50 @@ def test_kill_9_mid_drain_loses_nothing_and_commits_once(
     assert len({line[2] for line in log_lines(folder)}) >= 2  # several processes did the work
 
 
+POISON_APP = """
+import os
+import corral
+
+# A tiny service-time prior: the worker claims tasks ahead from its first claim.
+q = corral.Queue(os.environ["CORRAL_TEST_DB"], config=corral.parse_config(
+    "models: {m: {service_s: 0.001}}"))
+
+@q.handler("work", model="m")
+def work(p):
+    if p["i"] == 7:
+        os._exit(9)  # the handler takes its process down, like a segfault or the OOM killer
+    return p["i"] * 2
+"""
+
+
+def test_a_task_that_kills_its_worker_uses_up_its_attempts_and_spares_the_rest(
+    url: str, app: tuple[Path, dict[str, str]]
+) -> None:
+    """The poison task runs from the prefetch buffer; its start is counted before the handler
+    runs, so it fails after max_attempts. The tasks claimed ahead with it lose no attempt."""
+    folder, env = app
+    (folder / "app.py").write_text(POISON_APP)
+    n = 60
+    enqueue(url, n)
+    codes = []
+    for _ in range(8):
+        done = subprocess.run(
+            [CORRAL, *WORKER, "--until-idle"], cwd=folder, env=env, capture_output=True, timeout=60
+        )
+        codes.append(done.returncode)
+        if done.returncode == 0:
+            break
+    assert codes == [9, 9, 9, 0]  # three attempts killed a worker; the fourth run drained
+    store = open_store(url)
+    tasks = {t.payload["i"]: t for t in store.list(limit=n)}
+    store.close()
+    poison = tasks.pop(7)
+    assert (poison.status, poison.attempts) == (TaskStatus.FAILED, 3)
+    assert [e["attempt"] for e in poison.errors] == [1, 2, 3]
+    assert all(t.status is TaskStatus.SUCCEEDED for t in tasks.values())
+    assert {t.attempts for t in tasks.values()} == {1}  # claimed ahead, yet no attempt burnt
+
+
 @pytest.mark.parametrize("workers", [2, 4])
 def test_several_workers_on_one_database_never_share_a_task(
     url: str, app: tuple[Path, dict[str, str]], workers: int

@@ -6,8 +6,11 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +227,9 @@ def test_stop_releases_tasks_that_outlive_the_shutdown_timeout(url: str) -> None
 
 def test_tasks_claimed_ahead_go_back_when_their_model_is_evicted(url: str) -> None:
     config = corral.parse_config(
-        "models: {low: {priority: 0}, high: {priority: 1}}\nscheduler: {policy: priority}\n"
+        # A small service-time prior: the worker claims low tasks ahead from the first claim.
+        "models: {low: {priority: 0, service_s: 0.001}, high: {priority: 1}}\n"
+        "scheduler: {policy: priority}\n"
     )
     q = corral.Queue(url, config=config)
     order: list[str] = []
@@ -291,4 +296,143 @@ def test_async_api_submits_and_awaits_results(url: str) -> None:
         return int(result)
 
     assert asyncio.run(main()) == 42
+    q.close()
+
+
+ANOTHER_PROCESS_SUBMIT = """
+import sys, time
+from corral.store import NewTask, open_store
+open_store(sys.argv[1]).enqueue(NewTask("job", "m", "another process"))
+print(time.time())
+"""
+
+
+def test_an_idle_worker_wakes_on_new_work_without_waiting_for_its_poll(url: str) -> None:
+    """Polling every 30 s, the worker still starts new work at once: an in-process submit wakes
+    it on every store; on PostgreSQL, so does a submit from another process (LISTEN/NOTIFY)."""
+    q = corral.Queue(url)
+    started: dict[str, float] = {}
+    got = threading.Event()
+
+    @q.handler("job", model="m")
+    def job(p: str) -> str:
+        started[p] = time.time()
+        got.set()
+        return p
+
+    # No poll and no lease sweep (every lease_s / 2) within the test's time.
+    slow_poll = dataclasses.replace(FAST, poll_s=30.0, idle_poll_s=30.0, lease_s=60.0)
+
+    def in_process() -> float:
+        q.submit("job", "this process")
+        return time.time()
+
+    def from_another_process() -> float:
+        done = subprocess.run(
+            [sys.executable, "-c", ANOTHER_PROCESS_SUBMIT, url],
+            check=True,
+            timeout=30,
+            capture_output=True,
+            text=True,
+        )
+        return float(done.stdout)
+
+    submitters: dict[str, Callable[[], float]] = {"this process": in_process}
+    if url.startswith("postgresql"):
+        submitters["another process"] = from_another_process
+
+    async def main() -> None:
+        w = q.worker(slow_poll)
+        run = asyncio.ensure_future(w.run())
+        await asyncio.sleep(0.5)  # past the first scan: the worker is idle, waiting
+        for name, submit in submitters.items():
+            got.clear()
+            submitted = await asyncio.to_thread(submit)
+            assert await asyncio.to_thread(got.wait, 5), f"no start after a submit from {name}"
+            assert started[name] - submitted < 1.0
+        w.stop()
+        await asyncio.wait_for(run, 10)
+
+    asyncio.run(main())
+    q.close()
+
+
+def test_ttl_unloads_an_idle_in_process_model_through_its_hook(url: str) -> None:
+    log: list[Any] = []
+    config = corral.Config.model_validate({"models": {"m": {"load_s": 0, "ttl_s": 0.3}}})
+    q = corral.Queue(url, config=config)
+    q.model(
+        "m",
+        load=functools.partial(log.append, "load"),
+        unload=functools.partial(log.append, "unload"),
+    )
+
+    @q.handler("echo", model="m")
+    def echo(p: Any) -> Any:
+        log.append("run")
+        return p
+
+    async def main() -> None:
+        w = q.worker(FAST)
+        run = asyncio.ensure_future(w.run())
+        tid = q.submit("echo", 1)
+        assert await asyncio.to_thread(q.result, tid, 10) == 1
+        for _ in range(200):  # the model idles from here; its ttl is 0.3 s
+            if "unload" in log:
+                break
+            await asyncio.sleep(0.02)
+        assert log == ["load", "run", "unload"]
+        tid = q.submit("echo", 2)  # the next task loads it again
+        assert await asyncio.to_thread(q.result, tid, 10) == 2
+        w.stop()
+        await asyncio.wait_for(run, 10)
+
+    asyncio.run(main())
+    assert log[:5] == ["load", "run", "unload", "load", "run"]
+    q.close()
+
+
+def test_fail_ends_a_task_without_its_retries(url: str) -> None:
+    q = corral.Queue(url)
+    calls: list[int] = []
+
+    @q.handler("strict", model="m")
+    def strict(p: Any) -> None:
+        calls.append(1)
+        raise corral.Fail('{"status_code": 400}')
+
+    tid = q.submit("strict", None, max_attempts=3)
+    q.run_worker(until_idle=True, settings=FAST)
+    t = q.get(tid)
+    assert (t.status, t.attempts, len(calls)) == (TaskStatus.FAILED, 1, 1)
+    assert t.error == '{"status_code": 400}'  # the message as given, for callers to parse
+    q.close()
+
+
+def test_prefetch_under_concurrency_keeps_each_model_to_one_load(url: str) -> None:
+    # Concurrent claims of one model race: one takes the last tasks into its buffer while the
+    # other finds the queue empty. Its proxy must take them from the buffer rather than end
+    # empty, or the model looks idle with work left and is swapped out and back.
+    config = corral.Config.model_validate(
+        {"models": {m: {"load_s": 0, "concurrency": 4} for m in ("a", "b")}}
+    )
+    q = corral.Queue(url, config=config)
+    loads: list[str] = []
+    for m in ("a", "b"):
+        q.model(m, load=functools.partial(loads.append, m))
+
+    @q.handler("ta", model="a")
+    async def ta(p: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    @q.handler("tb", model="b")
+    async def tb(p: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    for i in range(150):
+        q.submit("ta", i)
+        q.submit("tb", i)
+    q.run_worker(until_idle=True, settings=FAST)
+    assert loads in (["a", "b"], ["b", "a"])
+    assert q.store.counts() == {"a": {TaskStatus.SUCCEEDED: 150}, "b": {TaskStatus.SUCCEEDED: 150}}
     q.close()

@@ -102,6 +102,23 @@ def test_model_larger_than_every_device() -> None:
     assert "needs memory_gb 20 but the largest device has 8" in p
 
 
+def test_a_model_pinned_to_an_unknown_or_too_small_device() -> None:
+    (p,) = problems("devices: [{name: g}]\nmodels: {m: {devices: [h]}}\n")
+    assert "model 'm' names devices 'h', which are not defined; devices: g" in p
+    text = "devices: [{name: g, memory_gb: 8}, {name: h, memory_gb: 80}]\n"
+    (p,) = problems(text + "models: {m: {memory_gb: 20, devices: [g]}}\n")
+    assert "needs memory_gb 20, more than any of its devices (g) has" in p
+
+
+def test_preload_and_ttl() -> None:
+    config = parse_config("models: {m: {ttl_s: 300, aliases: [mm]}}\nserver: {preload: [mm]}\n")
+    assert config.models["m"].ttl_s == 300
+    assert config.server.preload == ["mm"]
+    (p,) = problems("models: {m: {}}\nserver: {preload: [x]}\n")
+    assert "server.preload names 'x', which is not a model or alias; models: m" in p
+    assert any("models.m.ttl_s" in p for p in problems("models: {m: {ttl_s: 0}}\n"))
+
+
 def test_device_names_unique() -> None:
     assert any(
         "repeated: g" in p for p in problems("devices: [{name: g}, {name: g}]\nmodels: {m: {}}\n")

@@ -51,6 +51,8 @@ def configs(
                 "concurrency": draw(st.integers(1, 3)),
                 "priority": draw(st.integers(0, 2)),
                 "unload_delay_s": draw(st.sampled_from([0.0, 0.0, 5.0])),
+                "ttl_s": draw(st.sampled_from([None, None, 2.0, 30.0])),
+                "devices": draw(st.sampled_from([[], [], *([f"g{d}"] for d in range(n_devices))])),
                 **({"memory_gb": draw(st.sampled_from([4.0, 8.0]))} if sized else {}),
             }
             for i in range(n_models)

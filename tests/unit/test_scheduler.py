@@ -365,3 +365,131 @@ def test_lifecycle_moves_follow_the_transition_table() -> None:
     h.arrive("a1")  # a is loading; b never started
     with pytest.raises(SchedulerBug, match="b: unloaded -> ready is not a lifecycle move"):
         h.s.on_load_finished("b")
+
+
+# --- a loaded model's server dies ----------------------------------------------------------------
+@pytest.mark.parametrize("policy", ALL)
+def test_a_lost_model_takes_no_work_and_reloads_after_its_requests_end(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.at(0).take()
+    h.at(4).loaded("a")
+    assert h.take() == [("dispatch", "a1")]
+    h.arrive("a2")
+    h.s.on_model_lost("a")
+    h.arrive("a3")
+    assert h.take() == []  # nothing goes to a dead server, and no load while a1 is in flight
+    assert h.s.models["a"].state.value == "ready"
+    h.at(5).finish("a1")  # the adapter failed a1
+    assert h.take() == [("load", "a", ())]  # nothing to evict: the server is already gone
+    h.at(9).loaded("a")
+    assert h.take() == [("dispatch", "a2")]
+    assert h.s.models["a"].lost is False
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_a_lost_idle_model_is_unloaded_at_once_and_others_may_take_the_room(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.finish("a1")
+    h.take()
+    h.s.on_model_lost("a")
+    assert h.take() == []
+    assert h.s.models["a"].state.value == "unloaded"
+    assert h.s.devices[0].residents == []
+    h.s.on_model_lost("a")  # a second report changes nothing
+    h.arrive("b1")
+    assert h.take() == [("load", "b", ())]
+
+
+# --- ttl_s, the operator's load and unload, device pinning ---------------------------------------
+@pytest.mark.parametrize("policy", ALL)
+def test_ttl_unloads_an_idle_model_and_a_new_request_restarts_the_clock(policy: str) -> None:
+    h = Harness("models:\n  a: {load_s: 4, ttl_s: 30}\n  b: {load_s: 4}\n", policy)
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.at(10).finish("a1")  # idle from 10: due at 40
+    h.at(20).arrive("a2")  # busy again: the first timer goes stale
+    h.at(25).finish("a2")  # idle from 25: due at 55
+    h.at(45).timers_due()
+    assert ("unload", "a") not in h.take()
+    h.at(55).timers_due()
+    assert h.take() == [("unload", "a")]
+    assert h.s.models["a"].state.value == "unloaded"
+    assert h.s.decisions[-1].model is None
+    assert h.s.decisions[-1].reason == "ttl_s"
+    h.at(60).arrive("a3")
+    assert h.take() == [("load", "a", ())]
+
+
+def test_without_ttl_an_idle_model_stays() -> None:
+    h = Harness("models:\n  a: {load_s: 4}\n")
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.at(5).finish("a1")
+    h.at(1e6).timers_due()
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
+
+
+def test_operator_load_evicts_only_an_idle_model() -> None:
+    h = Harness(TWO)
+    assert h.s.on_load_requested("a") is None
+    assert h.take() == [("load", "a", ())]
+    assert h.s.on_load_requested("a") is None  # already loading: nothing more
+    assert "swap is under way" in str(h.s.on_load_requested("b"))
+    h.at(4).loaded("a")
+    h.arrive("a1")
+    h.take()
+    reason = h.s.on_load_requested("b")
+    assert reason == "it would evict a (0 queued, 1 in flight)"
+    h.finish("a1")
+    assert h.s.on_load_requested("b", evict=False) == "no free room: it would evict a"
+    assert h.s.on_load_requested("b") is None
+    assert h.take() == [("load", "b", ("a",))]
+    assert h.s.decisions[-1].reason == "requested"
+
+
+def test_operator_unload_only_of_an_idle_ready_model() -> None:
+    h = Harness(TWO)
+    h.arrive("a1")
+    assert h.s.on_unload_requested("a") == "it is loading; unload it once it is ready"
+    h.at(4).loaded("a")
+    assert h.s.on_unload_requested("a") == "it has 0 queued and 1 in flight requests"
+    h.finish("a1")
+    h.take()
+    assert h.s.on_unload_requested("a") is None
+    assert h.take() == [("unload", "a")]
+    assert h.s.devices[0].residents == []
+    assert h.s.on_unload_requested("a") is None  # already unloaded
+    assert h.take() == []
+
+
+def test_an_unload_frees_room_for_a_waiting_model() -> None:
+    # a lingers after its last request (unload_delay_s) while b waits; unloading a lets b in.
+    h = Harness(
+        "models:\n  a: {load_s: 4, priority: 1, unload_delay_s: 600}\n  b: {load_s: 4}\n",
+        "priority",
+    )
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.arrive("b1")
+    h.finish("a1")
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1")]  # b waits out a's delay
+    assert h.s.on_unload_requested("a") is None
+    assert h.take() == [("unload", "a"), ("load", "b", ())]
+
+
+def test_a_model_pinned_to_a_device_never_loads_elsewhere() -> None:
+    h = Harness(
+        "devices: [{name: g0}, {name: g1}]\n"
+        "models:\n  a: {load_s: 4, devices: [g1]}\n  b: {load_s: 4, devices: [g1]}\n"
+    )
+    h.arrive("a1")
+    h.arrive("b1")
+    assert h.take() == [("load", "a", ())]  # g0 is free, but neither may use it
+    assert h.s.models["a"].device is not None
+    assert h.s.models["a"].device.name == "g1"
+    h.at(4).loaded("a")
+    h.at(5).finish("a1")
+    assert h.take() == [("dispatch", "a1"), ("load", "b", ("a",))]

@@ -16,6 +16,11 @@ class Effects(Protocol):
         """Unload `evict` (in order, none has work in flight), then load `model` on `device`.
         Report with `on_load_finished(model)` or `on_load_failed(model, reason)`."""
 
+    def unload(self, model: str, device: str) -> None:
+        """Unload `model` (idle, nothing in flight) from `device`; no report. The scheduler
+        counts its room as free at once, so device operations must run in the order issued:
+        a later `load` on `device` starts after this unload has finished."""
+
     def dispatch(self, request: Request) -> None:
         """Start serving `request` on its (ready) model; report `on_request_finished`."""
 

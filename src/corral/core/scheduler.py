@@ -1,7 +1,8 @@
 """The scheduler: an event-driven state machine with no I/O.
 
-Events in (`on_request`, `on_load_finished`, `on_load_failed`, `on_request_finished`,
-`on_cancel`, `on_timer`); decisions out through `Effects`. Time comes from the injected clock.
+Events in (`on_request`, `on_load_finished`, `on_load_failed`, `on_model_lost`,
+`on_request_finished`, `on_cancel`, `on_timer`, and an operator's `on_load_requested` /
+`on_unload_requested`); decisions out through `Effects`. Time comes from the injected clock.
 One instance is owned by one task/thread: it is not thread-safe and needs no locks.
 
 Shared rules, whatever the policy (see docs/design/scheduler.md):
@@ -11,17 +12,18 @@ Shared rules, whatever the policy (see docs/design/scheduler.md):
   least one round since it loaded); inside a model, overdue requests are served first;
 - never more resident models than fit; never evict a model with requests in flight;
 - with room for every model that has work, models load side by side and nothing is reordered;
-- with nothing pending, resident models stay loaded.
+- with nothing pending, resident models stay loaded (until their `ttl_s`, if set).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 
 from corral.config import Config
 from corral.core.effects import Effects
-from corral.core.placement import DeviceView, ResidentView, plan_placement
+from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.state import DeviceRecord, ModelRecord, first_pending
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
@@ -33,6 +35,7 @@ _UNLOADED = Lifecycle.UNLOADED
 _OVERDUE = "overdue"
 _LINGER = "linger:"
 _QUANTUM = "quantum:"
+_TTL = "ttl:"
 
 Clock = Callable[[], float]
 
@@ -143,6 +146,20 @@ class Scheduler:
         self._need_decide = True
         self._settle(self._clock())
 
+    def on_model_lost(self, model: str) -> None:
+        """A loaded model's server died. It takes no new work; once its in-flight requests have
+        ended (the adapter fails them), it counts as unloaded, and its pending requests load it
+        again like any other model's. Ignored unless the model is ready."""
+        m = self.models[model]
+        if m.state is not _READY or m.lost:
+            return
+        m.lost = True
+        now = self._clock()
+        if m.in_flight == 0:
+            self._unload_lost(m)
+        self._need_decide = True
+        self._settle(now)
+
     def on_request_finished(self, r: Request) -> None:
         """A dispatched request ended (success or failure alike). Idempotent."""
         if r.state is not _RUNNING:
@@ -177,10 +194,53 @@ class Scheduler:
             return True
         return False
 
+    def on_load_requested(self, model: str, evict: bool = True) -> str | None:
+        """An operator wants `model` loaded now (the load API, preloading at start). It loads
+        where placement puts it, evicting only models without work (and none if not `evict`).
+        Returns None if it is loading or resident, else why it cannot load now."""
+        m = self.models[model]
+        if m.state is not _UNLOADED:
+            return None
+        now = self._clock()
+        plan: Plan | None = plan_placement(self._views(m, now))
+        if plan is None:
+            return "a swap is under way on every device that could hold it; try again after it"
+        victims = [self.models[n] for n in plan.evict]
+        busy = [v for v in victims if v.count or v.in_flight or v.yielding]
+        if busy:
+            return "it would evict " + ", ".join(
+                f"{v.name} ({v.count} queued, {v.in_flight} in flight)" for v in busy
+            )
+        if victims and not evict:
+            return f"no free room: it would evict {', '.join(v.name for v in victims)}"
+        dev = next(d for d in self.devices if d.name == plan.device)
+        self._start_load(m, dev, victims, now, "requested")
+        self._need_decide = True
+        self._settle(now)
+        return None
+
+    def on_unload_requested(self, model: str) -> str | None:
+        """An operator wants `model` unloaded now. Only an idle model is: one with queued or
+        running requests stays (it would load again at once). Returns None if it is unloaded
+        (or was), else why not."""
+        m = self.models[model]
+        if m.state is _UNLOADED:
+            return None
+        if m.state is not _READY:
+            return "it is loading; unload it once it is ready"
+        if m.count or m.in_flight:
+            return f"it has {m.count} queued and {m.in_flight} in flight requests"
+        now = self._clock()
+        self._unload(m, now, "requested")
+        self._settle(now)
+        return None
+
     def on_timer(self, key: str) -> None:
         """A timer set through `Effects.set_timer` fired."""
         now = self._clock()
-        if key == _OVERDUE:
+        if key.startswith(_TTL):
+            self._ttl_expired(self.models.get(key[len(_TTL) :]), now)
+        elif key == _OVERDUE:
             if self._overdue_timer_at is not None and self._overdue_timer_at <= now:
                 self._overdue_timer_at = None
         elif key.startswith(_LINGER):
@@ -235,7 +295,47 @@ class Scheduler:
         if m.count == 0:
             del self._pending[m]
 
+    def _leave_device(self, m: ModelRecord) -> DeviceRecord:
+        """`m` is no longer resident (evicted, unloaded or lost); returns where it was."""
+        dev = m.device
+        assert dev is not None
+        dev.residents.remove(m)
+        self._move(m, _UNLOADED)
+        m.device = None
+        m.lost = m.yielding = m.recheck = False
+        m.linger_until = None  # idle_since stays: the next arrival still measures the gap
+        return dev
+
+    def _unload_lost(self, m: ModelRecord) -> None:
+        self._leave_device(m)  # its server is gone: nothing to unload
+        m.idle_since = None
+
+    def _unload(self, m: ModelRecord, now: float, reason: str) -> None:
+        """Unload idle `m` with nothing loaded in its place; its room may go to waiting work."""
+        dev = self._leave_device(m)
+        self.decisions.append(Decision(now, None, dev.name, (m.name,), reason))
+        self._fx.unload(m.name, dev.name)
+        self._need_decide = True
+
+    def _ttl_expired(self, m: ModelRecord | None, now: float) -> None:
+        if m is None or m.state is not _READY or m.lost or m.yielding or m.count or m.in_flight:
+            return  # busy again, or already gone: a later idle period sets a new timer
+        ttl_s = m.spec.ttl_s
+        if ttl_s is None or m.idle_since is None:
+            return
+        due = m.idle_since + ttl_s
+        if due > now:  # a stale timer from an earlier idle period, or fired a hair early
+            self._fx.set_timer(due, _TTL + m.name)
+            return
+        self._unload(m, now, "ttl_s")
+
     def _after_slot_freed(self, m: ModelRecord, now: float) -> None:
+        if m.lost:
+            if m.in_flight == 0:
+                self._unload_lost(m)
+                self._need_decide = True
+            self._settle(now)
+            return
         if m.recheck:
             m.recheck = False
             self._need_decide = True  # decide before refilling the slot; decide dispatches
@@ -252,11 +352,15 @@ class Scheduler:
         m.idle_since = now
         linger = self.policy.linger_s(m, now)
         m.linger_until = now + linger if linger > 0 else None
+        if m.spec.ttl_s is not None:
+            self._fx.set_timer(now + m.spec.ttl_s, _TTL + m.name)
         if self._pending:
             self._need_decide = True
 
     def _dispatch(self, m: ModelRecord, now: float) -> None:
         """Start m's next requests while it has free slots. Overdue requests go first."""
+        if m.lost:
+            return
         max_wait = self._max_wait_s
         models = self.models
         while m.in_flight < m.concurrency and m.count:
@@ -323,11 +427,13 @@ class Scheduler:
 
     def _views(self, target: ModelRecord, now: float) -> list[DeviceView]:
         keep = self.policy.keep_value
+        allowed = target.spec.devices
         return [
             DeviceView(
                 name=d.name,
                 capacity=d.capacity,
-                target_size=d.size_of(target),
+                # A device the model may not use is one it does not fit on.
+                target_size=d.size_of(target) if not allowed or d.name in allowed else math.inf,
                 residents=tuple(
                     ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
                     for m in d.residents
@@ -475,11 +581,7 @@ class Scheduler:
     ) -> None:
         for v in victims:
             assert v.in_flight == 0, "evicting a model with requests in flight"
-            dev.residents.remove(v)
-            self._move(v, _UNLOADED)
-            v.device = None
-            v.yielding = False
-            v.linger_until = None
+            self._leave_device(v)
         self._move(c, Lifecycle.LOADING)
         c.load_started_at = now
         c.device = dev

@@ -48,6 +48,7 @@ class ModelRecord:
         "linger_until",
         "load_est",
         "load_started_at",
+        "lost",
         "name",
         "priority",
         "quantum_timer_at",
@@ -77,6 +78,7 @@ class ModelRecord:
         self._levels: dict[int, deque[Request]] = {}
         self._order: list[int] = []  # negated priorities, ascending = highest priority first
         self.yielding = False  # stops taking new work: it is to make room for another model
+        self.lost = False  # its server died: no new work; unloaded once in-flight work ends
         self.served = False  # dispatched at least once since it last loaded
         self.recheck = False  # a challenger waits for this model's first round to end
         self.load_started_at = 0.0
@@ -148,11 +150,16 @@ class ModelRecord:
             self.w_sum = 0.0
             self.wa_sum = 0.0
 
-    def pending(self) -> list[Request]:
-        """Pending requests in dispatch order (for status views; O(n))."""
+    def pending(self, limit: int | None = None) -> list[Request]:
+        """Pending requests in dispatch order, the first `limit` of them (for status views;
+        O(n) without a limit)."""
         out: list[Request] = []
         for neg in self._order:
-            out.extend(r for r in self._levels[-neg] if r.state is _PENDING)
+            for r in self._levels[-neg]:
+                if r.state is _PENDING:
+                    if limit is not None and len(out) >= limit:
+                        return out
+                    out.append(r)
         return out
 
     # --- estimates --------------------------------------------------------------------------

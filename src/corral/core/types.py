@@ -67,10 +67,11 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A committed swap, kept in the scheduler's recent-decisions log."""
+    """A committed swap or unload, kept in the scheduler's recent-decisions log. `model` is the
+    model loaded, or None for an unload with nothing loaded in its place."""
 
     at_s: float
-    model: str
+    model: str | None
     device: str
     evict: tuple[str, ...]
     reason: str

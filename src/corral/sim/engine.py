@@ -1,10 +1,11 @@
 """Discrete-event simulator: a virtual clock driving the real `Scheduler` (not a copy).
 
 Timing rules: a swap takes the evicted models' `unload_s`, then the new model's `load_s`, one after
-the other; a model runs up to `concurrency` requests at once, each at its solo speed (`service_s`
-from the trace), i.e. parallel slots scale throughput linearly, as continuous batching does below
-saturation; requests that arrive during a swap queue; ties in time go by line order, and at one
-instant finishes come before load completions, then arrivals, then timers.
+the other; an unload on its own (`ttl_s`, an operator's) takes `unload_s`; a device does one such
+operation at a time. A model runs up to `concurrency` requests at once, each at its solo speed
+(`service_s` from the trace), i.e. parallel slots scale throughput linearly, as continuous
+batching does below saturation; requests that arrive during a swap queue; ties in time go by line
+order, and at one instant finishes come before load completions, then arrivals, then timers.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class SimRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A stretch of a device's time: `swap` (unloading then loading `model`) or `resident`."""
+    """A stretch of a device's time: `swap` (unloading then loading `model`), `unload` (of
+    `model`, nothing loaded in its place) or `resident`."""
 
     device: str
     model: str
@@ -126,6 +128,7 @@ class Simulation:
             swap_s=defaultdict(float),
         )
         self._sizes = {d.name: d for d in self.scheduler.devices}
+        self._free_at: dict[str, float] = defaultdict(float)  # its last swap or unload ends
         self._remaining = len(self._requests)
 
     # --- Effects ------------------------------------------------------------------------------
@@ -140,6 +143,9 @@ class Simulation:
                     raise InvariantViolation(f"t={now}: evicting {v}, not resident on {device}")
             if model in self._where:
                 raise InvariantViolation(f"t={now}: loading {model}, already resident")
+            allowed = models[model].devices
+            if allowed and device not in allowed:
+                raise InvariantViolation(f"t={now}: loading {model} on {device}, not its device")
         for v in evict:
             self._where.pop(v)
             self._ready.discard(v)
@@ -156,10 +162,29 @@ class Simulation:
                     f"t={now}: {device} over capacity ({used} > {dev.capacity})"
                 )
         duration = sum(models[v].unload_s for v in evict) + models[model].load_s
-        self._run.segments.append(Segment(device, model, "swap", now, now + duration))
+        start = max(now, self._free_at[device])
+        end = self._free_at[device] = start + duration
+        self._run.segments.append(Segment(device, model, "swap", start, end))
         self._run.swap_s[device] += duration
         self._run.loads[model] += 1
-        self._push(now + duration, _LOAD, self._next_seq(), model)
+        self._push(end, _LOAD, self._next_seq(), model)
+
+    def unload(self, model: str, device: str) -> None:
+        now = self.now
+        if self.check:
+            if self._running[model]:
+                raise InvariantViolation(f"t={now}: unloading {model} with work in flight")
+            if self._where.get(model) != device or model not in self._ready:
+                raise InvariantViolation(f"t={now}: unloading {model}, not ready on {device}")
+        self._where.pop(model)
+        self._ready.discard(model)
+        since = self._resident_since.pop(model, now)
+        self._run.segments.append(Segment(device, model, "resident", since, now))
+        duration = self.config.models[model].unload_s
+        start = max(now, self._free_at[device])
+        end = self._free_at[device] = start + duration
+        self._run.segments.append(Segment(device, model, "unload", start, end))
+        self._run.swap_s[device] += duration
 
     def dispatch(self, request: Request) -> None:
         assert isinstance(request, SimRequest)

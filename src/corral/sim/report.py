@@ -157,15 +157,15 @@ def write_plots(runs: Sequence[Run], results: Sequence[dict[str, Any]], out: Pat
                 [(seg.start_s, seg.end_s - seg.start_s)],
                 (y - 0.4, 0.8),
                 facecolors=colors[seg.model],
-                hatch="////" if seg.kind == "swap" else None,
-                edgecolor="black" if seg.kind == "swap" else None,
+                hatch="////" if seg.kind != "resident" else None,
+                edgecolor="black" if seg.kind != "resident" else None,
                 linewidth=0.2,
             )
     ax.set_yticks(range(len(lanes)))
     multi = len({d for _, d in lanes}) > 1
     ax.set_yticklabels([f"{p} · {d}" if multi else p for p, d in lanes])
     ax.invert_yaxis()
-    ax.set_xlabel("time (s); hatched = swapping to that model")
+    ax.set_xlabel("time (s); hatched = swapping to (or unloading) that model")
     ax.set_title("Resident model over time")
     handles = [Rectangle((0, 0), 1, 1, color=colors[m]) for m in models[:20]]
     ax.legend(handles, models[:20], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

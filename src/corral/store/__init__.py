@@ -6,20 +6,28 @@ from pathlib import Path
 
 from corral.store.base import (
     BadTask,
+    Batch,
+    BatchNotFound,
+    FileNotFound,
     Lease,
     NewTask,
     SchemaTooNew,
     Store,
     StoreBusy,
+    StoredFile,
     StoreError,
     Task,
     TaskNotFound,
     TaskStatus,
+    Wakeups,
 )
 from corral.store.memory import MemoryStore
 
 __all__ = [
     "BadTask",
+    "Batch",
+    "BatchNotFound",
+    "FileNotFound",
     "Lease",
     "MemoryStore",
     "NewTask",
@@ -27,9 +35,11 @@ __all__ = [
     "Store",
     "StoreBusy",
     "StoreError",
+    "StoredFile",
     "Task",
     "TaskNotFound",
     "TaskStatus",
+    "Wakeups",
     "open_store",
 ]
 

@@ -8,15 +8,22 @@ Semantics every adapter shares (tests/contract holds the one suite they all pass
   (`heartbeat`, `finish`, `fail`, `release`, `acknowledge_cancel`) must present that token, so a
   worker whose lease was lost (and whose task was re-claimed) can never commit: execution is
   at-least-once, commit exactly-once.
+- A claim may *reserve* tasks beyond those that start now (`claim(..., start=n)`): a reserved
+  task is held under the lease (`status` running, `started_at` None) but its attempt is not
+  counted until it starts, with `start` or piggy-backed on the previous commit (`then_start`),
+  always before its handler runs. So a worker killed with reserved tasks burns no attempts for
+  them, while a task whose handler kills the worker still runs out of attempts.
 - `reclaim_expired` returns tasks whose lease ran out to the queue (or fails them when out of
-  attempts).
+  attempts; reserved ones always go back, cancelled-while-running ones end cancelled).
 """
 
 from __future__ import annotations
 
+import builtins
 import enum
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,6 +78,9 @@ class NewTask:
     serial_key: str | None = None
     max_attempts: int = 3
     batch_id: str | None = None
+    # The payload already as JSON text (the caller vouches for it): stored as it is, sparing a
+    # parse and a dump per task when the text comes from a file (a batch's lines).
+    payload_raw: str | None = None
 
     def payload_json(self) -> str:
         """The payload as JSON, or `BadTask` naming what cannot be serialised."""
@@ -80,6 +90,8 @@ class NewTask:
             raise BadTask("model must be a non-empty model name")
         if self.max_attempts < 1:
             raise BadTask(f"max_attempts must be >= 1; got {self.max_attempts}")
+        if self.payload_raw is not None:
+            return self.payload_raw
         try:
             return json.dumps(self.payload, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -116,6 +128,66 @@ class Task:
     batch_id: str | None = None
 
 
+class FileNotFound(StoreError):
+    """No stored file has that id."""
+
+
+class BatchNotFound(StoreError):
+    """No batch has that id."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """An uploaded or generated file: its bytes live at `path`, its record in the store."""
+
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: float
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A batch as stored: `status` is queryable, `data` holds the rest of its object (the Batch
+    API's fields and Corral's). Its lines are tasks with `batch_id` = `id`."""
+
+    id: str
+    status: str
+    created_at: float
+    data: dict[str, Any]
+    idempotency_key: str | None = None
+    seq: int = 0
+
+
+class Wakeups:
+    """Callbacks to run when tasks may have become claimable. Thread-safe; a callback must be
+    quick and must not raise (it runs on whichever thread noticed the change)."""
+
+    def __init__(self) -> None:
+        self._fns: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def add(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Register `fn`; returns the function that removes it."""
+        with self._lock:
+            self._fns.append(fn)
+
+        def remove() -> None:
+            with self._lock:
+                if fn in self._fns:
+                    self._fns.remove(fn)
+
+        return remove
+
+    def fire(self) -> None:
+        with self._lock:
+            fns = list(self._fns)
+        for fn in fns:
+            fn()
+
+
 class Store(Protocol):
     """Durable tasks. Every method is one atomic transaction; none blocks beyond the busy
     timeout. Times are seconds since the epoch from the store's clock."""
@@ -128,29 +200,51 @@ class Store(Protocol):
         """Store many queued tasks in one transaction (all or none); returns their ids."""
         ...
 
-    def claim(self, model: str, worker_id: str, limit: int, lease_s: float) -> list[Task]:
-        """Atomically take up to `limit` eligible tasks of `model` (see the module docstring)."""
+    def claim(
+        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+    ) -> builtins.list[Task]:
+        """Atomically take up to `limit` eligible tasks of `model` (see the module docstring),
+        best first. The first `start` of them (default: all) start now; the rest are reserved."""
+        ...
+
+    def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+        """Start reserved tasks, given as (id, lease token): count their attempt. Returns the
+        ids started (a task whose lease was lost is left alone)."""
         ...
 
     def heartbeat(self, task_id: str, token: str, lease_s: float) -> Lease:
         """Extend the lease if `token` still holds it."""
         ...
 
-    def finish(self, task_id: str, token: str, result: Any) -> bool:
-        """Commit success; False (nothing written) if the lease was lost."""
+    def finish(
+        self, task_id: str, token: str, result: Any, then_start: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Commit success; False (nothing written) if the lease was lost. `then_start`: reserved
+        tasks to start in the same transaction (as `start`), whatever the commit's outcome."""
         ...
 
-    def fail(self, task_id: str, token: str, error: str, retry_in_s: float | None) -> bool:
+    def fail(
+        self,
+        task_id: str,
+        token: str,
+        error: str,
+        retry_in_s: float | None,
+        then_start: Sequence[tuple[str, str]] = (),
+    ) -> bool:
         """Record a failed attempt: back to the queue after `retry_in_s` while attempts remain
-        (None: fail for good). False if the lease was lost."""
+        (None: fail for good). False if the lease was lost. `then_start` as in `finish`."""
         ...
 
     def release(self, task_id: str, token: str) -> bool:
-        """Give a claimed task back untouched (graceful shutdown); the attempt does not count."""
+        """Give a claimed (started or reserved) task back untouched; the attempt does not
+        count."""
         ...
 
-    def acknowledge_cancel(self, task_id: str, token: str) -> bool:
-        """The worker stopped a task whose cancellation was requested: mark it cancelled."""
+    def acknowledge_cancel(
+        self, task_id: str, token: str, then_start: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """The worker stopped a task whose cancellation was requested: mark it cancelled.
+        `then_start` as in `finish`."""
         ...
 
     def cancel(self, task_id: str) -> TaskStatus:
@@ -172,7 +266,7 @@ class Store(Protocol):
 
     def list(
         self, status: TaskStatus | None = None, model: str | None = None, limit: int = 100
-    ) -> list[Task]:
+    ) -> builtins.list[Task]:
         """Tasks, newest first, optionally filtered."""
         ...
 
@@ -183,6 +277,74 @@ class Store(Protocol):
     def ready_counts(self) -> dict[str, dict[int, int]]:
         """Tasks `claim` could take right now, per model and priority (serial keys and
         `run_after` respected): what a worker's scheduler should see as waiting."""
+        ...
+
+    # --- files and batches (the Batch API) -------------------------------------------------------
+    def add_file(self, file: StoredFile) -> None:
+        """Record a file whose bytes are already at `file.path`."""
+        ...
+
+    def get_file(self, file_id: str) -> StoredFile:
+        """The file's record, or `FileNotFound`."""
+        ...
+
+    def list_files(
+        self, purpose: str | None = None, after: str | None = None, limit: int = 100
+    ) -> builtins.list[StoredFile]:
+        """Files newest first; `after`: only those older than that file id."""
+        ...
+
+    def delete_file(self, file_id: str) -> StoredFile:
+        """Forget the file (the caller removes its bytes); `FileNotFound` if there is none."""
+        ...
+
+    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        """Store `batch` and its line tasks in one transaction (`tasks` may be a generator: it
+        is consumed in chunks, so a large batch never sits in memory whole). With an
+        `idempotency_key` that an earlier batch has, store nothing and return that batch."""
+        ...
+
+    def get_batch(self, batch_id: str) -> Batch:
+        """The batch, or `BatchNotFound`."""
+        ...
+
+    def list_batches(
+        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
+    ) -> builtins.list[Batch]:
+        """Batches newest first; `after`: only those older than that batch id; `status`: only
+        those in one of these statuses."""
+        ...
+
+    def update_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
+    ) -> Batch | None:
+        """Set the batch's status and data if its status is one of `expect` (compare and set);
+        None if it was not. `BatchNotFound` if there is no such batch."""
+        ...
+
+    def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
+        """The batch's tasks per status."""
+        ...
+
+    def batch_tasks(
+        self, batch_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> builtins.list[Task]:
+        """The batch's tasks in line order (seq), those after `after_seq`."""
+        ...
+
+    def cancel_batch(self, batch_id: str) -> int:
+        """Cancel the batch's unfinished tasks: queued ones at once, running ones are flagged
+        for their worker. Returns how many were queued or running."""
+        ...
+
+    # True when `subscribe` also hears of work added by other processes (PostgreSQL's
+    # LISTEN/NOTIFY), so an idle worker may poll rarely.
+    wakes_other_processes: bool
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake()` (from any thread) soon after tasks may have become claimable: enqueued,
+        released, retried, reclaimed, or a serial key freed. Through this store object always;
+        through other processes too where `wakes_other_processes`. Returns the unsubscribe."""
         ...
 
     def close(self) -> None:

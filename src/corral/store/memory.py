@@ -8,26 +8,39 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from corral.store.base import (
+    Batch,
+    BatchNotFound,
+    FileNotFound,
     Lease,
     NewTask,
+    StoredFile,
     Task,
     TaskNotFound,
     TaskStatus,
+    Wakeups,
 )
 
 
 class MemoryStore:
     """Thread-safe; nothing survives the process."""
 
+    wakes_other_processes = False  # there are no other processes
+
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._tasks: dict[str, Task] = {}
         self._seq = 0
         self._lock = threading.Lock()
+        self._wakeups = Wakeups()
+        self._files: dict[str, tuple[int, StoredFile]] = {}
+        self._batches: dict[str, Batch] = {}
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        return self._wakeups.add(wake)
 
     # --- writes -------------------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> str:
@@ -36,28 +49,34 @@ class MemoryStore:
     def enqueue_many(self, tasks: Sequence[NewTask]) -> list[str]:
         payloads = [t.payload_json() for t in tasks]  # validate all before storing any
         with self._lock:
-            now = self._clock()
-            ids = []
-            for t, payload in zip(tasks, payloads, strict=True):
-                self._seq += 1
-                tid = uuid.uuid4().hex
-                self._tasks[tid] = Task(
-                    id=tid,
-                    seq=self._seq,
-                    kind=t.kind,
-                    model=t.model,
-                    payload=json.loads(payload),
-                    priority=t.priority,
-                    serial_key=t.serial_key,
-                    status=TaskStatus.QUEUED,
-                    attempts=0,
-                    max_attempts=t.max_attempts,
-                    created_at=now,
-                    run_after=now,
-                    batch_id=t.batch_id,
-                )
-                ids.append(tid)
-            return ids
+            ids = self._add(tasks, payloads)
+        self._wakeups.fire()
+        return ids
+
+    def _add(self, tasks: Sequence[NewTask], payloads: Sequence[str]) -> list[str]:
+        """Store validated tasks; the caller holds the lock."""
+        now = self._clock()
+        ids = []
+        for t, payload in zip(tasks, payloads, strict=True):
+            self._seq += 1
+            tid = uuid.uuid4().hex
+            self._tasks[tid] = Task(
+                id=tid,
+                seq=self._seq,
+                kind=t.kind,
+                model=t.model,
+                payload=json.loads(payload),
+                priority=t.priority,
+                serial_key=t.serial_key,
+                status=TaskStatus.QUEUED,
+                attempts=0,
+                max_attempts=t.max_attempts,
+                created_at=now,
+                run_after=now,
+                batch_id=t.batch_id,
+            )
+            ids.append(tid)
+        return ids
 
     def _claimable(self, now: float) -> list[Task]:
         """Queued tasks `claim` may take now: due, and first of a serial key with none running."""
@@ -89,7 +108,9 @@ class MemoryStore:
                 per[t.priority] = per.get(t.priority, 0) + 1
             return out
 
-    def claim(self, model: str, worker_id: str, limit: int, lease_s: float) -> list[Task]:
+    def claim(
+        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+    ) -> list[Task]:
         with self._lock:
             now = self._clock()
             eligible = sorted(
@@ -97,19 +118,35 @@ class MemoryStore:
                 key=lambda t: (-t.priority, t.seq),
             )
             out = []
-            for t in eligible[:limit]:
+            for rank, t in enumerate(eligible[:limit]):
+                starts = start is None or rank < start
                 claimed = dataclasses.replace(
                     t,
                     status=TaskStatus.RUNNING,
-                    attempts=t.attempts + 1,
+                    attempts=t.attempts + 1 if starts else t.attempts,
                     lease_token=uuid.uuid4().hex,
                     lease_expires_at=now + lease_s,
                     worker_id=worker_id,
-                    started_at=now,
+                    started_at=now if starts else None,
                 )
                 self._tasks[t.id] = claimed
                 out.append(copy.deepcopy(claimed))
             return out
+
+    def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+        with self._lock:
+            return self._start(tasks)
+
+    def _start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+        started = []
+        for task_id, token in tasks:
+            t = self._holder(task_id, token)
+            if t is not None and t.started_at is None:
+                self._tasks[task_id] = dataclasses.replace(
+                    t, attempts=t.attempts + 1, started_at=self._clock()
+                )
+                started.append(task_id)
+        return started
 
     def _holder(self, task_id: str, token: str) -> Task | None:
         t = self._tasks.get(task_id)
@@ -125,24 +162,50 @@ class MemoryStore:
             self._tasks[task_id] = dataclasses.replace(t, lease_expires_at=self._clock() + lease_s)
             return Lease.CANCEL if t.cancel_requested else Lease.HELD
 
-    def finish(self, task_id: str, token: str, result: Any) -> bool:
+    def finish(
+        self, task_id: str, token: str, result: Any, then_start: Sequence[tuple[str, str]] = ()
+    ) -> bool:
         encoded = json.dumps(result, allow_nan=False)
+        return self._end(
+            task_id, token, then_start, status=TaskStatus.SUCCEEDED, result=json.loads(encoded)
+        )
+
+    def _end(
+        self,
+        task_id: str,
+        token: str,
+        then_start: Sequence[tuple[str, str]],
+        status: TaskStatus,
+        **changes: Any,
+    ) -> bool:
+        """End a held task's attempt with `status` (starting `then_start` first); False if the
+        lease was lost."""
         with self._lock:
+            self._start(then_start)
             t = self._holder(task_id, token)
             if t is None:
                 return False
             self._tasks[task_id] = dataclasses.replace(
                 t,
-                status=TaskStatus.SUCCEEDED,
-                result=json.loads(encoded),
+                status=status,
                 lease_token=None,
                 lease_expires_at=None,
                 finished_at=self._clock(),
+                **changes,
             )
+            self._freed(t)
             return True
 
-    def fail(self, task_id: str, token: str, error: str, retry_in_s: float | None) -> bool:
+    def fail(
+        self,
+        task_id: str,
+        token: str,
+        error: str,
+        retry_in_s: float | None,
+        then_start: Sequence[tuple[str, str]] = (),
+    ) -> bool:
         with self._lock:
+            self._start(then_start)
             t = self._holder(task_id, token)
             if t is None:
                 return False
@@ -169,6 +232,7 @@ class MemoryStore:
                     error=error,
                     errors=errors,
                 )
+            self._freed(t)
             return True
 
     def release(self, task_id: str, token: str) -> bool:
@@ -179,27 +243,19 @@ class MemoryStore:
             self._tasks[task_id] = dataclasses.replace(
                 t,
                 status=TaskStatus.QUEUED,
-                attempts=t.attempts - 1,
+                attempts=t.attempts - (t.started_at is not None),
                 lease_token=None,
                 lease_expires_at=None,
                 worker_id=None,
                 started_at=None,
             )
+            self._wakeups.fire()
             return True
 
-    def acknowledge_cancel(self, task_id: str, token: str) -> bool:
-        with self._lock:
-            t = self._holder(task_id, token)
-            if t is None:
-                return False
-            self._tasks[task_id] = dataclasses.replace(
-                t,
-                status=TaskStatus.CANCELLED,
-                lease_token=None,
-                lease_expires_at=None,
-                finished_at=self._clock(),
-            )
-            return True
+    def acknowledge_cancel(
+        self, task_id: str, token: str, then_start: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        return self._end(task_id, token, then_start, status=TaskStatus.CANCELLED)
 
     def cancel(self, task_id: str) -> TaskStatus:
         with self._lock:
@@ -227,6 +283,7 @@ class MemoryStore:
                     started_at=None,
                 )
                 self._tasks[task_id] = t
+                self._wakeups.fire()
             return t.status
 
     def reclaim_expired(self) -> int:
@@ -239,21 +296,131 @@ class MemoryStore:
                     and t.lease_expires_at is not None
                     and t.lease_expires_at < now
                 ):
-                    error = f"lease expired on worker {t.worker_id} (worker died or stalled)"
-                    errors = [*t.errors, {"attempt": t.attempts, "error": error, "at": now}]
-                    final = t.attempts >= t.max_attempts
-                    self._tasks[t.id] = dataclasses.replace(
-                        t,
-                        status=TaskStatus.FAILED if final else TaskStatus.QUEUED,
-                        lease_token=None,
-                        lease_expires_at=None,
-                        worker_id=t.worker_id if final else None,
-                        finished_at=now if final else None,
-                        error=error,
-                        errors=errors,
-                    )
+                    self._tasks[t.id] = _expired(t, now)
                     moved += 1
+            if moved:
+                self._wakeups.fire()
             return moved
+
+    def _freed(self, t: Task) -> None:
+        """A task of a serial key ended its attempt: the key's next task may run."""
+        if t.serial_key is not None:
+            self._wakeups.fire()
+
+    # --- files and batches ----------------------------------------------------------------------
+    def add_file(self, file: StoredFile) -> None:
+        with self._lock:
+            self._seq += 1
+            self._files[file.id] = (self._seq, file)
+
+    def get_file(self, file_id: str) -> StoredFile:
+        with self._lock:
+            if file_id not in self._files:
+                raise FileNotFound(f"no file with id {file_id!r}")
+            return self._files[file_id][1]
+
+    def list_files(
+        self, purpose: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[StoredFile]:
+        with self._lock:
+            below = self._files[after][0] if after in self._files else None
+            rows = sorted(self._files.values(), key=lambda x: -x[0])
+            return [
+                f
+                for seq, f in rows
+                if (purpose is None or f.purpose == purpose) and (below is None or seq < below)
+            ][:limit]
+
+    def delete_file(self, file_id: str) -> StoredFile:
+        with self._lock:
+            if file_id not in self._files:
+                raise FileNotFound(f"no file with id {file_id!r}")
+            return self._files.pop(file_id)[1]
+
+    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        tasks = list(tasks)
+        payloads = [t.payload_json() for t in tasks]
+        with self._lock:
+            if batch.idempotency_key is not None:
+                for b in self._batches.values():
+                    if b.idempotency_key == batch.idempotency_key:
+                        return copy.deepcopy(b)
+            self._seq += 1
+            stored = dataclasses.replace(batch, seq=self._seq, data=copy.deepcopy(batch.data))
+            self._batches[batch.id] = stored
+            self._add(tasks, payloads)
+        if tasks:
+            self._wakeups.fire()
+        return copy.deepcopy(stored)
+
+    def get_batch(self, batch_id: str) -> Batch:
+        with self._lock:
+            if batch_id not in self._batches:
+                raise BatchNotFound(f"no batch with id {batch_id!r}")
+            return copy.deepcopy(self._batches[batch_id])
+
+    def list_batches(
+        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
+    ) -> list[Batch]:
+        with self._lock:
+            below = self._batches[after].seq if after in self._batches else None
+            rows = sorted(self._batches.values(), key=lambda b: -b.seq)
+            return copy.deepcopy(
+                [
+                    b
+                    for b in rows
+                    if (below is None or b.seq < below) and (status is None or b.status in status)
+                ][:limit]
+            )
+
+    def update_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
+    ) -> Batch | None:
+        with self._lock:
+            b = self._batches.get(batch_id)
+            if b is None:
+                raise BatchNotFound(f"no batch with id {batch_id!r}")
+            if b.status not in expect:
+                return None
+            b = self._batches[batch_id] = dataclasses.replace(
+                b, status=status, data=copy.deepcopy(data)
+            )
+            return copy.deepcopy(b)
+
+    def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
+        with self._lock:
+            out: dict[TaskStatus, int] = {}
+            for t in self._tasks.values():
+                if t.batch_id == batch_id:
+                    out[t.status] = out.get(t.status, 0) + 1
+            return out
+
+    def batch_tasks(self, batch_id: str, after_seq: int = 0, limit: int = 1000) -> list[Task]:
+        with self._lock:
+            rows = sorted(
+                (t for t in self._tasks.values() if t.batch_id == batch_id and t.seq > after_seq),
+                key=lambda t: t.seq,
+            )
+            return copy.deepcopy(rows[:limit])
+
+    def cancel_batch(self, batch_id: str) -> int:
+        with self._lock:
+            now = self._clock()
+            n = 0
+            for t in list(self._tasks.values()):
+                if t.batch_id != batch_id:
+                    continue
+                if t.status is TaskStatus.QUEUED:
+                    self._tasks[t.id] = dataclasses.replace(
+                        t, status=TaskStatus.CANCELLED, finished_at=now
+                    )
+                elif t.status is TaskStatus.RUNNING:
+                    self._tasks[t.id] = dataclasses.replace(t, cancel_requested=True)
+                else:
+                    continue
+                n += 1
+        self._wakeups.fire()  # workers drop the cancelled lines from their schedule now
+        return n
 
     # --- reads --------------------------------------------------------------------------------
     def _get(self, task_id: str) -> Task:
@@ -288,3 +455,21 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
+
+
+def _expired(t: Task, now: float) -> Task:
+    """A running task whose lease ran out: what `reclaim_expired` makes of it."""
+    t = dataclasses.replace(t, lease_token=None, lease_expires_at=None)
+    if t.cancel_requested:
+        return dataclasses.replace(t, status=TaskStatus.CANCELLED, finished_at=now)
+    if t.started_at is None:  # reserved, never started: no attempt was used
+        return dataclasses.replace(t, status=TaskStatus.QUEUED, worker_id=None)
+    error = f"lease expired on worker {t.worker_id} (worker died or stalled)"
+    errors = [*t.errors, {"attempt": t.attempts, "error": error, "at": now}]
+    if t.attempts >= t.max_attempts:
+        return dataclasses.replace(
+            t, status=TaskStatus.FAILED, finished_at=now, error=error, errors=errors
+        )
+    return dataclasses.replace(
+        t, status=TaskStatus.QUEUED, worker_id=None, error=error, errors=errors
+    )

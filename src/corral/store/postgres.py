@@ -1,12 +1,14 @@
 """PostgreSQL store, for several workers and hosts: `FOR UPDATE SKIP LOCKED` claims, so
-concurrent workers never wait on each other's rows. Needs the `postgres` extra (psycopg 3)."""
+concurrent workers never wait on each other's rows, and LISTEN/NOTIFY wake-ups, so an idle worker
+hears of new work at once instead of polling hard. Needs the `postgres` extra (psycopg 3)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,8 +20,11 @@ DIALECT = Dialect(
     real="DOUBLE PRECISION",
     new_token="replace(gen_random_uuid()::text, '-', '')",
     lock_skip="FOR UPDATE SKIP LOCKED",
+    cte_writes=True,
 )
 _PARAM = re.compile(r"(?<!:):([a-z_]+)")
+log = logging.getLogger("corral.store")
+_LISTEN_TICK_S = 0.1  # how often the listener checks whether the store is closing
 
 
 def _pg(sql: str) -> str:
@@ -35,9 +40,14 @@ class _PgTx:
         cur = self._conn.execute(_pg(sql), params or {})
         return list(cur.fetchall()) if cur.description else []
 
+    def run_many(self, sql: str, params: Sequence[Mapping[str, Any]]) -> None:
+        with self._conn.cursor() as cur:  # psycopg pipelines executemany: no round trip per row
+            cur.executemany(_pg(sql), params)
+
 
 class PostgresStore(SqlStore):
     dialect = DIALECT
+    wakes_other_processes = True
 
     def __init__(
         self,
@@ -65,6 +75,10 @@ class PostgresStore(SqlStore):
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {_redact(url)}: {exc}") from None
         self._lock = threading.Lock()
+        # NOTIFY channels are per database: one per schema keeps test schemas apart.
+        self._channel = f"corral_{schema or 'public'}"
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
         if migrate:
             self.upgrade()
 
@@ -82,7 +96,40 @@ class PostgresStore(SqlStore):
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL error: {exc}") from exc
 
+    def _announce(self, tx: Tx) -> None:
+        tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        remove = super().subscribe(wake)
+        with self._lock:
+            if self._listener is None:
+                self._listener = threading.Thread(
+                    target=self._listen, name=f"{self._channel}-listener", daemon=True
+                )
+                self._listener.start()
+        return remove
+
+    def _listen(self) -> None:
+        """LISTEN on a connection of its own; every notification (and every reconnect, which
+        may have missed some) wakes the subscribers. Polling stays as the safety net."""
+        import psycopg
+
+        while not self._closing.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {self._channel}")
+                    self._wakeups.fire()
+                    while not self._closing.is_set():
+                        for _ in conn.notifies(timeout=_LISTEN_TICK_S):
+                            self._wakeups.fire()
+            except psycopg.Error as exc:
+                log.warning("LISTEN %s failed (%s); retrying in 1 s", self._channel, exc)
+                self._closing.wait(1.0)
+
     def close(self) -> None:
+        self._closing.set()
+        if self._listener is not None:
+            self._listener.join(timeout=2 * _LISTEN_TICK_S)
         self._conn.close()
 
 

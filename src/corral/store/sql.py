@@ -3,21 +3,37 @@ transactions and the few phrases that differ (see `Dialect`)."""
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
+import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from corral.store.base import Lease, NewTask, SchemaTooNew, Task, TaskNotFound, TaskStatus
+from corral.store.base import (
+    Batch,
+    BatchNotFound,
+    FileNotFound,
+    Lease,
+    NewTask,
+    SchemaTooNew,
+    StoredFile,
+    Task,
+    TaskNotFound,
+    TaskStatus,
+    Wakeups,
+)
 
 _COLUMNS = (
     "seq, id, kind, model, payload, priority, serial_key, status, attempts, max_attempts, "
     "created_at, run_after, lease_token, lease_expires_at, worker_id, started_at, finished_at, "
     "result, error, errors, cancel_requested, batch_id"
 )
+_QUALIFIED = ", ".join(f"corral_tasks.{c.strip()}" for c in _COLUMNS.split(","))
 
 
 @dataclass(frozen=True)
@@ -26,6 +42,9 @@ class Dialect:
     real: str  # a double-precision float column
     new_token: str  # an expression giving a fresh random token per row
     lock_skip: str  # appended to the claim's inner SELECT ("" or "FOR UPDATE SKIP LOCKED")
+    # Whether a WITH clause may hold an UPDATE: lets a commit and the next task's start share
+    # one statement (one round trip on a networked database; SQLite needs none).
+    cte_writes: bool = False
 
 
 def migrations(d: Dialect) -> list[tuple[int, str]]:
@@ -63,6 +82,47 @@ CREATE INDEX corral_tasks_serial ON corral_tasks (serial_key, status);
 CREATE INDEX corral_tasks_lease ON corral_tasks (status, lease_expires_at);
 """,
         ),
+        (
+            2,
+            # Partial indexes: a task sits in each only while it matters (queued for claims,
+            # running for leases, keyed for serial keys), so committing a result touches one
+            # index entry instead of six: less WAL per task, smaller indexes.
+            """
+DROP INDEX corral_tasks_claim;
+DROP INDEX corral_tasks_serial;
+DROP INDEX corral_tasks_lease;
+CREATE INDEX corral_tasks_queued ON corral_tasks (model, priority DESC, seq)
+    WHERE status = 'queued';
+CREATE INDEX corral_tasks_serial ON corral_tasks (serial_key, status)
+    WHERE serial_key IS NOT NULL;
+CREATE INDEX corral_tasks_running ON corral_tasks (lease_expires_at) WHERE status = 'running';
+""",
+        ),
+        (
+            3,
+            # The Batch API: files (bytes on disk, records here) and batches, whose lines are
+            # tasks with a batch_id.
+            f"""
+CREATE TABLE corral_files (
+    seq {d.serial_pk},
+    id TEXT NOT NULL UNIQUE,
+    purpose TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    bytes BIGINT NOT NULL,
+    created_at {d.real} NOT NULL,
+    path TEXT NOT NULL
+);
+CREATE TABLE corral_batches (
+    seq {d.serial_pk},
+    id TEXT NOT NULL UNIQUE,
+    status TEXT NOT NULL,
+    created_at {d.real} NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    data TEXT NOT NULL
+);
+CREATE INDEX corral_tasks_batch ON corral_tasks (batch_id, seq) WHERE batch_id IS NOT NULL;
+""",
+        ),
     ]
 
 
@@ -70,6 +130,10 @@ class Tx(Protocol):
     """One open transaction: run a statement with named parameters, get rows as mappings."""
 
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]: ...
+
+    def run_many(self, sql: str, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run one statement per parameter set, batched by the driver (no rows back)."""
+        ...
 
 
 # A queued task `claim` may take now: due, and first of its serial key with none running.
@@ -79,6 +143,14 @@ _CLAIMABLE = """t.status = 'queued' AND t.run_after <= :now
                     WHERE r.serial_key = t.serial_key AND r.status = 'running')
         AND t.seq = (SELECT MIN(q.seq) FROM corral_tasks q
                      WHERE q.serial_key = t.serial_key AND q.status = 'queued')))"""
+
+
+# Start a reserved task: its attempt counts from here.
+_START_SQL = (
+    "UPDATE corral_tasks SET attempts = attempts + 1, started_at = :start_now "
+    "WHERE id = :start_id AND status = 'running' AND lease_token = :start_token "
+    "AND started_at IS NULL RETURNING id"
+)
 
 
 def _task(row: Mapping[str, Any]) -> Task:
@@ -112,9 +184,26 @@ class SqlStore:
     """The `Store` over SQL. Subclasses implement `_tx(write)` and set `dialect`."""
 
     dialect: Dialect
+    wakes_other_processes = False
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
+        self._wakeups = Wakeups()
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        return self._wakeups.add(wake)
+
+    def _announce(self, tx: Tx) -> None:
+        """Inside a write transaction that made tasks claimable: tell other processes, where
+        the database can (delivered on commit). `_woken` tells this process afterwards."""
+
+    def _woken(self, announce: bool = False) -> None:
+        """Tasks may have become claimable; `announce`: the change's own transaction could not
+        announce it, so do it now."""
+        if announce and self.wakes_other_processes:
+            with self._tx(write=True, single=True) as tx:
+                self._announce(tx)
+        self._wakeups.fire()
 
     def _tx(self, write: bool, single: bool = False) -> AbstractContextManager[Tx]:
         """A transaction. `single`: the caller runs exactly one statement, which is atomic on
@@ -157,52 +246,60 @@ class SqlStore:
         return self.enqueue_many([task])[0]
 
     def enqueue_many(self, tasks: Sequence[NewTask]) -> list[str]:
-        rows = [(t, t.payload_json(), uuid.uuid4().hex) for t in tasks]  # validate first
-        now = self._clock()
+        rows = self._rows(tasks)
         with self._tx(write=True) as tx:
-            self._insert(
-                tx,
-                [
-                    {
-                        "id": tid,
-                        "kind": t.kind,
-                        "model": t.model,
-                        "payload": payload,
-                        "priority": t.priority,
-                        "serial_key": t.serial_key,
-                        "status": "queued",
-                        "max_attempts": t.max_attempts,
-                        "created_at": now,
-                        "run_after": now,
-                        "batch_id": t.batch_id,
-                    }
-                    for t, payload, tid in rows
-                ],
-            )
-        return [tid for _, _, tid in rows]
+            self._insert(tx, rows)
+            self._announce(tx)
+        self._woken()
+        return [r["id"] for r in rows]
+
+    def _rows(self, tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
+        """Insert parameters for `tasks`, every payload validated before any is stored."""
+        now = self._clock()
+        return [
+            {
+                "id": uuid.uuid4().hex,
+                "kind": t.kind,
+                "model": t.model,
+                "payload": t.payload_json(),
+                "priority": t.priority,
+                "serial_key": t.serial_key,
+                "status": "queued",
+                "max_attempts": t.max_attempts,
+                "created_at": now,
+                "run_after": now,
+                "batch_id": t.batch_id,
+            }
+            for t in tasks
+        ]
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            tx.run(
-                "INSERT INTO corral_tasks (id, kind, model, payload, priority, serial_key, "
-                "status, max_attempts, created_at, run_after, batch_id) VALUES (:id, :kind, "
-                ":model, :payload, :priority, :serial_key, :status, :max_attempts, :created_at, "
-                ":run_after, :batch_id)",
-                row,
-            )
+        tx.run_many(
+            "INSERT INTO corral_tasks (id, kind, model, payload, priority, serial_key, "
+            "status, max_attempts, created_at, run_after, batch_id) VALUES (:id, :kind, "
+            ":model, :payload, :priority, :serial_key, :status, :max_attempts, :created_at, "
+            ":run_after, :batch_id)",
+            rows,
+        )
 
-    def claim(self, model: str, worker_id: str, limit: int, lease_s: float) -> list[Task]:
+    def claim(
+        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+    ) -> builtins.list[Task]:
         now = self._clock()
+        # Rank the picked rows so the best `start` of them start and the rest are reserved, in
+        # one statement (window functions cannot share a SELECT with FOR UPDATE: hence the nest).
         sql = f"""
-UPDATE corral_tasks SET status = 'running', attempts = attempts + 1,
-    lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker,
-    started_at = :now
-WHERE seq IN (
-    SELECT t.seq FROM corral_tasks t
-    WHERE t.model = :model AND {_CLAIMABLE}
-    ORDER BY t.priority DESC, t.seq
-    LIMIT :limit {self.dialect.lock_skip})
-RETURNING {_COLUMNS}"""
+UPDATE corral_tasks SET status = 'running',
+    attempts = attempts + CASE WHEN p.rn <= :start THEN 1 ELSE 0 END,
+    started_at = CASE WHEN p.rn <= :start THEN :now ELSE NULL END,
+    lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
+FROM (SELECT s.seq, row_number() OVER (ORDER BY s.priority DESC, s.seq) AS rn
+      FROM (SELECT t.seq, t.priority FROM corral_tasks t
+            WHERE t.model = :model AND {_CLAIMABLE}
+            ORDER BY t.priority DESC, t.seq
+            LIMIT :limit {self.dialect.lock_skip}) s) p
+WHERE corral_tasks.seq = p.seq
+RETURNING {_QUALIFIED}"""
         with self._tx(write=True, single=True) as tx:
             rows = tx.run(
                 sql,
@@ -212,19 +309,44 @@ RETURNING {_COLUMNS}"""
                     "now": now,
                     "model": model,
                     "limit": limit,
+                    "start": limit if start is None else start,
                 },
             )
         return sorted((_task(r) for r in rows), key=lambda t: (-t.priority, t.seq))
 
+    def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+        with self._tx(write=True, single=len(tasks) == 1) as tx:
+            return self._start(tx, tasks)
+
+    def _start(self, tx: Tx, tasks: Sequence[tuple[str, str]]) -> list[str]:
+        started: list[str] = []
+        now = self._clock()
+        for task_id, token in tasks:
+            rows = tx.run(_START_SQL, {"start_id": task_id, "start_token": token, "start_now": now})
+            started.extend(r["id"] for r in rows)
+        return started
+
     def _update_held(
-        self, task_id: str, token: str, sets: str, params: dict[str, Any]
+        self,
+        task_id: str,
+        token: str,
+        sets: str,
+        params: dict[str, Any],
+        then_start: Sequence[tuple[str, str]] = (),
     ) -> list[Mapping[str, Any]]:
         sql = (
             f"UPDATE corral_tasks SET {sets} WHERE id = :id AND status = 'running' "
-            f"AND lease_token = :token RETURNING cancel_requested"
+            f"AND lease_token = :token RETURNING cancel_requested, serial_key"
         )
-        with self._tx(write=True, single=True) as tx:
-            return tx.run(sql, {"id": task_id, "token": token, **params})
+        params = {"id": task_id, "token": token, **params}
+        if len(then_start) == 1 and self.dialect.cte_writes:
+            (params["start_id"], params["start_token"]) = then_start[0]
+            params["start_now"] = self._clock()
+            with self._tx(write=True, single=True) as tx:
+                return tx.run(f"WITH started AS ({_START_SQL}) {sql}", params)
+        with self._tx(write=True, single=not then_start) as tx:
+            self._start(tx, then_start)
+            return tx.run(sql, params)
 
     def heartbeat(self, task_id: str, token: str, lease_s: float) -> Lease:
         rows = self._update_held(
@@ -234,29 +356,48 @@ RETURNING {_COLUMNS}"""
             return Lease.LOST
         return Lease.CANCEL if rows[0]["cancel_requested"] else Lease.HELD
 
-    def finish(self, task_id: str, token: str, result: Any) -> bool:
+    def finish(
+        self, task_id: str, token: str, result: Any, then_start: Sequence[tuple[str, str]] = ()
+    ) -> bool:
         encoded = json.dumps(result, allow_nan=False)
-        return bool(
+        return self._ended(
             self._update_held(
                 task_id,
                 token,
                 "status = 'succeeded', result = :result, lease_token = NULL, "
                 "lease_expires_at = NULL, finished_at = :now",
                 {"result": encoded, "now": self._clock()},
+                then_start,
             )
         )
 
-    def fail(self, task_id: str, token: str, error: str, retry_in_s: float | None) -> bool:
+    def _ended(self, rows: list[Mapping[str, Any]]) -> bool:
+        """After a task's attempt ended: its serial key's next task may run now."""
+        if rows and rows[0]["serial_key"] is not None:
+            self._woken(announce=True)
+        return bool(rows)
+
+    def fail(
+        self,
+        task_id: str,
+        token: str,
+        error: str,
+        retry_in_s: float | None,
+        then_start: Sequence[tuple[str, str]] = (),
+    ) -> bool:
         now = self._clock()
         with self._tx(write=True) as tx:
+            self._start(tx, then_start)
             rows = tx.run(
-                "SELECT attempts, max_attempts, errors FROM corral_tasks WHERE id = :id "
-                "AND status = 'running' AND lease_token = :token",
+                "SELECT attempts, max_attempts, errors, serial_key FROM corral_tasks "
+                "WHERE id = :id AND status = 'running' AND lease_token = :token",
                 {"id": task_id, "token": token},
             )
             if not rows:
                 return False
             row = rows[0]
+            if row["serial_key"] is not None:
+                self._announce(tx)
             errors = json.dumps(
                 [
                     *json.loads(row["errors"]),
@@ -284,27 +425,36 @@ RETURNING {_COLUMNS}"""
                     "id": task_id,
                 },
             )
-            return True
+        if row["serial_key"] is not None:
+            self._woken()
+        return True
 
     def release(self, task_id: str, token: str) -> bool:
-        return bool(
+        released = bool(
             self._update_held(
                 task_id,
                 token,
-                "status = 'queued', attempts = attempts - 1, lease_token = NULL, "
+                "status = 'queued', attempts = attempts - CASE WHEN started_at IS NULL THEN 0 "
+                "ELSE 1 END, lease_token = NULL, "
                 "lease_expires_at = NULL, worker_id = NULL, started_at = NULL",
                 {},
             )
         )
+        if released:
+            self._woken(announce=True)
+        return released
 
-    def acknowledge_cancel(self, task_id: str, token: str) -> bool:
-        return bool(
+    def acknowledge_cancel(
+        self, task_id: str, token: str, then_start: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        return self._ended(
             self._update_held(
                 task_id,
                 token,
                 "status = 'cancelled', lease_token = NULL, lease_expires_at = NULL, "
                 "finished_at = :now",
                 {"now": self._clock()},
+                then_start,
             )
         )
 
@@ -331,42 +481,200 @@ RETURNING {_COLUMNS}"""
                 {"id": task_id, "now": self._clock()},
             )
             rows = tx.run("SELECT status FROM corral_tasks WHERE id = :id", {"id": task_id})
+            if rows and rows[0]["status"] == "queued":
+                self._announce(tx)
         if not rows:
             raise TaskNotFound(f"no task with id {task_id!r}")
+        self._woken()
         return TaskStatus(rows[0]["status"])
 
     def reclaim_expired(self) -> int:
         now = self._clock()
         with self._tx(write=True) as tx:
             rows = tx.run(
-                "SELECT id, attempts, max_attempts, worker_id, errors FROM corral_tasks "
+                "SELECT id, attempts, max_attempts, worker_id, errors, started_at, "
+                "cancel_requested FROM corral_tasks "
                 "WHERE status = 'running' AND lease_expires_at < :now",
                 {"now": now},
             )
             for row in rows:
-                error = f"lease expired on worker {row['worker_id']} (worker died or stalled)"
-                errors = json.dumps(
-                    [
-                        *json.loads(row["errors"]),
-                        {"attempt": int(row["attempts"]), "error": error, "at": now},
-                    ]
-                )
-                final = int(row["attempts"]) >= int(row["max_attempts"])
+                error, errors = None, row["errors"]
+                if row["cancel_requested"]:
+                    status = "cancelled"
+                elif row["started_at"] is None:  # reserved, never started: no attempt used
+                    status = "queued"
+                else:
+                    error = f"lease expired on worker {row['worker_id']} (worker died or stalled)"
+                    errors = json.dumps(
+                        [
+                            *json.loads(row["errors"]),
+                            {"attempt": int(row["attempts"]), "error": error, "at": now},
+                        ]
+                    )
+                    final = int(row["attempts"]) >= int(row["max_attempts"])
+                    status = "failed" if final else "queued"
                 tx.run(
                     "UPDATE corral_tasks SET status = :status, lease_token = NULL, "
-                    "lease_expires_at = NULL, worker_id = CASE WHEN :final = 1 THEN worker_id "
-                    "ELSE NULL END, finished_at = :finished, error = :error, errors = :errors "
-                    "WHERE id = :id AND status = 'running'",
+                    "lease_expires_at = NULL, worker_id = CASE WHEN :status = 'queued' THEN NULL "
+                    "ELSE worker_id END, finished_at = :finished, error = COALESCE(:error, error), "
+                    "errors = :errors WHERE id = :id AND status = 'running'",
                     {
-                        "status": "failed" if final else "queued",
-                        "final": int(final),
-                        "finished": now if final else None,
+                        "status": status,
+                        "finished": None if status == "queued" else now,
                         "error": error,
                         "errors": errors,
                         "id": row["id"],
                     },
                 )
+            if rows:
+                self._announce(tx)
+        if rows:
+            self._woken()
         return len(rows)
+
+    # --- files and batches ----------------------------------------------------------------------
+    def add_file(self, file: StoredFile) -> None:
+        with self._tx(write=True, single=True) as tx:
+            tx.run(
+                "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path) "
+                "VALUES (:id, :purpose, :filename, :bytes, :created_at, :path)",
+                dataclasses.asdict(file),
+            )
+
+    def get_file(self, file_id: str) -> StoredFile:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(f"SELECT {_FILE} FROM corral_files WHERE id = :id", {"id": file_id})
+        if not rows:
+            raise FileNotFound(f"no file with id {file_id!r}")
+        return _file(rows[0])
+
+    def list_files(
+        self, purpose: str | None = None, after: str | None = None, limit: int = 100
+    ) -> builtins.list[StoredFile]:
+        where, params = _page("corral_files", after, limit)
+        if purpose is not None:
+            where += " AND purpose = :purpose"
+            params["purpose"] = purpose
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {_FILE} FROM corral_files WHERE {where} ORDER BY seq DESC LIMIT :limit",
+                params,
+            )
+        return [_file(r) for r in rows]
+
+    def delete_file(self, file_id: str) -> StoredFile:
+        with self._tx(write=True, single=True) as tx:
+            rows = tx.run(
+                f"DELETE FROM corral_files WHERE id = :id RETURNING {_FILE}", {"id": file_id}
+            )
+        if not rows:
+            raise FileNotFound(f"no file with id {file_id!r}")
+        return _file(rows[0])
+
+    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        added = 0
+        with self._tx(write=True) as tx:
+            if batch.idempotency_key is not None:
+                found = tx.run(
+                    f"SELECT {_BATCH} FROM corral_batches WHERE idempotency_key = :k",
+                    {"k": batch.idempotency_key},
+                )
+                if found:
+                    return _batch(found[0])
+            (row,) = tx.run(
+                "INSERT INTO corral_batches (id, status, created_at, idempotency_key, data) "
+                f"VALUES (:id, :status, :created_at, :key, :data) RETURNING {_BATCH}",
+                {
+                    "id": batch.id,
+                    "status": batch.status,
+                    "created_at": batch.created_at,
+                    "key": batch.idempotency_key,
+                    "data": json.dumps(batch.data),
+                },
+            )
+            it = iter(tasks)
+            while chunk := list(itertools.islice(it, 2000)):
+                self._insert(tx, self._rows(chunk))
+                added += len(chunk)
+            if added:
+                self._announce(tx)
+        if added:
+            self._woken()
+        return _batch(row)
+
+    def get_batch(self, batch_id: str) -> Batch:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(f"SELECT {_BATCH} FROM corral_batches WHERE id = :id", {"id": batch_id})
+        if not rows:
+            raise BatchNotFound(f"no batch with id {batch_id!r}")
+        return _batch(rows[0])
+
+    def list_batches(
+        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
+    ) -> builtins.list[Batch]:
+        where, params = _page("corral_batches", after, limit)
+        if status is not None:
+            where += f" AND status IN ({_in('status', status, params)})"
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {_BATCH} FROM corral_batches WHERE {where} ORDER BY seq DESC LIMIT :limit",
+                params,
+            )
+        return [_batch(r) for r in rows]
+
+    def update_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
+    ) -> Batch | None:
+        params: dict[str, Any] = {"id": batch_id, "status": status, "data": json.dumps(data)}
+        marks = _in("expect", expect, params)
+        with self._tx(write=True) as tx:
+            rows = tx.run(
+                "UPDATE corral_batches SET status = :status, data = :data "
+                f"WHERE id = :id AND status IN ({marks}) RETURNING {_BATCH}",
+                params,
+            )
+            if not rows and not tx.run(
+                "SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}
+            ):
+                raise BatchNotFound(f"no batch with id {batch_id!r}")
+        return _batch(rows[0]) if rows else None
+
+    def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                "SELECT status, COUNT(*) AS n FROM corral_tasks WHERE batch_id = :b "
+                "GROUP BY status",
+                {"b": batch_id},
+            )
+        return {TaskStatus(r["status"]): int(r["n"]) for r in rows}
+
+    def batch_tasks(
+        self, batch_id: str, after_seq: int = 0, limit: int = 1000
+    ) -> builtins.list[Task]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {_COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
+                "ORDER BY seq LIMIT :limit",
+                {"b": batch_id, "after": after_seq, "limit": limit},
+            )
+        return [_task(r) for r in rows]
+
+    def cancel_batch(self, batch_id: str) -> int:
+        now = self._clock()
+        with self._tx(write=True) as tx:
+            queued = tx.run(
+                "UPDATE corral_tasks SET status = 'cancelled', finished_at = :now "
+                "WHERE batch_id = :b AND status = 'queued' RETURNING id",
+                {"b": batch_id, "now": now},
+            )
+            running = tx.run(
+                "UPDATE corral_tasks SET cancel_requested = 1 "
+                "WHERE batch_id = :b AND status = 'running' RETURNING id",
+                {"b": batch_id},
+            )
+            self._announce(tx)
+        self._woken()  # workers drop the cancelled lines from their schedule now
+        return len(queued) + len(running)
 
     # --- reads --------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:
@@ -378,7 +686,7 @@ RETURNING {_COLUMNS}"""
 
     def list(
         self, status: TaskStatus | None = None, model: str | None = None, limit: int = 100
-    ) -> list[Task]:
+    ) -> builtins.list[Task]:
         where, params = _filters(status, model)
         params["limit"] = limit
         with self._tx(write=False, single=True) as tx:
@@ -408,6 +716,49 @@ RETURNING {_COLUMNS}"""
         for r in rows:
             out.setdefault(r["model"], {})[int(r["priority"])] = int(r["n"])
         return out
+
+
+_FILE = "id, purpose, filename, bytes, created_at, path"
+_BATCH = "seq, id, status, created_at, idempotency_key, data"
+
+
+def _file(row: Mapping[str, Any]) -> StoredFile:
+    return StoredFile(
+        id=row["id"],
+        purpose=row["purpose"],
+        filename=row["filename"],
+        bytes=int(row["bytes"]),
+        created_at=float(row["created_at"]),
+        path=row["path"],
+    )
+
+
+def _batch(row: Mapping[str, Any]) -> Batch:
+    return Batch(
+        id=row["id"],
+        status=row["status"],
+        created_at=float(row["created_at"]),
+        data=json.loads(row["data"]),
+        idempotency_key=row["idempotency_key"],
+        seq=int(row["seq"]),
+    )
+
+
+def _in(prefix: str, values: Sequence[str], params: dict[str, Any]) -> str:
+    """Placeholders for an IN list, their values added to `params` (names are letters: the
+    PostgreSQL adapter's parameter names have no digits)."""
+    names = [f"{prefix}_{chr(ord('a') + i)}" for i in range(len(values))]
+    params.update(zip(names, values, strict=True))
+    return ", ".join(f":{n}" for n in names) or "NULL"
+
+
+def _page(table: str, after: str | None, limit: int) -> tuple[str, dict[str, Any]]:
+    """Newest-first paging by a cursor id: rows older than `after` (all rows without one)."""
+    params: dict[str, Any] = {"limit": limit}
+    if after is None:
+        return "1 = 1", params
+    params["after"] = after
+    return f"seq < (SELECT seq FROM {table} WHERE id = :after)", params
 
 
 def _filters(status: TaskStatus | None, model: str | None) -> tuple[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,9 @@ class _SqliteTx:
 
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
         return list(self._conn.execute(sql, params or {}).fetchall())
+
+    def run_many(self, sql: str, params: Sequence[Mapping[str, Any]]) -> None:
+        self._conn.executemany(sql, params)
 
 
 class SqliteStore(SqlStore):

@@ -52,13 +52,25 @@ class Registry:
         return sorted({h.model for h in self.handlers.values()} | set(self.models))
 
 
+class Fail(Exception):
+    """Raised by a handler: this task fails now, without the retries left, with this message as
+    its error (a bad input, a 4xx answer: trying again cannot help)."""
+
+
 class TaskContext:
     """What a running handler can ask about its task (`corral.current_task()`)."""
 
-    def __init__(self, task_id: str, attempt: int) -> None:
+    def __init__(self, task_id: str, attempt: int, max_attempts: int = 1, model: str = "") -> None:
         self.task_id = task_id
+        self.model = model
         self.attempt = attempt
+        self.max_attempts = max_attempts
         self._cancelled = threading.Event()
+
+    @property
+    def last_attempt(self) -> bool:
+        """No retry follows if this attempt fails."""
+        return self.attempt >= self.max_attempts
 
     @property
     def cancelled(self) -> bool:

@@ -21,10 +21,11 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
 from corral.store import Lease, Store, Task, TaskStatus
-from corral.worker.registry import Handler, Registry, TaskContext, _current
+from corral.worker.registry import Fail, Handler, Registry, TaskContext, _current
 from corral.worker.split import run_split, run_split_async
 
 log = logging.getLogger("corral.worker")
@@ -41,22 +42,39 @@ log = logging.getLogger("corral.worker")
 @dataclass(frozen=True)
 class WorkerSettings:
     lease_s: float = 30.0  # a claimed task is reclaimable this long after the last heartbeat
-    poll_s: float = 0.2  # how often the worker looks for new work
+    poll_s: float = 0.2  # how often the worker looks for new work ...
+    # ... where the store wakes it on work from other processes (PostgreSQL's LISTEN/NOTIFY):
+    # then polling is only the safety net (and its own retries set a timer for when they are due)
+    idle_poll_s: float = 2.0
     retry_base_s: float = 1.0  # backoff after the n-th failed attempt: base * 2**(n-1) ...
     retry_max_s: float = 300.0  # ... capped here
     shutdown_timeout_s: float = 30.0  # on stop, running tasks get this long, then go back
     load_retry_s: float = 30.0  # a model whose load failed is not tried again for this long
-    # Claim this many more of the resident model's tasks per claim (fewer round trips: on
-    # PostgreSQL 757 -> 1,280 tasks/s). Off by default: a claim counts an attempt, so tasks claimed
-    # ahead by a worker that is killed burn an attempt without running; a crash-looping worker
-    # can fail them for good.
-    prefetch: int = 0
+    # Claim up to `prefetch` more of the resident model's tasks per claim, enough for about
+    # `prefetch_s` of work at the scheduler's measured service time: fewer round trips for short
+    # tasks, none for long ones (so a new higher-priority task never waits behind a long buffer).
+    # Tasks claimed ahead are reserved, not started: a killed worker burns no attempts on them.
+    prefetch: int = 32
+    prefetch_s: float = 0.1
 
 
 class _Proxy(Request):
     """A scheduler request standing for 'one claimable task of this model and priority'."""
 
     __slots__ = ()
+
+
+class _Ahead:
+    """A task claimed ahead. `state`: reserved -> starting (a commit is writing its start
+    mark) -> started; only reserved and started ones may be taken to run."""
+
+    __slots__ = ("claimed_at", "drop", "state", "task")
+
+    def __init__(self, task: Task, claimed_at: float) -> None:
+        self.task = task
+        self.claimed_at = claimed_at
+        self.state = "reserved"
+        self.drop = False  # evicted while starting: the commit releases it once started
 
 
 class Worker:
@@ -93,19 +111,46 @@ class Worker:
         self._pending: dict[tuple[str, int], list[_Proxy]] = defaultdict(list)
         self._unclaimed: dict[str, int] = defaultdict(int)  # dispatched, claim not back yet
         self._to_claim: dict[str, list[_Proxy]] = defaultdict(list)
-        self._prefetched: dict[str, deque[Task]] = defaultdict(deque)  # claimed, not started
+        self._ahead: dict[str, deque[_Ahead]] = defaultdict(deque)  # claimed, not yet run
+        self._ahead_lock = threading.Lock()  # commits (in threads) mark the next one started
         self._running: dict[str, asyncio.Task[None]] = {}
         self._cooldown_until: dict[str, float] = {}
         self._busy: set[asyncio.Task[None]] = set()
+        self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._moving: dict[str, int] = defaultdict(int)  # claims/releases under way
+        self._moved: dict[str, int] = defaultdict(int)  # ... and finished
+        self._stale: set[str] = set()  # models whose last reconcile was skipped
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler | None = None
+        self._attached = False
+
+    # --- sharing a scheduler ------------------------------------------------------------------
+    def attach(self, scheduler: Scheduler) -> None:
+        """Drain the store through `scheduler`, which another adapter owns (`corral serve`: its
+        interactive requests and the batch lines share one scheduler and one device). That
+        adapter does the loads; it passes on the effects for this worker's requests (`owns`):
+        `dispatch` and `reject`, and calls `evicted` for each model it evicts or unloads."""
+        self.scheduler = scheduler
+        self._attached = True
+
+    @staticmethod
+    def owns(request: Request) -> bool:
+        return isinstance(request, _Proxy)
+
+    def evicted(self, model: str) -> None:
+        """`model` left the device: tasks claimed ahead for it go back to the queue."""
+        self._spawn(self._release_ahead(model))
 
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         self.loads.append((model, tuple(evict)))
-        for name in evict:  # tasks claimed ahead for an evicted model go back to the queue
-            self._spawn(self._release_prefetched(name))
-        self._spawn(self._swap(model, tuple(evict)))
+        for name in evict:
+            self.evicted(name)
+        self._spawn(self._swap(model, device, tuple(evict)))
+
+    def unload(self, model: str, device: str) -> None:
+        self.evicted(model)
+        self._spawn(self._unload(model, device))
 
     def dispatch(self, request: Request) -> None:
         assert isinstance(request, _Proxy)
@@ -138,26 +183,40 @@ class Worker:
         self._wake.set()
 
     async def run(self, until_idle: bool = False) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.scheduler = Scheduler(self.config, self, self._loop.time)
+        loop = self._loop = asyncio.get_running_loop()
+        if not self._attached:
+            self.scheduler = Scheduler(self.config, self, self._loop.time)
+
+        def wake() -> None:  # called from the store's threads
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to wake
+                loop.call_soon_threadsafe(self._wake.set)
+
+        unsubscribe = self.store.subscribe(wake)
+        poll_s = (
+            self.settings.idle_poll_s if self.store.wakes_other_processes else self.settings.poll_s
+        )
         next_reclaim = 0.0
         try:
             while not self._stop.is_set():
+                self._wake.clear()  # before the scan: a wake-up during it is not lost
                 now = time.monotonic()
                 if now >= next_reclaim:
                     await asyncio.to_thread(self.store.reclaim_expired)
                     next_reclaim = now + self.settings.lease_s / 2
                 scan_started = time.monotonic()
+                seen = self._moves_seen()
                 ready = await asyncio.to_thread(self.store.ready_counts)
-                # The scan is O(queued tasks): never let it take more than a tenth of the time.
-                wait_s = max(self.settings.poll_s, 10 * (time.monotonic() - scan_started))
-                self._reconcile(ready)
+                scan_s = time.monotonic() - scan_started
+                self._reconcile(ready, seen)
                 if until_idle and self._idle(ready) and await self._drained():
                     return
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                    await asyncio.wait_for(self._wake.wait(), min(poll_s, next_reclaim - now))
+                # The scan is O(queued tasks): however often wake-ups come, it never takes more
+                # than a tenth of the time.
+                await asyncio.sleep(max(0.0, 9 * scan_s - (time.monotonic() - scan_started)))
         finally:
+            unsubscribe()
             await self._shutdown()
 
     def _idle(self, ready: dict[str, dict[int, int]]) -> bool:
@@ -170,7 +229,7 @@ class Worker:
             mine == 0
             and not self._running
             and not any(self._unclaimed.values())
-            and not any(self._prefetched.values())
+            and not any(self._ahead.values())
             and not (any(not t.done() for t in self._busy))
         )
 
@@ -180,18 +239,42 @@ class Worker:
         live = (TaskStatus.QUEUED, TaskStatus.RUNNING)
         return not any(counts.get(m, {}).get(s, 0) for m in self.models for s in live)
 
-    def _reconcile(self, ready: dict[str, dict[int, int]]) -> None:
-        """Make the scheduler's pending proxies match the store's claimable tasks."""
+    def _moves_seen(self) -> dict[str, int | None]:
+        """Per model, the count of finished task moves (claims, releases), or None while one is
+        under way: taken before reading the store, compared after (see `_reconcile`)."""
+        return {m: None if self._moving[m] else self._moved[m] for m in self.models}
+
+    @contextlib.asynccontextmanager
+    async def _move(self, model: str) -> AsyncIterator[None]:
+        """Around a claim or release: tasks of `model` move between the store's queue and this
+        worker, so a store read taken meanwhile would count them twice or not at all."""
+        self._moving[model] += 1
+        try:
+            yield
+        finally:
+            self._moving[model] -= 1
+            self._moved[model] += 1
+            if model in self._stale:
+                self._stale.discard(model)
+                self._wake.set()  # its reconcile was skipped: do it now
+
+    def _reconcile(self, ready: dict[str, dict[int, int]], seen: dict[str, int | None]) -> None:
+        """Make the scheduler's pending proxies match the store's claimable tasks. A model
+        whose tasks moved while the store was read is left as it is until the next round (a
+        wrong count would make it look idle and swap it out with work left)."""
         sched = self._sched()
         now = time.monotonic()
         for model in self.models:
             if now < self._cooldown_until.get(model, 0.0):
                 continue
+            if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
+                self._stale.add(model)
+                continue
             # Proxies wanted = tasks waiting for one: queued in the store, plus tasks claimed
             # ahead into the buffer, minus what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
-            for t in self._prefetched[model]:
-                waiting[t.priority] = waiting.get(t.priority, 0) + 1
+            for a in self._ahead[model]:
+                waiting[a.task.priority] = waiting.get(a.task.priority, 0) + 1
             in_flight = self._unclaimed[model]
             for prio in sorted(
                 set(waiting) | {p for (m, p) in self._pending if m == model}, reverse=True
@@ -213,32 +296,91 @@ class Worker:
 
     async def _claim_and_run(self, model: str, proxies: list[_Proxy]) -> None:
         sched = self._sched()
-        buf = self._prefetched[model]
         tasks: list[Task] = []
-        try:
-            while buf and len(tasks) < len(proxies):
-                tasks.append(buf.popleft())
-            need = len(proxies) - len(tasks)
-            if need and not self._stop.is_set():
-                # One claim for this turn's proxies and the next few: fewer round trips.
-                got = await asyncio.to_thread(
-                    self.store.claim,
-                    model,
-                    self.worker_id,
-                    need + self.settings.prefetch,
-                    self.settings.lease_s,
-                )
-                tasks.extend(got[:need])
-                buf.extend(got[need:])
-        finally:
-            self._unclaimed[model] -= len(proxies)
+        async with self._move(model):
+            try:
+                tasks = await self._take(model, len(proxies))
+                # Short, yet tasks are held here: a concurrent claim took them into the buffer,
+                # or a commit is writing one's start mark. They are this model's work and the
+                # proxies stand for them: take them, or the proxies would end empty and the
+                # model look idle with tasks left (and be swapped out, and back).
+                deadline = time.monotonic() + 1.0
+                while len(tasks) < len(proxies) and self._holding(model):
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.001)
+                    tasks += await self._take(model, len(proxies) - len(tasks), claim=False)
+            finally:
+                self._unclaimed[model] -= len(proxies)
         for task, proxy in zip(tasks, proxies, strict=False):
             self._running[task.id] = self._spawn(self._run(task, proxy))
         for proxy in proxies[len(tasks) :]:
             sched.on_request_finished(proxy)  # another worker was faster: nothing to do
 
+    async def _take(self, model: str, n: int, claim: bool = True) -> list[Task]:
+        """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed
+        now, with the next few reserved."""
+        if self._stop.is_set():
+            return []  # shutting down: start nothing new
+        taken: list[_Ahead] = []
+        stale: list[_Ahead] = []
+        # Run a task claimed ahead only while its lease has plenty left (it gets no heartbeats
+        # until it runs); older ones go back.
+        fresh_after = time.monotonic() - self.settings.lease_s / 4
+        with self._ahead_lock:
+            keep: deque[_Ahead] = deque()
+            for a in self._ahead[model]:
+                if a.state == "starting" or (len(taken) >= n and a.claimed_at >= fresh_after):
+                    keep.append(a)
+                elif a.claimed_at < fresh_after:
+                    stale.append(a)
+                else:
+                    taken.append(a)
+            self._ahead[model] = keep
+        for a in stale:
+            self._spawn(asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or ""))
+        tasks = [a.task for a in taken if a.state == "started"]
+        reserved = [(a.task.id, a.task.lease_token or "") for a in taken if a.state == "reserved"]
+        if reserved:
+            started = set(await asyncio.to_thread(self.store.start, reserved))
+            tasks += [a.task for a in taken if a.state == "reserved" and a.task.id in started]
+        need = n - len(tasks)
+        if need and claim:
+            got = await asyncio.to_thread(
+                self.store.claim,
+                model,
+                self.worker_id,
+                need + self._ahead_wanted(model),
+                self.settings.lease_s,
+                need,
+            )
+            tasks += got[:need]
+            now = time.monotonic()
+            with self._ahead_lock:
+                self._ahead[model].extend(_Ahead(t, now) for t in got[need:])
+        return tasks
+
+    def _holding(self, model: str) -> bool:
+        with self._ahead_lock:
+            return bool(self._ahead[model])
+
+    def _ahead_wanted(self, model: str) -> int:
+        """How many tasks to claim ahead: about `prefetch_s` of work, at most `prefetch`."""
+        record = self._sched().models[model]
+        per_s = record.concurrency / max(record.service_est, 1e-6)
+        return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
+
+    def _next_to_start(self, model: str) -> _Ahead | None:
+        """Claim the next reserved task of `model` for a commit to start (called in a thread)."""
+        with self._ahead_lock:
+            for a in self._ahead[model]:
+                if a.state == "reserved":
+                    a.state = "starting"
+                    return a
+        return None
+
     async def _run(self, task: Task, proxy: _Proxy) -> None:
-        ctx = TaskContext(task.id, task.attempts)
+        ctx = TaskContext(task.id, task.attempts, task.max_attempts, task.model)
         token = task.lease_token or ""
         spec = self.registry.handlers.get(task.kind)
         try:
@@ -313,22 +455,50 @@ class Worker:
     def _commit(
         self, task: Task, token: str, ctx: TaskContext, result: Any, error: BaseException | None
     ) -> None:
-        """Write the outcome (in a worker thread). Fencing makes a lost lease write nothing."""
+        """Write the outcome (in a worker thread). Fencing makes a lost lease write nothing. The
+        same transaction starts the model's next task claimed ahead, so a buffered task's
+        attempt counts before its handler runs without a write of its own."""
         store = self.store
-        if ctx.cancelled:
-            store.acknowledge_cancel(task.id, token)
-        elif error is not None:
-            store.fail(task.id, token, _describe(error), self._backoff(task))
-        else:
-            try:
-                committed = store.finish(task.id, token, result)
-            except (TypeError, ValueError) as exc:
-                store.fail(
-                    task.id, token, f"the handler's result is not JSON-serialisable: {exc}", None
-                )
-                return
-            if not committed:
-                log.warning("task %s: lease lost before commit; its result was dropped", task.id)
+        nxt = self._next_to_start(task.model)
+        then_start = [(nxt.task.id, nxt.task.lease_token or "")] if nxt is not None else []
+        try:
+            if ctx.cancelled:
+                store.acknowledge_cancel(task.id, token, then_start)
+            elif error is not None:
+                if isinstance(error, Fail):  # the handler says a retry cannot help
+                    retry_in_s, message = None, str(error)
+                else:
+                    retry_in_s, message = self._backoff(task), _describe(error)
+                store.fail(task.id, token, message, retry_in_s, then_start)
+                if retry_in_s is not None:  # look again when it is due, whatever the poll
+                    loop = self._loop_()
+                    loop.call_soon_threadsafe(loop.call_later, retry_in_s, self._wake.set)
+            else:
+                try:
+                    committed = store.finish(task.id, token, result, then_start)
+                except (TypeError, ValueError) as exc:
+                    store.fail(
+                        task.id,
+                        token,
+                        f"the handler's result is not JSON-serialisable: {exc}",
+                        None,
+                        then_start,
+                    )
+                    committed = True
+                if not committed:
+                    log.warning(
+                        "task %s: lease lost before commit; its result was dropped", task.id
+                    )
+        except BaseException:
+            if nxt is not None:
+                with self._ahead_lock:
+                    nxt.state = "reserved"
+            raise
+        if nxt is not None:
+            with self._ahead_lock:
+                nxt.state = "started"
+            if nxt.drop:
+                store.release(nxt.task.id, nxt.task.lease_token or "")
 
     async def _heartbeat(
         self, task: Task, token: str, work: asyncio.Future[Any], ctx: TaskContext
@@ -358,41 +528,55 @@ class Worker:
             min(self.settings.retry_base_s * 2 ** (task.attempts - 1), self.settings.retry_max_s)
         )
 
-    async def _swap(self, model: str, evict: tuple[str, ...]) -> None:
+    async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
-        started = time.monotonic()
-        try:
-            for name in evict:
-                hooks = self.registry.models.get(name)
-                if hooks is not None and hooks.unload is not None:
-                    await _maybe_await(hooks.unload)
-            unloaded = time.monotonic()
-            hooks = self.registry.models.get(model)
-            if hooks is not None and hooks.load is not None:
-                await _maybe_await(hooks.load)
-        except Exception as exc:
-            sched.on_load_failed(model, _describe(exc))
-            return
+        async with self._device_lock[device]:  # after an unload issued before it
+            started = time.monotonic()
+            try:
+                for name in evict:
+                    hooks = self.registry.models.get(name)
+                    if hooks is not None and hooks.unload is not None:
+                        await _maybe_await(hooks.unload)
+                unloaded = time.monotonic()
+                hooks = self.registry.models.get(model)
+                if hooks is not None and hooks.load is not None:
+                    await _maybe_await(hooks.load)
+            except Exception as exc:
+                sched.on_load_failed(model, _describe(exc))
+                return
         sched.on_load_finished(
             model,
             load_s=time.monotonic() - unloaded,
             unload_s=(unloaded - started) if evict else None,
         )
 
-    async def _release_prefetched(self, model: str) -> None:
-        buf = self._prefetched[model]
-        while buf:
-            t = buf.popleft()
-            await asyncio.to_thread(self.store.release, t.id, t.lease_token or "")
+    async def _unload(self, model: str, device: str) -> None:
+        async with self._device_lock[device]:
+            hooks = self.registry.models.get(model)
+            if hooks is not None and hooks.unload is not None:
+                try:
+                    await _maybe_await(hooks.unload)
+                except Exception as exc:  # the model is gone from the schedule either way
+                    log.warning("model %s: unload hook failed: %s", model, _describe(exc))
+
+    async def _release_ahead(self, model: str) -> None:
+        async with self._move(model):
+            with self._ahead_lock:
+                gone = [a for a in self._ahead[model] if a.state != "starting"]
+                for a in self._ahead[model]:
+                    a.drop = a.state == "starting"  # its commit releases it once the mark lands
+                self._ahead[model] = deque()
+            for a in gone:
+                await asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or "")
 
     async def _shutdown(self) -> None:
-        for model in list(self._prefetched):
-            await self._release_prefetched(model)
         running = [t for t in self._running.values() if not t.done()]
         if running:
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_timeout_s)
             for t in late:
                 t.cancel()
+        for model in list(self._ahead):  # after the running ones: their commits start these
+            await self._release_ahead(model)
         busy = [t for t in self._busy if not t.done()]
         if busy:
             await asyncio.wait(busy, timeout=5)

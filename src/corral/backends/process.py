@@ -1,0 +1,281 @@
+"""A model server we run ourselves: start its command, wait until healthy, stop its whole process
+group, keep its output in a log file, and notice when it dies.
+
+`${PORT}`, `${MODEL_ID}` and `${PID}` (in `cmd_stop`) are substituted. Readiness is polled every
+`poll_s` (10 ms by default; llama-swap waits 250 ms and then polls every second), so a ready
+server is used within a few milliseconds of its being ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shlex
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from corral.backends.orphans import ServerRecord
+from corral.errors import CorralError
+
+_MACRO = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+
+
+class BackendError(CorralError):
+    """A backend failed to start, stop or stay up. The message says which model and why and is
+    fit for a client; `log_tail` holds the server's last output, for the operator's log."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    model: str
+    cmd: str  # a shell-like command line; ${PORT} and ${MODEL_ID} are substituted
+    proxy: str = "http://127.0.0.1:${PORT}"
+    env: Mapping[str, str] = field(default_factory=dict)
+    check_endpoint: str | None = "/health"  # None: ready as soon as started
+    health_timeout_s: float = 120.0
+    stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
+    cmd_stop: str | None = None  # run instead of SIGTERM; ${PID} is the server's pid
+    poll_s: float = 0.01
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def exit_reason(code: int) -> str:
+    """How a server ended, in words: a negative `returncode` is the signal that killed it."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    hint = _SIGNAL_HINTS.get(name, "")
+    return f"was killed by {name}{hint}"
+
+
+_SIGNAL_HINTS = {
+    "SIGILL": " (an instruction this CPU cannot run: a binary built for another machine?)",
+    "SIGKILL": " (out of memory, or killed by someone)",
+    "SIGSEGV": " (it crashed)",
+}
+
+
+def substitute(text: str, values: Mapping[str, str], what: str) -> str:
+    """Replace ${NAME} macros; an unknown one is an error naming it and `what` it was in."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name.startswith("env."):
+            value = os.environ.get(name[4:])
+            if value is None:
+                raise BackendError(f"{what}: environment variable {name[4:]} is not set")
+            return value
+        if name not in values:
+            known = ", ".join(f"${{{k}}}" for k in sorted(values))
+            raise BackendError(f"{what}: unknown macro ${{{name}}}; known: {known}")
+        return values[name]
+
+    return _MACRO.sub(one, text)
+
+
+class ProcessBackend:
+    """One model server process. Not thread-safe: use it from one event loop.
+
+    `on_exit(code)` is called when the process dies without being asked to (a crash of a loaded
+    server); a crash while loading is raised from `start()` instead.
+    """
+
+    def __init__(
+        self,
+        spec: ProcessSpec,
+        log_dir: Path,
+        on_exit: Callable[[int], None] | None = None,
+        port: int | None = None,
+        record: ServerRecord | None = None,
+    ) -> None:
+        """`record`: where the running server's pid is kept, so the next gateway stops it if
+        this one is killed before it could."""
+        self.spec = spec
+        self._record = record
+        self.log_path = log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.model)}.log"
+        self._on_exit = on_exit
+        self._fixed_port = port
+        self.port: int | None = None
+        self.proxy_url = ""
+        self.served_name = spec.model
+        self._proc: asyncio.subprocess.Process | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    async def start(self) -> float:
+        """Start the server and wait until it is healthy; returns the seconds it took. Raises
+        `BackendError` (with the tail of its log) if it cannot start, exits, or stays unhealthy
+        past `health_timeout_s`; nothing is left running then."""
+        if self.running:
+            raise BackendError(f"model {self.spec.model}: already running (pid {self.pid})")
+        started = time.monotonic()
+        self.port = self._fixed_port or free_port()
+        values = {"PORT": str(self.port), "MODEL_ID": self.spec.model}
+        what = f"model {self.spec.model}"
+        argv = shlex.split(substitute(self.spec.cmd, values, f"{what} cmd"))
+        if not argv:
+            raise BackendError(f"{what}: cmd is empty")
+        self.proxy_url = substitute(self.spec.proxy, values, f"{what} proxy").rstrip("/")
+        env = {
+            **os.environ,
+            **{k: substitute(v, values, f"{what} env {k}") for k, v in self.spec.env.items()},
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"--- corral: starting {shlex.join(argv)}\n".encode())
+            log.flush()
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: stop reaches its children
+                )
+                if self._record is not None:
+                    self._record.add(self._proc.pid)
+            except FileNotFoundError:
+                raise BackendError(
+                    f"{what}: command not found: {argv[0]!r} (check `cmd` and PATH)"
+                ) from None
+            except PermissionError:
+                raise BackendError(f"{what}: {argv[0]!r} is not executable") from None
+        self._stopping = False
+        try:
+            await self._wait_healthy(started)
+        except BaseException:
+            await self._kill()
+            raise
+        self._watch = asyncio.ensure_future(self._watch_exit())
+        return time.monotonic() - started
+
+    async def _wait_healthy(self, started: float) -> None:
+        proc = self._proc
+        assert proc is not None
+        what = f"model {self.spec.model}"
+        if self.spec.check_endpoint is None:
+            return
+        url = self.proxy_url + self.spec.check_endpoint
+        deadline = started + self.spec.health_timeout_s
+        async with httpx.AsyncClient(timeout=httpx.Timeout(1.0)) as client:
+            while True:
+                if proc.returncode is not None:
+                    raise BackendError(
+                        f"{what}: the server {exit_reason(proc.returncode)} while loading "
+                        f"(its log: {self.log_path})",
+                        self.log_tail(),
+                    )
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(url)).status_code == 200:
+                        return
+                if time.monotonic() >= deadline:
+                    raise BackendError(
+                        f"{what}: not healthy at {url} within {self.spec.health_timeout_s:g} s "
+                        f"(health_timeout_s; its log: {self.log_path})",
+                        self.log_tail(),
+                    )
+                await asyncio.sleep(self.spec.poll_s)
+
+    async def _watch_exit(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        code = await proc.wait()
+        self._forget(proc)
+        if not self._stopping and self._on_exit is not None:
+            self._on_exit(code)
+
+    async def exited(self, timeout_s: float) -> bool:
+        # The kernel closes a dead server's sockets before asyncio reaps it, so a request can
+        # fail before `on_exit` runs; waiting for the watcher keeps the next request off it.
+        watch = self._watch
+        if watch is None:
+            return not self.running
+        await asyncio.wait({watch}, timeout=timeout_s)
+        return watch.done()
+
+    async def stop(self) -> float:
+        """Stop the server and everything it started; returns the seconds it took."""
+        started = time.monotonic()
+        self._stopping = True
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return 0.0
+        if self.spec.cmd_stop is not None:
+            values = {"PORT": str(self.port), "MODEL_ID": self.spec.model, "PID": str(proc.pid)}
+            argv = shlex.split(substitute(self.spec.cmd_stop, values, "cmd_stop"))
+            stopper = await asyncio.create_subprocess_exec(*argv)
+            await stopper.wait()
+        else:
+            self._signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), self.spec.stop_grace_s)
+        except TimeoutError:
+            with self.log_path.open("ab") as log:
+                log.write(
+                    f"--- corral: still running {self.spec.stop_grace_s:g} s after the stop "
+                    "request; SIGKILL\n".encode()
+                )
+            await self._kill()
+        self._signal(signal.SIGKILL)  # whatever of its group is left
+        if self._watch is not None:
+            await self._watch
+        self._forget(proc)
+        return time.monotonic() - started
+
+    def _forget(self, proc: asyncio.subprocess.Process) -> None:
+        if self._record is not None:
+            self._record.remove(proc.pid)
+
+    async def _kill(self) -> None:
+        self._stopping = True
+        self._signal(signal.SIGKILL)
+        if self._proc is not None:
+            await self._proc.wait()
+            self._forget(self._proc)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's log."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])

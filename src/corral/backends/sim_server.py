@@ -1,0 +1,292 @@
+"""The simulated backend: a real OpenAI-compatible HTTP server that emulates a model server's load
+time and token speed, for demos, tests and benchmarks (`corral sim-backend`).
+
+Like llama-server, it answers `/health` with 503 until its load time has passed and refuses work
+until then; it serves at most `parallel` requests at once (the rest wait for a slot) and produces
+`tokens_per_s` tokens per second per request, streamed as server-sent events when asked. The text
+is deterministic in the prompt, so tests can compare answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+_WORDS = [
+    "the",
+    "quick",
+    "model",
+    "loads",
+    "once",
+    "and",
+    "serves",
+    "every",
+    "request",
+    "in",
+    "its",
+    "queue",
+    "before",
+    "the",
+    "next",
+    "swap",
+    "while",
+    "the",
+    "scheduler",
+    "keeps",
+    "the",
+    "device",
+    "busy",
+    "generating",
+    "tokens",
+    "instead",
+    "of",
+    "moving",
+    "weights",
+]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: str
+    load_s: float = 2.0  # not healthy until this long after start
+    tokens_per_s: float = 50.0  # per request
+    parallel: int = 1  # requests served at once; the rest wait for a slot
+    max_tokens: int = 16  # when a request does not say
+    embedding_dim: int = 16
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}},
+        status_code=status,
+    )
+
+
+def _words(seed: str, n: int) -> list[str]:
+    start = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "big")
+    return [_WORDS[(start + i) % len(_WORDS)] for i in range(n)]
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        parts = []
+        for m in body["messages"]:
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: keep the text ones
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(str(content or ""))
+        return "\n".join(parts)
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+
+def build_app(settings: SimSettings) -> Starlette:
+    """The sim server's ASGI app; its clock starts now (the 'load' begins at once)."""
+    slots = asyncio.Semaphore(settings.parallel)
+    created = int(time.time())
+    # Epoch times, so a benchmark can tell its own load time from the gateway's overhead.
+    started_epoch = time.time()
+    state = {"ready_at": time.monotonic() + settings.load_s, "asleep": False}
+    ready_epoch = [started_epoch + settings.load_s]
+    sleeps = {"sleep": 0, "wake_up": 0}
+
+    def ready() -> bool:
+        return not state["asleep"] and time.monotonic() >= state["ready_at"]
+
+    async def health(_: Request) -> Response:
+        if state["asleep"]:  # like vLLM: the server is up, the weights are not
+            return JSONResponse({"status": "sleeping", **sleeps})
+        if not ready():
+            return JSONResponse({"status": "loading model"}, status_code=503)
+        return JSONResponse(
+            {"status": "ok", "started_at": started_epoch, "ready_at": ready_epoch[0], **sleeps}
+        )
+
+    async def sleep(_: Request) -> Response:
+        """vLLM's sleep mode: free the device; requests are refused until `/wake_up`."""
+        state["asleep"] = True
+        sleeps["sleep"] += 1
+        return JSONResponse({"status": "sleeping"})
+
+    async def wake_up(_: Request) -> Response:
+        """Takes the load time again, then answers."""
+        if state["asleep"]:
+            sleeps["wake_up"] += 1
+            await asyncio.sleep(settings.load_s)
+            state["asleep"] = False
+            ready_epoch[0] = time.time()
+        return JSONResponse({"status": "ok"})
+
+    async def models(_: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": settings.model, "object": "model", "created": created, "owned_by": "sim"}
+                ],
+            }
+        )
+
+    async def parse(request: Request) -> dict[str, Any] | Response:
+        if state["asleep"]:
+            return _error(503, "the model is sleeping; POST /wake_up first", "unavailable_error")
+        if not ready():
+            return _error(503, "Loading model", "unavailable_error")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "the request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        return body
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or settings.max_tokens)
+        prompt = _prompt_text(body)
+        words = _words(prompt, max(n, 0))
+        usage = {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": len(words),
+            "total_tokens": len(prompt.split()) + len(words),
+        }
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        per_token_s = 1.0 / settings.tokens_per_s
+        if not body.get("stream"):
+            async with slots:
+                await asyncio.sleep(len(words) * per_token_s)
+            text = " ".join(words)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": settings.model,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+            )
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events() -> AsyncIterator[bytes]:
+            async with slots:
+                for i, word in enumerate(words):
+                    await asyncio.sleep(per_token_s)
+                    piece = word if i == 0 else " " + word
+                    yield _chunk(rid, chat, settings.model, piece, None, first=i == 0)
+                yield _chunk(rid, chat, settings.model, None, "length", first=not words)
+                if include_usage:
+                    yield _sse(
+                        {
+                            "id": rid,
+                            "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": int(time.time()),
+                            "model": settings.model,
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def embeddings(request: Request) -> Response:
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        raw = body.get("input")
+        inputs = [raw] if isinstance(raw, str) else list(raw or [])
+        if not inputs:
+            return _error(400, "input must be a string or a non-empty list of strings")
+        data = [
+            {"object": "embedding", "index": i, "embedding": _embedding(str(text), settings)}
+            for i, text in enumerate(inputs)
+        ]
+        tokens = sum(len(str(t).split()) for t in inputs)
+        async with slots:
+            await asyncio.sleep(tokens / settings.tokens_per_s / 10)  # prompt processing is fast
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": settings.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/sleep", sleep, methods=["POST"]),
+            Route("/wake_up", wake_up, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+        ]
+    )
+
+
+def _embedding(text: str, settings: SimSettings) -> list[float]:
+    digest = hashlib.sha256(f"{settings.model}\0{text}".encode()).digest()
+    raw = [(digest[i % len(digest)] - 127.5) / 127.5 for i in range(settings.embedding_dim)]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [x / norm for x in raw]
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def _chunk(
+    rid: str, chat: bool, model: str, text: str | None, finish: str | None, first: bool
+) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if chat:
+        delta: dict[str, Any] = {} if text is None else {"content": text}
+        if first:
+            delta["role"] = "assistant"
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    return _sse(
+        {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+        }
+    )
+
+
+def serve(settings: SimSettings, host: str, port: int) -> None:
+    """Run the sim server until SIGTERM/SIGINT."""
+    import uvicorn
+
+    uvicorn.run(build_app(settings), host=host, port=port, log_level="warning", access_log=False)

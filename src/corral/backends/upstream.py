@@ -1,0 +1,111 @@
+"""A server that is already running (Ollama, vLLM, a remote OpenAI-compatible one). Corral does not
+start it, but it can still schedule its swaps: an optional load hook and unload hook are HTTP
+calls made when the scheduler loads or evicts the model, for example vLLM's `POST /wake_up` and
+`POST /sleep`, or Ollama's `keep_alive`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from corral.backends.process import BackendError
+
+
+@dataclass(frozen=True)
+class Hook:
+    method: str
+    path: str
+    json: Any = None
+
+
+class UpstreamBackend:
+    def __init__(
+        self,
+        model: str,
+        url: str,
+        served_name: str | None = None,
+        load: Hook | None = None,
+        unload: Hook | None = None,
+        check_endpoint: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.model = model
+        self.proxy_url = url.rstrip("/")
+        self.served_name = served_name or model
+        self._load, self._unload = load, unload
+        self._check = check_endpoint
+        self._timeout_s = timeout_s
+        self._up = False
+        self._log: deque[str] = deque(maxlen=200)
+
+    @property
+    def running(self) -> bool:
+        return self._up
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    async def start(self) -> float:
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=self._timeout_s) as client:
+            if self._load is not None:
+                await self._call(client, self._load, "load")
+            if self._check is not None:
+                await self._wait_healthy(client, started)
+        self._up = True
+        return time.monotonic() - started
+
+    async def stop(self) -> float:
+        started = time.monotonic()
+        self._up = False
+        if self._unload is not None:
+            async with httpx.AsyncClient(timeout=self._timeout_s) as client:
+                await self._call(client, self._unload, "unload")
+        return time.monotonic() - started
+
+    async def _call(self, client: httpx.AsyncClient, hook: Hook, what: str) -> None:
+        url = self.proxy_url + hook.path
+        try:
+            r = await client.request(hook.method, url, json=hook.json)
+        except httpx.HTTPError as exc:
+            self._note(f"{what} hook {hook.method} {url}: {type(exc).__name__}: {exc}")
+            raise BackendError(
+                f"model {self.model}: {what} hook {hook.method} {hook.path} failed "
+                f"({type(exc).__name__})",
+                self.log_tail(),
+            ) from None
+        self._note(f"{what} hook {hook.method} {url}: {r.status_code} {r.text[:200]}")
+        if r.status_code >= 400:
+            raise BackendError(
+                f"model {self.model}: {what} hook {hook.method} {hook.path} answered "
+                f"{r.status_code}",
+                self.log_tail(),
+            )
+
+    async def _wait_healthy(self, client: httpx.AsyncClient, started: float) -> None:
+        url = self.proxy_url + (self._check or "")
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            if time.monotonic() - started >= self._timeout_s:
+                raise BackendError(
+                    f"model {self.model}: {url} not healthy within {self._timeout_s:g} s"
+                )
+            await asyncio.sleep(0.05)
+
+    def _note(self, line: str) -> None:
+        self._log.append(f"{time.strftime('%H:%M:%S')} {line}")
+
+    async def exited(self, timeout_s: float) -> bool:
+        return False  # not ours to watch: a failed request is only a failed request
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(list(self._log)[-lines:])

@@ -1,0 +1,296 @@
+"""`corral serve`'s Batch API: `/v1/files` and `/v1/batches` over `BatchService`, and the batch
+lines run through the gateway's own scheduler.
+
+A batch line is a task in the store. A `Worker` attached to the gateway's scheduler mirrors the
+queued lines into it as requests of priority `batch.priority` (below interactive ones), so one
+scheduler decides for both: interactive requests first, batch lines fill the resident model's
+idle slots, and batches for other models are grouped like any other work. A dispatched line is
+sent to its model's server by `run_line`; the answer is the task's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.datastructures import UploadFile as StarletteUploadFile
+
+import corral
+from corral.batch.files import FileStorage, TooLarge
+from corral.batch.jsonl import KIND
+from corral.batch.service import BatchError, BatchService
+from corral.config import Config
+from corral.gateway.errors import error
+from corral.gateway.runtime import Gateway
+from corral.store import Store
+from corral.worker.registry import ModelHooks, Registry, current_task
+from corral.worker.runtime import Worker, WorkerSettings
+
+log = logging.getLogger("corral.batch")
+
+# 408 and 429 are the server asking for time; 5xx, a server in trouble: worth another try.
+_RETRY = {408, 429}
+
+
+def line_runner(
+    config: Config, gateway: Gateway, session: Callable[[], aiohttp.ClientSession]
+) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    """The handler of batch-line tasks: POST the line's body to its model's server."""
+
+    async def run_line(line: dict[str, Any]) -> dict[str, Any]:
+        body = dict(line["body"])
+        ctx = current_task()
+        model = ctx.model if ctx is not None else config.resolve(body.get("model", ""))
+        if model is None or model not in gateway.backends:
+            raise corral.Fail(json.dumps({"status_code": 404, "body": _err("model not served")}))
+        backend = gateway.backends[model]
+        body["model"] = backend.served_name
+        body.pop("priority", None)
+        async with session().post(f"{backend.proxy_url}{line['url']}", json=body) as resp:
+            raw = await resp.read()
+            request_id = resp.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
+        try:
+            parsed: Any = json.loads(raw)
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        answer = {"status_code": resp.status, "request_id": request_id, "body": parsed}
+        if resp.status < 400:
+            return answer
+        retry = resp.status >= 500 or resp.status in _RETRY
+        if retry and ctx is not None and not ctx.last_attempt:
+            raise RuntimeError(f"the server answered {resp.status}")  # tried again later
+        raise corral.Fail(json.dumps(answer))  # the error file keeps the server's answer
+
+    return run_line
+
+
+def _err(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error"}}
+
+
+class BatchRuntime:
+    """The store, the files, the service and the worker that runs lines; `start` and `close`
+    inside the serving loop."""
+
+    def __init__(self, config: Config, gateway: Gateway, store: Store, files: FileStorage) -> None:
+        self.config = config
+        self.gateway = gateway
+        self.store = store
+        self.service = BatchService(store, files, config.batch, config.resolve)
+        self._session: aiohttp.ClientSession | None = None
+        registry = Registry()
+        for name in gateway.backends:
+            registry.add_model(ModelHooks(name))  # loads are the gateway's; no hooks here
+        registry.add_handler(
+            KIND, next(iter(gateway.backends)), line_runner(config, gateway, self.session)
+        )
+        # A short lease: after a crash, the restarted server takes the lines its last run held
+        # within seconds (heartbeats renew it every second while a line runs).
+        # On shutdown, running lines get 5 s to finish, then go back to the queue.
+        settings = WorkerSettings(lease_s=10.0, shutdown_timeout_s=5.0)
+        self.worker = Worker(store, registry, config, settings)
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._live = 0
+
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the batch runtime is not started"
+        return self._session
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        sched = self.gateway.scheduler
+        assert sched is not None, "start the gateway first"
+        self.worker.attach(sched)
+        self.gateway.attach(self.worker)
+        self._tasks = [
+            asyncio.ensure_future(self.worker.run()),
+            asyncio.ensure_future(self._ticks()),
+        ]
+
+    async def close(self) -> None:
+        """Stop taking lines; running ones finish or go back (the worker's graceful stop)."""
+        self.worker.stop()
+        if self._tasks:  # the worker's run first: it releases what it held
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._tasks[0], 10)
+        for t in self._tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await asyncio.to_thread(self.store.close)
+
+    async def _ticks(self, every_s: float = 0.25) -> None:
+        async with httpx.AsyncClient(timeout=10) as client:
+            while True:
+                try:
+                    live, due = await asyncio.to_thread(self.service.tick)
+                    if live or self._live:  # the dashboard refreshes its batch list on these
+                        self.gateway.publish("batches", running=live)
+                    self._live = live
+                    for hook in due:
+                        await self._deliver(client, hook.batch_id, hook.url, hook.body)
+                except Exception:  # keep ending batches whatever one tick hit
+                    log.exception("batch tick failed")
+                await asyncio.sleep(every_s)
+
+    async def _deliver(
+        self, client: httpx.AsyncClient, batch_id: str, url: str, body: dict[str, Any]
+    ) -> None:
+        problem: str | None = None
+        try:
+            r = await client.post(url, json={"type": f"batch.{body['status']}", "data": body})
+            if r.status_code >= 400:
+                problem = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        await asyncio.to_thread(self.service.webhook_sent, batch_id, problem)
+
+
+def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
+    router = APIRouter()
+    svc = runtime.service
+
+    async def call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    @router.post("/v1/files")
+    async def upload(request: Request) -> Response:
+        """Multipart `file` and `purpose`. The parser spools the file part to disk past 1 MB,
+        and it is copied from there in 1 MB chunks: never in memory whole."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_upload_bytes + 64 * 1024:
+            return _too_large(max_upload_bytes)
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except Exception as exc:  # the parser's errors have no common base to catch
+            return error(400, f"bad multipart body: {exc}", "invalid_request_error")
+        try:
+            part, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(part, StarletteUploadFile):
+                return error(400, "missing the `file` part", "invalid_request_error", param="file")
+            if purpose != "batch":
+                return error(
+                    400,
+                    f"purpose must be 'batch'; got {purpose!r}",
+                    "invalid_request_error",
+                    param="purpose",
+                )
+            file_id = FileStorage.new_id()
+            try:
+                size = await svc.files.save(file_id, _chunks(part), max_upload_bytes)
+            except TooLarge:
+                return _too_large(max_upload_bytes)
+            f = await call(svc.add_file, file_id, part.filename or "upload.jsonl", purpose, size)
+        finally:
+            await form.close()
+        return JSONResponse(svc.file_object(f))
+
+    @router.get("/v1/files")
+    async def list_files(
+        purpose: str | None = None, after: str | None = None, limit: int = 10000
+    ) -> Response:
+        limit = max(1, min(limit, 10000))
+        page = await call(svc.store.list_files, purpose, after, limit + 1)
+        return JSONResponse(_page([svc.file_object(f) for f in page[:limit]], len(page) > limit))
+
+    @router.get("/v1/files/{file_id}")
+    async def get_file(file_id: str) -> Response:
+        return JSONResponse(svc.file_object(await call(svc.file, file_id)))
+
+    @router.delete("/v1/files/{file_id}")
+    async def delete_file(file_id: str) -> Response:
+        f = await call(svc.delete_file, file_id)
+        return JSONResponse({"id": f.id, "object": "file", "deleted": True})
+
+    @router.get("/v1/files/{file_id}/content")
+    async def file_content(file_id: str) -> Response:
+        f = await call(svc.file, file_id)
+        return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
+
+    @router.post("/v1/batches")
+    async def create_batch(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return error(400, "the request body is not valid JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return error(400, "the request body must be a JSON object", "invalid_request_error")
+        for key in ("input_file_id", "endpoint"):
+            if not isinstance(body.get(key), str):
+                return error(
+                    400,
+                    f"missing `{key}`",
+                    "invalid_request_error",
+                    param=key,
+                    code="missing_required_parameter",
+                )
+        b = await call(
+            svc.create,
+            body["input_file_id"],
+            body["endpoint"],
+            body.get("completion_window", "24h"),
+            body.get("metadata"),
+            request.headers.get("idempotency-key"),
+            body.get("webhook_url"),
+            body.get("model"),
+        )
+        return JSONResponse(await call(svc.object, b))
+
+    @router.get("/v1/batches")
+    async def list_batches(after: str | None = None, limit: int = 20) -> Response:
+        limit = max(1, min(limit, 100))
+        page = await call(svc.store.list_batches, after, limit + 1)
+        objects = [await call(svc.object, b) for b in page[:limit]]
+        return JSONResponse(_page(objects, len(page) > limit))
+
+    @router.get("/v1/batches/{batch_id}")
+    async def get_batch(batch_id: str) -> Response:
+        return JSONResponse(await call(svc.object, await call(svc.batch, batch_id)))
+
+    @router.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(batch_id: str) -> Response:
+        return JSONResponse(await call(svc.object, await call(svc.cancel, batch_id)))
+
+    return router
+
+
+async def refused(_: Request, exc: Exception) -> Response:
+    """A `BatchError` from any route, in OpenAI's error shape (install with
+    `app.add_exception_handler(BatchError, refused)`)."""
+    assert isinstance(exc, BatchError)
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return error(exc.status, str(exc), kind, param=exc.param, code=exc.code)
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+async def _chunks(part: StarletteUploadFile) -> AsyncIterator[bytes]:
+    while chunk := await part.read(1 << 20):
+        yield chunk
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error(
+        413,
+        f"file over {limit // (1024 * 1024)} MB (batch.max_file_mb)",
+        "invalid_request_error",
+        param="file",
+        code="file_too_large",
+    )

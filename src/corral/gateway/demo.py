@@ -1,0 +1,43 @@
+"""The built-in demo that `corral serve` runs without a config: three simulated model servers
+with realistic load times, like an agent framework's orchestrator, explorer and coder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from corral.config import Config, parse_config
+
+# name: (load_s, tokens_per_s, parallel, aliases)
+DEMO_MODELS = {
+    "orchestrator-14b": (6.0, 30.0, 1, ["orchestrator"]),
+    "explorer-3b": (2.0, 90.0, 2, ["explorer"]),
+    "coder-7b": (4.0, 45.0, 1, ["coder"]),
+}
+
+
+def demo_config(listen: str = "127.0.0.1:8080") -> Config:
+    python = shlex.quote(sys.executable)
+    models = {}
+    for name, (load_s, tps, parallel, aliases) in DEMO_MODELS.items():
+        models[name] = {
+            "load_s": load_s,
+            "unload_s": 0.5,
+            "concurrency": parallel,
+            "aliases": aliases,
+            "cmd": f"{python} -m corral sim-backend --model ${{MODEL_ID}} --port ${{PORT}} "
+            f"--load-s {load_s:g} --tokens-per-s {tps:g} --parallel {parallel}",
+            "stop_grace_s": 2,
+        }
+    return parse_config(
+        json.dumps({"models": models, "server": {"listen": listen}}), "<built-in demo>"
+    )
+
+
+def data_dir() -> Path:
+    """Where Corral keeps its files: $XDG_DATA_HOME/corral or ~/.local/share/corral."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "corral"

@@ -1,0 +1,76 @@
+"""Prometheus metrics for `corral serve` (`GET /metrics`), in a registry of the app's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Waits and latencies span milliseconds (a resident model) to minutes (behind a long swap).
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class _Live(Collector):
+    """Gauges read from the scheduler at scrape time, so they are never stale."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        models = self._status()["models"]
+        queued = GaugeMetricFamily(
+            "corral_queue_depth", "Requests waiting for the model.", labels=["model"]
+        )
+        in_flight = GaugeMetricFamily(
+            "corral_in_flight", "Requests the model's server is answering.", labels=["model"]
+        )
+        loaded = GaugeMetricFamily(
+            "corral_model_loaded", "1 while the model is loaded or loading.", labels=["model"]
+        )
+        for name, m in models.items():
+            queued.add_metric([name], m["queued"])
+            in_flight.add_metric([name], m["in_flight"])
+            loaded.add_metric([name], 0 if m["state"] == "unloaded" else 1)
+        yield queued
+        yield in_flight
+        yield loaded
+
+
+class Metrics:
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.swaps = Counter("corral_swaps", "Model loads started.", ["model"], registry=r)
+        self.load_seconds = Histogram(
+            "corral_load_seconds", "Measured load times.", ["model"], buckets=_SECONDS, registry=r
+        )
+        self.unloads = Counter(
+            "corral_unloads",
+            "Models unloaded with nothing loaded in their place (ttl_s, the unload API).",
+            ["model"],
+            registry=r,
+        )
+        self.crashes = Counter(
+            "corral_backend_crashes", "Loaded servers that died.", ["model"], registry=r
+        )
+        self.wait_seconds = Histogram(
+            "corral_request_wait_seconds",
+            "Time a request waited for its model (queue and load).",
+            ["model"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.latency_seconds = Histogram(
+            "corral_request_latency_seconds",
+            "Time from arrival to the last byte sent.",
+            ["model"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
+        )
+        r.register(_Live(status))

@@ -1,0 +1,365 @@
+"""The gateway's side of the scheduler: it implements the core's `Effects` over model server
+processes and turns each HTTP request into a scheduler `Request` it can await.
+
+One event loop owns the scheduler; effects only schedule work (a swap task, a future's result),
+and outcomes come back as scheduler events on the same loop, so nothing re-enters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corral.backends.base import Backend
+from corral.backends.orphans import ServerRecord
+from corral.backends.process import BackendError, ProcessBackend, ProcessSpec, exit_reason
+from corral.backends.upstream import Hook, UpstreamBackend
+from corral.config import Config, HookConfig, ModelConfig
+from corral.core import Request, RequestState, Scheduler
+from corral.gateway.metrics import Metrics
+from corral.worker.runtime import Worker
+
+log = logging.getLogger("corral.gateway")
+
+
+class Rejected(Exception):
+    """The scheduler rejected a request (its model failed to load); the message says why."""
+
+
+def process_spec(name: str, m: ModelConfig) -> ProcessSpec:
+    assert m.cmd is not None
+    return ProcessSpec(
+        model=name,
+        cmd=m.cmd,
+        proxy=m.proxy,
+        env=m.env,
+        check_endpoint=None if m.check_endpoint.lower() == "none" else m.check_endpoint,
+        health_timeout_s=m.health_timeout_s,
+        stop_grace_s=m.stop_grace_s,
+        cmd_stop=m.cmd_stop,
+    )
+
+
+def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
+    assert m.upstream is not None
+
+    def hook(h: HookConfig | None) -> Hook | None:
+        return None if h is None else Hook(h.method, h.path, h.json_body)
+
+    # An upstream is checked only if asked: Ollama, for one, has no /health.
+    check = m.check_endpoint if "check_endpoint" in m.model_fields_set else None
+    return UpstreamBackend(
+        name,
+        m.upstream,
+        m.upstream_model,
+        hook(m.load_hook),
+        hook(m.unload_hook),
+        None if check is None or check.lower() == "none" else check,
+        m.health_timeout_s,
+    )
+
+
+@dataclass
+class Swap:
+    """One load, for /api/status."""
+
+    model: str
+    evicted: tuple[str, ...]
+    started_at: float  # epoch seconds
+    load_s: float | None = None
+    unload_s: float | None = None
+    error: str | None = None
+
+
+class Gateway:
+    """Backends, the scheduler, and the requests waiting for a model. `start()` inside the
+    serving loop, `close()` to stop every backend."""
+
+    def __init__(self, config: Config, log_dir: Path) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.backends: dict[str, Backend] = {}
+        # The servers this gateway runs, so the next one stops them if this one is killed.
+        self.servers = ServerRecord(log_dir / "servers.pids")
+        for name, m in config.models.items():
+            if m.cmd is not None:
+                self.backends[name] = ProcessBackend(
+                    process_spec(name, m),
+                    log_dir,
+                    on_exit=functools.partial(self._exited, name),
+                    record=self.servers,
+                )
+            elif m.upstream is not None:
+                self.backends[name] = upstream_backend(name, m)
+        self.crashes: dict[str, int] = {}
+        self.metrics = Metrics(self.status)
+        self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.scheduler: Scheduler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[object, asyncio.Future[None]] = {}
+        self._ids = itertools.count(1)
+        self._busy: set[asyncio.Task[Any]] = set()
+        self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
+        self._worker: Worker | None = None  # runs batch lines through this scheduler
+        self.dispatched: dict[str, int] = defaultdict(int)  # requests started, per model
+        self.swaps: deque[Swap] = deque(maxlen=100)
+        self.swap_count = 0
+        self.started_at = time.time()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        reaped = self.servers.reap()
+        if reaped:
+            log.warning(
+                "stopped %d model server(s) a previous run left behind (pids %s)",
+                len(reaped),
+                ", ".join(map(str, reaped)),
+            )
+        self._loop = asyncio.get_running_loop()
+        self.scheduler = Scheduler(self.config, self, self._loop.time)
+
+    async def close(self) -> None:
+        for t in list(self._busy):
+            t.cancel()
+        for b in self.backends.values():
+            with contextlib.suppress(BackendError):
+                await b.stop()
+
+    # --- requests -----------------------------------------------------------------------------
+    def submit(self, model: str, priority: int) -> tuple[Request, asyncio.Future[None]]:
+        """Queue a request for `model`; the future completes when it may use the backend."""
+        sched = self._sched()
+        r = Request(next(self._ids), model, priority)
+        fut: asyncio.Future[None] = self._loop_().create_future()
+        self._waiting[r.id] = fut
+        sched.on_request(r)
+        return r, fut
+
+    def finished(self, r: Request) -> None:
+        """The request is done with its backend (or gave up while waiting). Idempotent."""
+        self._waiting.pop(r.id, None)
+        if r.state is RequestState.RUNNING:
+            self._sched().on_request_finished(r)
+        else:
+            self._sched().on_cancel(r)  # still queued: it leaves without triggering a load
+
+    def pending(self, model: str) -> int:
+        return self._sched().models[model].count
+
+    def attach(self, worker: Worker) -> None:
+        """Share the scheduler with `worker` (batch lines): its requests' effects go to it."""
+        self._worker = worker
+
+    # --- Effects ------------------------------------------------------------------------------
+    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+        if self._worker is not None:
+            for name in evict:
+                self._worker.evicted(name)
+        self._ops[model] = self._spawn(self._swap(model, device, tuple(evict)))
+
+    def unload(self, model: str, device: str) -> None:
+        if self._worker is not None:
+            self._worker.evicted(model)
+        self._ops[model] = self._spawn(self._unload(model, device))
+
+    def dispatch(self, request: Request) -> None:
+        self.dispatched[request.model] += 1
+        if self._worker is not None and self._worker.owns(request):
+            self._worker.dispatch(request)
+            return
+        fut = self._waiting.pop(request.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def reject(self, request: Request, reason: str) -> None:
+        if self._worker is not None and self._worker.owns(request):
+            self._worker.reject(request, reason)
+            return
+        fut = self._waiting.pop(request.id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(Rejected(reason))
+
+    def set_timer(self, at_s: float, key: str) -> None:
+        self._loop_().call_at(at_s, self._sched().on_timer, key)
+
+    # --- events (GET /api/events) -------------------------------------------------------------
+    def listen(self) -> asyncio.Queue[dict[str, Any]]:
+        """A queue of state changes from now on; `unlisten` it when done. A listener that falls
+        1,000 events behind loses the oldest rather than slowing the gateway."""
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+        self._listeners.add(q)
+        return q
+
+    def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+        self._listeners.discard(q)
+
+    def publish(self, kind: str, **fields: Any) -> None:
+        event = {"event": kind, "at": time.time(), **fields}
+        for q in self._listeners:
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(event)
+
+    # --- swaps --------------------------------------------------------------------------------
+    async def settled(self, model: str) -> None:
+        """Returns when `model`'s latest load or unload has finished (at once if none runs)."""
+        op = self._ops.get(model)
+        if op is not None:
+            await asyncio.shield(op)
+
+    async def preload(self, models: Sequence[str]) -> None:
+        """Load `models` in order at start, each into free room (never evicting another)."""
+        sched = self._sched()
+        for model in models:
+            while (reason := sched.on_load_requested(model, evict=False)) is not None:
+                if not any(d.loading is not None for d in sched.devices):
+                    log.warning("preload: %s skipped: %s", model, reason)
+                    break
+                await asyncio.sleep(0.05)  # a swap is under way: it ends soon, then try again
+            await self.settled(model)
+
+    async def _unload(self, model: str, device: str) -> None:
+        async with self._device_lock[device]:  # after the swaps issued before it
+            backend = self.backends.get(model)
+            started = time.monotonic()
+            if backend is not None:
+                with contextlib.suppress(BackendError):
+                    await backend.stop()
+            unload_s = time.monotonic() - started
+        self.metrics.unloads.labels(model).inc()
+        self.publish("unloaded", model=model, unload_s=unload_s)
+        log.info("unloaded %s in %.2f s", model, unload_s)
+
+    async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
+        async with self._device_lock[device]:  # after an unload issued before it
+            await self._swap_now(model, evict)
+
+    async def _swap_now(self, model: str, evict: tuple[str, ...]) -> None:
+        sched = self._sched()
+        swap = Swap(model, evict, time.time())
+        self.swaps.append(swap)
+        self.swap_count += 1
+        self.metrics.swaps.labels(model).inc()
+        self.publish("load_started", model=model, evict=list(evict))
+        started = time.monotonic()
+        try:
+            for name in evict:
+                backend = self.backends.get(name)
+                if backend is not None:
+                    await backend.stop()
+            swap.unload_s = time.monotonic() - started if evict else None
+            backend = self.backends.get(model)
+            if backend is None:
+                raise BackendError(f"model {model}: neither `cmd` nor `upstream` is configured")
+            swap.load_s = await backend.start()
+        except BackendError as exc:
+            swap.error = str(exc)
+            log.error("%s%s", exc, f"\n{exc.log_tail}" if exc.log_tail else "")
+            self.publish("load_failed", model=model, error=str(exc))
+            sched.on_load_failed(model, str(exc))
+            return
+        self.metrics.load_seconds.labels(model).observe(swap.load_s)
+        self.publish("loaded", model=model, load_s=swap.load_s, unload_s=swap.unload_s)
+        log.info("loaded %s in %.2f s (evicted %s)", model, swap.load_s, ", ".join(evict) or "-")
+        sched.on_load_finished(model, load_s=swap.load_s, unload_s=swap.unload_s)
+
+    def _exited(self, model: str, code: int) -> None:
+        """A loaded server died: its in-flight requests fail (502, from the proxy), new ones
+        wait, and the scheduler loads it again for them."""
+        self.crashes[model] = self.crashes.get(model, 0) + 1
+        self.metrics.crashes.labels(model).inc()
+        self.publish("crashed", model=model, exit_code=code)
+        tail = self.backends[model].log_tail(8)
+        log.error("model %s: its server %s%s", model, exit_reason(code), f"\n{tail}")
+        self._sched().on_model_lost(model)
+
+    # --- status -------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        sched = self._sched()
+        now = self._loop_().time()
+        epoch = time.time() - now  # loop time -> epoch seconds
+        models = {}
+        for name, m in sched.models.items():
+            backend = self.backends.get(name)
+            ttl_s = m.spec.ttl_s
+            idle_since = m.idle_since if m.state.value == "ready" else None
+            models[name] = {
+                "state": m.state.value,
+                "device": m.device.name if m.device is not None else None,
+                "queued": m.count,
+                "in_flight": m.in_flight,
+                "queue": [  # the next requests in the order they will run (first 20)
+                    {
+                        "position": i,
+                        "priority": r.priority,
+                        "waited_s": round(now - r.arrived_at, 3),
+                    }
+                    for i, r in enumerate(m.pending(limit=20), 1)
+                ],
+                "load_s_estimate": round(m.load_est, 3),
+                "unload_s_estimate": round(m.unload_est, 3),
+                "service_s_estimate": round(m.service_est, 3),
+                "proxy": backend.proxy_url if backend is not None and backend.running else None,
+                "pid": backend.pid if backend is not None and backend.running else None,
+                "aliases": self.config.models[name].aliases,
+                "crashes": self.crashes.get(name, 0),
+                "dispatched": self.dispatched[name],
+                "ttl_s": ttl_s,
+                "idle_s": None if idle_since is None else round(now - idle_since, 3),
+                "unloads_in_s": (
+                    None
+                    if idle_since is None or ttl_s is None
+                    else round(max(0.0, idle_since + ttl_s - now), 3)
+                ),
+            }
+        return {
+            "policy": self.config.scheduler.policy,
+            "devices": [
+                {
+                    "name": d.name,
+                    "resident": [m.name for m in d.residents],
+                    "memory_gb": d.memory_gb,
+                    "used_gb": round(sum(d.size_of(m) for m in d.residents), 3),
+                }
+                for d in sched.devices
+            ],
+            "models": models,
+            "swaps": self.swap_count,
+            "recent_swaps": [vars(s) for s in self.swaps],
+            "recent_decisions": [
+                {
+                    "at": round(epoch + d.at_s, 3),
+                    "load": d.model,
+                    "device": d.device,
+                    "evict": list(d.evict),
+                    "reason": d.reason,
+                }
+                for d in list(sched.decisions)[-20:]
+            ],
+            "uptime_s": round(time.time() - self.started_at, 3),
+        }
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self._busy.add(t)
+        t.add_done_callback(self._busy.discard)
+        return t
+
+    def _loop_(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the gateway is not started"
+        return self._loop
+
+    def _sched(self) -> Scheduler:
+        assert self.scheduler is not None, "the gateway is not started"
+        return self.scheduler

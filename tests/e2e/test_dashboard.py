@@ -1,0 +1,143 @@
+"""The dashboard at /ui in a real headless browser (Debian's chromium through its chromedriver;
+nothing is downloaded): submit a file through the form, watch the batch reach 100%, cancel
+another, and look at the overview. Screenshots go to artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.e2e.test_batches import chat_line
+from tests.e2e.test_gateway import SIM, Gateway, serve
+
+ARTIFACTS = Path(os.environ.get("CORRAL_ARTIFACTS", Path(__file__).parents[2] / "artifacts"))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+CONFIG = f"""
+models:
+  alpha:
+    load_s: 0.3
+    concurrency: 4
+    cmd: {SIM} --load-s 0.3 --tokens-per-s 200 --parallel 4
+  slow:
+    load_s: 0.3
+    cmd: {SIM} --load-s 0.3 --tokens-per-s 10
+server:
+  log_dir: LOG_DIR
+"""
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with serve(tmp_path_factory.mktemp("dashboard"), CONFIG) as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    missing = [p for p in (CHROMIUM, DRIVER) if not Path(p).exists()]
+    assert not missing, (
+        f"missing {', '.join(missing)}: the dashboard test needs Debian's chromium and "
+        "chromium-driver (apt-get install chromium chromium-driver; make test installs them)"
+    )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1300,900",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver: WebDriver, name: str) -> None:
+    folder = ARTIFACTS / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(folder / f"{name}.png"))
+
+
+def submit(driver: WebDriver, gw: Gateway, path: Path, model: str) -> str:
+    driver.get(f"{gw.url}/ui#submit")
+    wait = WebDriverWait(driver, 20)
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "submit-model")).options) > 1)
+    driver.find_element(By.ID, "submit-file").send_keys(str(path))
+    Select(driver.find_element(By.ID, "submit-model")).select_by_value(model)
+    driver.find_element(By.ID, "submit-button").click()
+    # On success the page moves to the batch list (the result line stays in the hidden form).
+    wait.until(lambda d: d.execute_script("return location.hash") == "#batches")
+    text = driver.find_element(By.ID, "submit-result").get_attribute("textContent") or ""
+    assert "created" in text, text
+    return text.split()[1]
+
+
+def row(driver: WebDriver, batch_id: str) -> dict[str, str]:
+    """The batch's row as text, read in one go (the list is redrawn live)."""
+    cells = driver.execute_script(
+        "const tr = document.querySelector(`tr[data-id='${arguments[0]}']`);"
+        "return tr ? [...tr.cells].map(c => c.textContent) : null;",
+        batch_id,
+    )
+    if not cells:
+        return {"status": "", "progress": "", "files": ""}
+    return {"status": cells[1], "progress": cells[2], "files": cells[8]}
+
+
+def click_cancel(driver: WebDriver, batch_id: str) -> None:
+    for _ in range(10):  # the row is redrawn live: find the button again if it went stale
+        try:
+            tr = driver.find_element(By.CSS_SELECTOR, f'tr[data-id="{batch_id}"]')
+            tr.find_element(By.CSS_SELECTOR, "button.cancel").click()
+            return
+        except (StaleElementReferenceException, NoSuchElementException):
+            continue
+    raise AssertionError(f"no cancel button for {batch_id}")
+
+
+def test_submit_a_file_watch_it_finish_and_cancel_another(
+    gw: Gateway, browser: WebDriver, tmp_path: Path
+) -> None:
+    fast = tmp_path / "fast.jsonl"
+    fast.write_text("\n".join(chat_line(i, "as-in-file", tokens=5) for i in range(40)) + "\n")
+    batch_id = submit(browser, gw, fast, "alpha")
+    wait = WebDriverWait(browser, 60, poll_frequency=0.2)
+    wait.until(lambda d: row(d, batch_id)["status"] == "completed")
+    got = row(browser, batch_id)
+    assert got["progress"].strip() == "100%"
+    assert "output" in got["files"]
+    shot(browser, "batches-completed")
+
+    slow = tmp_path / "slow.jsonl"
+    slow.write_text("\n".join(chat_line(i, "as-in-file", tokens=5) for i in range(40)) + "\n")
+    slow_id = submit(browser, gw, slow, "slow")
+    wait.until(lambda d: row(d, slow_id)["status"] == "in_progress")
+    shot(browser, "batches-in-progress")
+    click_cancel(browser, slow_id)
+    wait.until(lambda d: row(d, slow_id)["status"] == "cancelled")
+    assert "errors" in row(browser, slow_id)["files"]  # the lines that never ran are reported
+    shot(browser, "batches-cancelled")
+
+    browser.get(f"{gw.url}/ui#overview")
+    wait.until(lambda d: "ready" in d.find_element(By.ID, "models").text)  # slow, once loaded
+    models = browser.find_element(By.ID, "models").text
+    assert "alpha" in models
+    assert "slow" in models
+    assert browser.find_elements(By.CSS_SELECTOR, "#timeline rect")  # the swaps, drawn
+    shot(browser, "overview")

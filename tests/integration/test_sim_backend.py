@@ -1,0 +1,155 @@
+"""`corral sim-backend` as a real process, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from corral.backends.process import free_port
+
+CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
+
+
+class Sim:
+    def __init__(self, port: int, started_at: float, proc: subprocess.Popen[str]) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.started_at = started_at
+        self.proc = proc
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", _strict_response_validation=True
+        )
+
+    def wait_healthy(self, timeout_s: float = 20) -> float:
+        """Seconds from process start until /health said 200."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return time.monotonic() - self.started_at
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError("the sim backend never became healthy")
+
+
+@contextlib.contextmanager
+def start_sim(*args: str) -> Iterator[Sim]:
+    port = free_port()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [CORRAL, "sim-backend", "--model", "sim-a", "--port", str(port), *args],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield Sim(port, started, proc)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def sim() -> Iterator[Sim]:
+    with start_sim("--load-s", "0.5", "--tokens-per-s", "200", "--parallel", "2") as s:
+        yield s
+
+
+def test_not_healthy_and_refusing_work_until_its_load_time_has_passed() -> None:
+    with start_sim("--load-s", "1.5") as s:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # up, but still loading
+            try:
+                r = httpx.get(f"{s.url}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.02)
+        if time.monotonic() - s.started_at < 1.4:  # start-up can be slow on a loaded machine
+            assert r.status_code == 503
+            early = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": []}, timeout=5)
+            assert early.status_code == 503
+            assert early.json()["error"]["message"] == "Loading model"
+        assert s.wait_healthy() >= 1.5
+
+
+def test_chat_plain_and_streaming_agree(sim: Sim) -> None:
+    sim.wait_healthy()
+    client = sim.client()
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "write a haiku about swaps"}
+    ]
+    plain = client.chat.completions.create(model="sim-a", messages=messages, max_tokens=12)
+    text = plain.choices[0].message.content or ""
+    assert len(text.split()) == 12
+    assert plain.usage is not None
+    assert (plain.usage.prompt_tokens, plain.usage.completion_tokens) == (5, 12)
+    stream = client.chat.completions.create(
+        model="sim-a",
+        messages=messages,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(pieces) == text  # deterministic in the prompt, chunk by chunk
+    assert len([p for p in pieces if p]) == 12
+    assert usage is not None
+    assert usage.completion_tokens == 12
+
+
+def test_completions_embeddings_and_models(sim: Sim) -> None:
+    sim.wait_healthy()
+    client = sim.client()
+    done = client.completions.create(model="sim-a", prompt="once upon", max_tokens=5)
+    assert len(done.choices[0].text.split()) == 5
+    emb = client.embeddings.create(model="sim-a", input=["alpha", "beta", "alpha"])
+    vectors = [d.embedding for d in emb.data]
+    assert [len(v) for v in vectors] == [16, 16, 16]
+    assert vectors[0] == vectors[2] != vectors[1]
+    assert abs(sum(x * x for x in vectors[0]) - 1.0) < 1e-9
+    assert [m.id for m in client.models.list()] == ["sim-a"]
+
+
+def test_token_rate_and_parallel_slots() -> None:
+    """50 tokens at 100 tokens/s take at least 0.5 s; with one slot, two requests queue."""
+    with start_sim("--load-s", "0", "--tokens-per-s", "100", "--parallel", "1") as s:
+        s.wait_healthy()
+        client = s.client()
+        finished: list[float] = []
+
+        def ask() -> None:
+            client.completions.create(model="sim-a", prompt="x", max_tokens=50)
+            finished.append(time.monotonic())
+
+        begun = time.monotonic()
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert min(finished) - begun >= 0.5
+        assert max(finished) - begun >= 1.0  # the second waited for the only slot
+
+
+def test_bad_json_is_a_400_in_openai_error_shape(sim: Sim) -> None:
+    sim.wait_healthy()
+    r = httpx.post(f"{sim.url}/v1/chat/completions", content=b"{not json", timeout=5)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "the request body is not valid JSON"

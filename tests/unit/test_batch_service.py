@@ -1,0 +1,124 @@
+"""BatchService over the memory store with an injected clock: limits, expiry, cancel and
+finalizing, without a server (the e2e tests run the same through HTTP)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corral.batch.files import FileStorage
+from corral.batch.service import BatchError, BatchService
+from corral.config import BatchConfig
+from corral.store import MemoryStore, TaskStatus
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def service(tmp_path: Path, **limits: object) -> tuple[BatchService, MemoryStore, Clock]:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    files = FileStorage(tmp_path / "files")
+    svc = BatchService(store, files, BatchConfig.model_validate(limits), {"m": "m"}.get, clock)
+    return svc, store, clock
+
+
+def upload(svc: BatchService, n: int) -> str:
+    file_id = svc.files.new_id()
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "m", "input": "x"},
+            }
+        )
+        for i in range(n)
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    svc.files.write(file_id, [data])
+    svc.add_file(file_id, "in.jsonl", "batch", len(data))
+    return file_id
+
+
+def test_queued_requests_and_batches_have_limits_that_name_themselves(tmp_path: Path) -> None:
+    svc, _, _ = service(tmp_path, max_queued_requests=5, max_queued_batches=2)
+    svc.create(upload(svc, 3), "/v1/embeddings")
+    with pytest.raises(BatchError, match=r"limit is 5 \(batch.max_queued_requests\)") as err:
+        svc.create(upload(svc, 3), "/v1/embeddings")
+    assert (err.value.status, err.value.code) == (429, "queue_full")
+    svc.create(upload(svc, 2), "/v1/embeddings")
+    with pytest.raises(BatchError, match=r"limit is 2 \(batch.max_queued_batches\)"):
+        svc.create(upload(svc, 1), "/v1/embeddings")
+
+
+def test_past_its_window_a_batch_expires_and_reports_every_unrun_line(tmp_path: Path) -> None:
+    svc, store, clock = service(tmp_path)
+    b = svc.create(upload(svc, 4), "/v1/embeddings", completion_window="1h")
+    (t,) = store.claim("m", "w", 1, 30.0)
+    store.finish(t.id, t.lease_token or "", {"status_code": 200, "request_id": "q", "body": {}})
+    assert svc.tick() == (1, [])
+    clock.t += 3601
+    svc.tick()
+    ended = store.get_batch(b.id)
+    assert ended.status == "expired"
+    obj = svc.object(ended)
+    assert obj["request_counts"] == {"total": 4, "completed": 1, "failed": 3}
+    assert obj["expired_at"] == int(clock.t)
+    errors = svc.files.path(obj["error_file_id"]).read_text().splitlines()
+    assert [json.loads(x)["error"]["code"] for x in errors] == ["batch_expired"] * 3
+    assert store.batch_counts(b.id) == {TaskStatus.SUCCEEDED: 1, TaskStatus.CANCELLED: 3}
+
+
+def test_finalizing_twice_changes_nothing(tmp_path: Path) -> None:
+    # A crash after the files were written and recorded: the next tick finishes the job.
+    svc, store, _ = service(tmp_path)
+    b = svc.create(upload(svc, 2), "/v1/embeddings")
+    svc.cancel(b.id)
+    data = {**store.get_batch(b.id).data, "finalizing_at": 1}
+    store.update_batch(b.id, "finalizing", data, ["cancelling"])
+    svc.tick()
+    first = svc.object(store.get_batch(b.id))
+    assert first["status"] == "cancelled"
+    store.update_batch(b.id, "finalizing", store.get_batch(b.id).data, ["cancelled"])
+    svc.tick()
+    again = svc.object(store.get_batch(b.id))
+    assert (
+        again["request_counts"]
+        == first["request_counts"]
+        == {
+            "total": 2,
+            "completed": 0,
+            "failed": 2,
+        }
+    )
+    assert [f.id for f in store.list_files(purpose="batch_output")] == [first["error_file_id"]]
+
+
+def test_an_undelivered_webhook_is_found_again_after_a_restart(tmp_path: Path) -> None:
+    svc, store, clock = service(tmp_path)
+    b = svc.create(upload(svc, 1), "/v1/embeddings", webhook_url="http://hooks.local/x")
+    (t,) = store.claim("m", "w", 1, 30.0)
+    store.finish(t.id, t.lease_token or "", {"status_code": 200, "request_id": "q", "body": {}})
+    _, due = svc.tick()
+    assert [(w.batch_id, w.url, w.body["status"]) for w in due] == [
+        (b.id, "http://hooks.local/x", "completed")
+    ]
+    svc.webhook_sent(b.id, "HTTP 500")
+    assert svc.tick() == (0, [])  # backing off: 2 s after the first failure
+    again = BatchService(svc.store, svc.files, svc.limits, svc.resolve, clock)  # a restart
+    clock.t += 3
+    _, due = again.tick()
+    assert [w.batch_id for w in due] == [b.id]
+    again.webhook_sent(b.id, None)
+    assert again.tick() == (0, [])
+    hook = store.get_batch(b.id).data["webhook"]
+    assert (hook["tries"], hook["delivered_at"]) == (2, int(clock.t))
