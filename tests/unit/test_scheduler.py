@@ -321,6 +321,32 @@ def test_cost_lingers_for_a_predictable_next_request() -> None:
     assert h.take() == [("load", "batch", ("chat",))]
 
 
+def test_cost_lingers_through_jitter_in_very_short_gaps() -> None:
+    """An agent loop whose next request comes ~10 ms after each answer; one late by 0.3 s (a
+    client thread not scheduled) still finds its model: the linger lasts at least a quarter of
+    a reload (4 s here), not just the learned 10 ms plus deviation."""
+    h = Harness(CHAT)
+    t = 0.0
+    h.arrive("chat0", "chat")
+    h.loaded("chat")
+    for i in range(1, 6):
+        t += 3
+        h.at(t).finish(f"chat{i - 1}")
+        t += 0.01
+        h.at(t).arrive(f"chat{i}", "chat")
+    t += 3
+    h.at(t).arrive("batch0", "batch")
+    h.finish("chat5")
+    h.take()
+    h.at(t + 0.3).timers_due()
+    assert h.take() == []  # still lingering
+    h.arrive("chat6", "chat")
+    assert h.take() == [("dispatch", "chat6")]
+    h.at(t + 3.3).finish("chat6")
+    h.at(t + 5).timers_due()  # a quarter of the 4 s reload has passed: batch goes in
+    assert h.take() == [("load", "batch", ("chat",))]
+
+
 def test_cost_prefers_the_queue_worth_most_per_second() -> None:
     h = Harness(THREE, "cost")
     h.arrive("a1")

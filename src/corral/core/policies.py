@@ -16,6 +16,8 @@ from corral.config import Config, PolicyName
 from corral.core.state import ModelRecord
 
 _NEVER = 1 << 62
+# A predictable model lingers at least this fraction of a reload (see `Cost.linger_s`).
+LINGER_FLOOR = 0.25
 
 
 def oldest_seq(m: ModelRecord) -> int:
@@ -212,7 +214,11 @@ class Cost(Policy):
             # would take (closed-loop think times are; Poisson gaps are not).
             expected_late = m.gap_est + m.gap_dev
             if expected_late <= round_trip:
-                delay = max(delay, min(expected_late + m.gap_dev, round_trip))
+                # The floor absorbs jitter in very short gaps (a client's thread not yet
+                # scheduled): waiting LINGER_FLOOR of a reload costs little when the loop has
+                # ended, while a false swap costs a whole reload and another to come back.
+                want = max(expected_late + m.gap_dev, LINGER_FLOOR * round_trip)
+                delay = max(delay, min(want, round_trip))
         return delay
 
     def keep_value(self, m: ModelRecord, now: float) -> float:
