@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,9 @@ bench-queue: $(BENCH_VENV)/.installed
 
 bench-batch: $(STAMP)
 	$(BIN)/python benchmarks/bench_batch.py
+
+bench-agents: $(STAMP)
+	$(BIN)/python benchmarks/bench_agents.py
 
 bench-gateway: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/bench_gateway.py
