@@ -338,11 +338,14 @@ def run_agents(gw: Gateway, rounds: int) -> int:
     ]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 400
     for t in threads:
-        t.join(120)
+        t.join(max(0.0, deadline - time.monotonic()))
     return len(answered)
 
 
+# fifo's 36 or more whole swaps take 45-100 s beside the rest of the suite: over the default limit.
+@pytest.mark.timeout(480)
 def test_agent_pattern_cost_swaps_at_most_a_third_of_fifo(tmp_path: Path) -> None:
     swaps = {}
     for policy in ("fifo", "cost"):
