@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -18,10 +18,11 @@ from rich.text import Text
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
 from corral.errors import CorralError
-from corral.queue import Queue
 from corral.store import Store, StoreError, Task, TaskStatus, open_store
 from corral.store.sql import SqlStore
-from corral.worker.runtime import WorkerSettings
+
+if TYPE_CHECKING:
+    from corral.queue import Queue
 
 db_app = typer.Typer(help="Manage the task database.", no_args_is_help=True)
 tasks_app = typer.Typer(help="Inspect and steer queued tasks.", no_args_is_help=True)
@@ -183,6 +184,8 @@ def tasks_retry(task_id: str, db: DbOption = DEFAULT_DB) -> None:
 
 def load_app(spec: str) -> Queue:
     """`package.module:attribute` naming a `corral.Queue` (the current folder is importable)."""
+    from corral.queue import Queue  # the worker and core load only for the commands that run them
+
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise CorralError(f"--app must look like package.module:queue; got {spec!r}")
@@ -221,6 +224,8 @@ def worker_cmd(
     ] = 30.0,
 ) -> None:
     """Run a worker for an app's queue until SIGTERM/SIGINT."""
+    from corral.worker.runtime import WorkerSettings
+
     try:
         queue = load_app(app)
         settings = WorkerSettings(

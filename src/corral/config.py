@@ -13,9 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from corral.errors import ConfigError, Problem
-
-PolicyName = Literal["fifo", "grouped", "fifo-plus", "priority", "cost"]
-POLICY_NAMES: tuple[PolicyName, ...] = ("fifo", "grouped", "fifo-plus", "priority", "cost")
+from corral.policy_names import POLICY_NAMES as POLICY_NAMES  # re-exported
+from corral.policy_names import PolicyName as PolicyName
 
 NonNegSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosGB = Annotated[float, Field(gt=0, allow_inf_nan=False)]

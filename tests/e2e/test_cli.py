@@ -170,3 +170,15 @@ def test_unknown_scenario_and_policy_are_clear_errors() -> None:
     p = corral("simulate", "--scenario", "agents", "--policy", "lifo", ok=False)
     assert p.returncode == 2
     assert "unknown policy 'lifo'" in p.stderr
+
+
+def test_light_entry_points_do_not_load_the_heavy_parts() -> None:
+    """`corral sim-backend` starts once per simulated swap: the CLI and the sim server must not
+    import pydantic (the config), numpy (the simulator) or the worker until a command needs them."""
+    probe = (
+        "import sys, corral.cli, corral.backends.sim_server; "
+        "print(sorted(m for m in ('pydantic', 'numpy', 'matplotlib', 'corral.config', "
+        "'corral.worker', 'corral.queue') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

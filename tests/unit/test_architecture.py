@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import corral
 import corral.core
 
@@ -71,3 +73,12 @@ def test_public_surface() -> None:
         "plan_placement",
     }
     assert set(corral.__all__) >= {"Config", "load_config", "ConfigError", "CorralError"}
+
+
+def test_the_package_loads_its_public_names_on_first_use() -> None:
+    for name in corral.__all__:
+        assert getattr(corral, name) is not None, name
+    assert corral.Queue.__module__ == "corral.queue"
+    assert "Queue" in dir(corral)
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        corral.NoSuchThing  # noqa: B018
