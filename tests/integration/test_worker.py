@@ -349,7 +349,9 @@ def test_an_idle_worker_wakes_on_new_work_without_waiting_for_its_poll(url: str)
             got.clear()
             submitted = await asyncio.to_thread(submit)
             assert await asyncio.to_thread(got.wait, 5), f"no start after a submit from {name}"
-            assert started[name] - submitted < 1.0
+            # A poll would take 30 s; the wake itself takes milliseconds (bench_wakeups.py), but
+            # a loaded CI machine can add a second of thread hand-offs.
+            assert started[name] - submitted < 3.0
         w.stop()
         await asyncio.wait_for(run, 10)
 
