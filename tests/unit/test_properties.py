@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.config import Config
-from corral.sim.engine import Run, simulate
+from corral.sim.engine import Run, SimRequest, simulate
 from corral.sim.metrics import lower_bound_makespan_s
 from corral.sim.trace import Trace, TraceLine
 
@@ -35,6 +35,7 @@ def configs(
     models: int | None = None,
     devices: int | None = None,
     max_wait: bool | None = None,
+    batch_max_wait: bool | None = None,
 ) -> Config:
     n_models = models or draw(st.integers(1, 4))
     n_devices = devices or draw(st.integers(1, 2))
@@ -65,6 +66,13 @@ def configs(
                 else None
             ),
         },
+        "batch": {
+            "max_wait_s": (
+                draw(st.sampled_from([10.0, 60.0, 3600.0]))
+                if (batch_max_wait if batch_max_wait is not None else draw(st.booleans()))
+                else None
+            )
+        },
     }
     return Config.model_validate(spec)
 
@@ -77,6 +85,7 @@ def traces(
     closed: bool = True,
     at_zero: bool = False,
     equal_priority: bool = False,
+    classes: bool = True,
 ) -> Trace:
     names = list(config.models)
     n = draw(st.integers(1, 40))
@@ -85,6 +94,7 @@ def traces(
         model = draw(st.sampled_from(names))
         service = draw(st.floats(0.1, 10))
         prio = 0 if equal_priority else draw(st.integers(0, 2))
+        batch = classes and draw(st.booleans())
         if closed and draw(st.integers(0, 3)) == 0:
             lines.append(
                 TraceLine(
@@ -95,11 +105,12 @@ def traces(
                     None,
                     f"s{draw(st.integers(0, 2))}",
                     draw(st.floats(0, 5)),
+                    batch,
                 )
             )
         else:
             t = 0.0 if at_zero else draw(st.floats(0, 200))
-            lines.append(TraceLine(i, model, service, prio, t))
+            lines.append(TraceLine(i, model, service, prio, t, batch=batch))
     return Trace(lines)
 
 
@@ -108,8 +119,10 @@ def scenarios(draw: st.DrawFn, /, **kw: object) -> tuple[Config, Trace]:
     closed = bool(kw.pop("closed", True))
     at_zero = bool(kw.pop("at_zero", False))
     equal = bool(kw.pop("equal_priority", False))
+    classes = bool(kw.pop("classes", True))
     config = draw(configs(**kw))  # type: ignore[arg-type]
-    return config, draw(traces(config, closed=closed, at_zero=at_zero, equal_priority=equal))
+    trace = traces(config, closed=closed, at_zero=at_zero, equal_priority=equal, classes=classes)
+    return config, draw(trace)
 
 
 @SETTINGS
@@ -126,10 +139,10 @@ def test_invariants_hold_and_every_request_finishes(case: tuple[Config, Trace]) 
 def test_fifo_within_model_and_request_priority(case: tuple[Config, Trace]) -> None:
     config, trace = case
     run = simulate(config, trace, check=True)
-    groups: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+    groups: dict[tuple[str, bool, int], list[tuple[int, float]]] = defaultdict(list)
     for r in run.requests:
         assert r.dispatched_at is not None
-        groups[(r.model, r.priority)].append((r.seq, r.dispatched_at))
+        groups[(r.model, r.batch, r.priority)].append((r.seq, r.dispatched_at))
     for group in groups.values():
         by_arrival = [d for _, d in sorted(group)]
         assert by_arrival == sorted(by_arrival)
@@ -149,8 +162,11 @@ def test_makespan_is_never_below_the_lower_bound(case: tuple[Config, Trace]) -> 
 
 @SETTINGS
 @given(
-    # Equal request priorities: cost may rightly split a model's work for a more important one.
-    scenarios(closed=False, at_zero=True, devices=1, max_wait=False, equal_priority=True),
+    # Equal request priorities, one class: cost may rightly split a model's work for a more
+    # important one.
+    scenarios(
+        closed=False, at_zero=True, devices=1, max_wait=False, equal_priority=True, classes=False
+    ),
     st.sampled_from(["grouped", "fifo-plus", "cost"]),
 )
 def test_all_work_at_zero_loads_each_model_once(case: tuple[Config, Trace], policy: str) -> None:
@@ -186,7 +202,7 @@ def oldest_of_its_model_when_due(run: Run, max_wait_s: float) -> list[tuple[floa
 
 @settings(max_examples=2 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    scenarios(closed=False, models=2, devices=1, max_wait=True),
+    scenarios(closed=False, models=2, devices=1, max_wait=True, classes=False),
     st.sampled_from(["fifo-plus", "priority", "cost"]),
 )
 def test_waits_are_bounded_by_max_wait(case: tuple[Config, Trace], policy: str) -> None:
@@ -198,3 +214,73 @@ def test_waits_are_bounded_by_max_wait(case: tuple[Config, Trace], policy: str) 
     bound = max_wait + wait_bound_s(config, trace) + 1e-6
     for wait, arrived in oldest_of_its_model_when_due(run, max_wait):
         assert wait <= bound, f"request arriving at {arrived} waited {wait} > {bound}"
+
+
+# --- service classes --------------------------------------------------------------------------
+CLASS_POLICIES = ["fifo-plus", "priority", "cost"]
+
+
+def _pending_at(r: SimRequest, t: float) -> bool:
+    """`r` was waiting at `t` (arrived strictly before: an arrival at the same instant may be
+    processed after the decision taken then)."""
+    assert r.dispatched_at is not None
+    return r.arrived_at < t < r.dispatched_at
+
+
+@SETTINGS
+@given(scenarios(), st.sampled_from(CLASS_POLICIES))
+def test_a_model_never_starts_batch_work_while_its_interactive_work_waits(
+    case: tuple[Config, Trace], policy: str
+) -> None:
+    config, trace = case
+    run = simulate(config.with_policy(policy), trace, check=True)  # type: ignore[arg-type]
+    interactive = defaultdict(list)
+    for r in run.requests:
+        if not r.batch:
+            interactive[r.model].append(r)
+    for b in run.requests:
+        if b.batch:
+            assert b.dispatched_at is not None
+            late = [i for i in interactive[b.model] if _pending_at(i, b.dispatched_at)]
+            assert not late, f"batch {b} started while {late[0]} waited"
+
+
+def one_model_at_a_time(config: Config) -> Config:
+    """`config` on one device that holds one model at a time."""
+    spec = config.model_dump(by_alias=True)
+    spec["devices"] = [{"name": "g0"}]
+    for m in spec["models"].values():
+        m["memory_gb"] = None
+        m["devices"] = []
+    return Config.model_validate(spec)
+
+
+@SETTINGS
+@given(scenarios(batch_max_wait=False), st.sampled_from(CLASS_POLICIES))
+def test_no_load_for_batch_work_while_interactive_work_waits(
+    case: tuple[Config, Trace], policy: str
+) -> None:
+    """One model at a time, no batch bound: every load made while interactive work waited was
+    for a model with interactive work waiting (or arriving then)."""
+    config, trace = case
+    config = one_model_at_a_time(config).with_policy(policy)  # type: ignore[arg-type]
+    run = simulate(config, trace, check=True)
+    for seg in run.segments:
+        if seg.kind != "swap":
+            continue
+        t = seg.start_s
+        waiting = [r for r in run.requests if not r.batch and _pending_at(r, t)]
+        mine = [
+            r
+            for r in run.requests
+            if r.model == seg.model and not r.batch and r.arrived_at <= t <= (r.dispatched_at or 0)
+        ]
+        assert mine or not waiting, f"loaded {seg.model} at {t} while {waiting[0]} waited"
+
+
+@SETTINGS
+@given(scenarios(batch_max_wait=True), st.sampled_from(CLASS_POLICIES))
+def test_batch_work_is_never_starved(case: tuple[Config, Trace], policy: str) -> None:
+    config, trace = case
+    run = simulate(config.with_policy(policy), trace, check=True)  # type: ignore[arg-type]
+    assert all(r.finished_at is not None for r in run.requests if r.batch)

@@ -519,3 +519,117 @@ def test_a_model_pinned_to_a_device_never_loads_elsewhere() -> None:
     h.at(4).loaded("a")
     h.at(5).finish("a1")
     assert h.take() == [("dispatch", "a1"), ("load", "b", ("a",))]
+
+
+# --- service classes ----------------------------------------------------------------------------
+CLASSED = ["fifo-plus", "priority", "cost"]
+TWO_SLOTS = """
+models:
+  a: {load_s: 4, unload_s: 1, concurrency: 2}
+  b: {load_s: 12, unload_s: 2}
+scheduler: {max_wait_s: 120}
+"""
+
+
+@pytest.mark.parametrize("policy", CLASSED)
+def test_batch_yields_to_interactive_work_at_its_next_request_boundary(policy: str) -> None:
+    h = Harness(TWO_SLOTS, policy)
+    for i in range(1, 7):
+        h.arrive(f"a{i}", batch=True)
+    h.at(4).loaded("a")
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1"), ("dispatch", "a2")]
+    h.at(5).arrive("b1")  # a person waits: a takes no new batch line
+    assert h.take() == []
+    h.at(6).finish("a1")
+    assert h.take() == []  # a2 still runs: nothing is aborted
+    h.at(7).finish("a2")
+    assert h.take() == [("load", "b", ("a",))]
+    h.at(21).loaded("b")
+    h.at(22).finish("b1")
+    assert h.take() == [("dispatch", "b1"), ("load", "a", ("b",))]  # then the batch again
+
+
+@pytest.mark.parametrize("policy", CLASSED)
+def test_interactive_work_goes_first_whatever_the_batch_priority(policy: str) -> None:
+    h = Harness(THREE, policy)
+    h.arrive("c1")
+    h.at(6).loaded("c")
+    h.take()
+    h.arrive("a1", batch=True, priority=9)
+    h.at(7).arrive("b1")
+    h.at(8).finish("c1")
+    assert h.take() == [("load", "b", ("c",))]
+    h.at(14).loaded("b")
+    h.at(15).finish("b1")
+    assert h.take() == [("dispatch", "b1"), ("load", "a", ("b",))]
+
+
+@pytest.mark.parametrize("policy", CLASSED)
+def test_interactive_requests_go_before_batch_lines_inside_a_model(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1", batch=True)
+    h.arrive("a2", batch=True)
+    h.arrive("a3")
+    h.at(4).loaded("a")
+    h.finish("a3")
+    h.finish("a1")
+    assert [c[1] for c in h.take() if c[0] == "dispatch"] == ["a3", "a1", "a2"]
+
+
+@pytest.mark.parametrize("policy", CLASSED)
+def test_batch_work_never_displaces_interactive_work(policy: str) -> None:
+    h = Harness(TWO, policy)
+    h.arrive("a1")
+    h.arrive("a2")
+    h.at(4).loaded("a")
+    h.take()
+    for i in range(1, 100):
+        h.arrive(f"b{i}", batch=True, priority=5)
+    h.at(5).finish("a1")
+    assert h.take() == [("dispatch", "a2")]
+    h.at(6).finish("a2")
+    assert h.take() == [("load", "b", ("a",))]  # idle now: the batch fills the device
+
+
+@pytest.mark.parametrize("policy", CLASSED)
+def test_batch_fills_an_idle_device_beside_interactive_work(policy: str) -> None:
+    h = Harness(
+        "devices: [{name: g0}, {name: g1}]\n"
+        "models: {a: {load_s: 4, devices: [g0]}, b: {load_s: 6, devices: [g1]}}\n",
+        policy,
+    )
+    h.arrive("a1")
+    h.arrive("b1", batch=True)
+    assert h.take() == [("load", "a", ()), ("load", "b", ())]
+
+
+@pytest.mark.parametrize("policy", CLASSED)
+def test_batch_max_wait_brings_batch_work_in_past_fresh_interactive_work(policy: str) -> None:
+    h = Harness(
+        "models: {a: {load_s: 1, unload_s: 0}, b: {load_s: 1, unload_s: 0}}\n"
+        "scheduler: {max_wait_s: 100}\nbatch: {max_wait_s: 30}\n",
+        policy,
+    )
+    h.arrive("a1")
+    h.at(1).loaded("a")
+    h.take()
+    h.arrive("b1", batch=True)
+    t, k = 1.0, 2
+    while t < 40:  # a person keeps model a busy, one request after the other
+        h.arrive(f"a{k}")
+        t += 2
+        h.at(t).timers_due()
+        h.finish(f"a{k - 1}")
+        k += 1
+    loads = [c for c in h.take() if c[0] == "load"]
+    assert loads == [("load", "b", ("a",))]  # b1 waited 30 s: its turn came
+
+
+def test_without_classes_the_baselines_keep_arrival_order() -> None:
+    h = Harness(TWO, "fifo")
+    h.arrive("a1", batch=True)
+    h.arrive("b1")
+    assert h.take() == [("load", "a", ())]
+    h.at(4).loaded("a")
+    h.at(5).finish("a1")
+    assert h.take() == [("dispatch", "a1"), ("load", "b", ("a",))]

@@ -4,8 +4,10 @@ A policy answers three questions for the scheduler (which owns all state and act
 - `rank`: in what order should non-resident models with work be brought in?
 - `should_yield`: should a resident model stop taking new work to make room for a challenger?
 - `linger_s`: how long should a model that just went idle stay when others wait (debounce)?
-The shared rules (FIFO within a model and request priority, the `max_wait_s` bound, capacity, no
-eviction with work in flight) live in the scheduler, so no policy can break them.
+The shared rules (FIFO within a model and request priority, service classes, the `max_wait_s`
+bound, capacity, no eviction with work in flight) live in the scheduler, so no policy can break
+them. Policies price each model by its *top class* (its interactive work while it has any, else
+its batch work): the scheduler only ever asks them to compare models of the same class.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ LINGER_FLOOR = 0.25
 
 
 def oldest_seq(m: ModelRecord) -> int:
-    r = m.oldest()
+    r = m.oldest_top()
     return r.seq if r is not None else _NEVER
 
 
@@ -35,6 +37,7 @@ class Policy:
     name: PolicyName = "fifo-plus"
     bounded_wait = True  # honours scheduler.max_wait_s
     strict_order = False  # only the model of the oldest request may take new work
+    classes = True  # interactive work before batch work (the baselines ignore classes)
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         return sorted(candidates, key=lambda m: (oldest_seq(m), m.name))
@@ -61,6 +64,7 @@ class Fifo(Policy):
     name: PolicyName = "fifo"
     strict_order = True
     bounded_wait = False
+    classes = False
 
     def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
         return oldest_seq(challenger) < oldest_seq(resident)
@@ -72,9 +76,10 @@ class Grouped(Policy):
 
     name: PolicyName = "grouped"
     bounded_wait = False
+    classes = False
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
-        return sorted(candidates, key=lambda m: (-m.count, oldest_seq(m), m.name))
+        return sorted(candidates, key=lambda m: (-m.n_top, oldest_seq(m), m.name))
 
 
 class FifoPlus(Policy):
@@ -131,8 +136,10 @@ class Cost(Policy):
         linger: bool = True,
         max_age_factor: float = 3.0,
         max_wait_s: float | None = None,
+        batch_max_wait_s: float | None = None,
     ) -> None:
         self.max_wait_s = max_wait_s
+        self.batch_max_wait_s = batch_max_wait_s
         self.base = base
         self.age_weight_s = age_weight_s
         self.max_age_factor = max_age_factor
@@ -143,15 +150,19 @@ class Cost(Policy):
         return float(self.base**priority)
 
     def queue_weight(self, m: ModelRecord, now: float) -> float:
-        w = m.w_sum
+        w = m.w_top
         if w <= 0.0:
             return 0.0
-        mean_age = now - m.wa_sum / w
+        mean_age = now - m.wa_top / w
         return w * min(1.0 + mean_age / self.age_weight_s, self.max_age_factor)
 
     @staticmethod
     def work_s(m: ModelRecord) -> float:
-        return m.count * m.service_est / m.concurrency
+        return m.n_top * m.service_est / m.concurrency
+
+    def bound_s(self, m: ModelRecord) -> float | None:
+        """The wait bound of m's top class."""
+        return self.batch_max_wait_s if m.top_batch else self.max_wait_s
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         """Smith's order, subject to deadlines: queues whose oldest request has used half of
@@ -163,14 +174,15 @@ class Cost(Policy):
             return (-value, oldest_seq(m), m.name)
 
         order = sorted(candidates, key=key)
-        if self.max_wait_s is None or len(order) < 2:
+        bound = self.bound_s(order[0]) if order else None  # candidates share a class
+        if bound is None or len(order) < 2:
             return order
         top = order[0]
-        horizon = max(now + top.load_est + self.work_s(top), now + 0.5 * self.max_wait_s)
+        horizon = max(now + top.load_est + self.work_s(top), now + 0.5 * bound)
         urgent: list[tuple[float, ModelRecord]] = []
         for m in order:
-            r = m.oldest()
-            if r is not None and r.arrived_at + self.max_wait_s <= horizon:
+            r = m.oldest_top()
+            if r is not None and r.arrived_at + bound <= horizon:
                 urgent.append((r.arrived_at, m))
         if not urgent:
             return order
@@ -183,28 +195,29 @@ class Cost(Policy):
                 return True
             # Lingering never holds the device against heavier work or an urgent queue.
             best = challenger.best()
-            if best is not None and best.priority > resident.last_priority:
+            if best is not None and best.level > resident.last_level:
                 return True
             return self._urgent(challenger, now)
         # Among equals, exhaustive service (never leave a queue with work) is optimal and
         # stable; only strictly more important work may interrupt a visit.
         top_c, top_r = challenger.best(), resident.best()
-        if top_c is None or top_r is None or top_c.priority <= top_r.priority:
+        if top_c is None or top_r is None or top_c.level <= top_r.level:
             return False
         swap_in = resident.unload_est + challenger.load_est
         swap_back = challenger.unload_est + resident.load_est
-        w_c = challenger.w_sum
-        w_r = resident.w_sum
+        w_c = challenger.w_top
+        w_r = resident.w_top
         return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
             swap_in + self.work_s(challenger) + swap_back
         )
 
     def _urgent(self, m: ModelRecord, now: float) -> bool:
-        """m's oldest request has used half of max_wait_s."""
-        if self.max_wait_s is None:
+        """m's oldest request of its top class has used half of its class's wait bound."""
+        bound = self.bound_s(m)
+        if bound is None:
             return False
-        r = m.oldest()
-        return r is not None and now - r.arrived_at >= 0.5 * self.max_wait_s
+        r = m.oldest_top()
+        return r is not None and now - r.arrived_at >= 0.5 * bound
 
     def linger_s(self, m: ModelRecord, now: float) -> float:
         delay = m.spec.unload_delay_s
@@ -240,6 +253,7 @@ def make_policy(config: Config) -> Policy:
             c.linger,
             c.max_age_factor,
             config.scheduler.max_wait_s,
+            config.batch.max_wait_s,
         ),
     }
     return makers[config.scheduler.policy]()

@@ -6,10 +6,16 @@ Events in (`on_request`, `on_load_finished`, `on_load_failed`, `on_model_lost`,
 One instance is owned by one task/thread: it is not thread-safe and needs no locks.
 
 Shared rules, whatever the policy (see docs/design/scheduler.md):
+- service classes (policies with `classes`): interactive work of any model goes before batch work
+  of any model; a model serving only batch work yields to waiting interactive work of another
+  model at its next request boundary (in-flight work finishes, nothing is aborted); batch work
+  fills every idle slot and idle device;
 - FIFO within a model among equal request priorities, higher request priority first;
-- once a model's oldest pending request has waited `max_wait_s` (policies with `bounded_wait`),
-  that model is brought in next (after in-flight work drains and the resident model has served at
-  least one round since it loaded); inside a model, overdue requests are served first;
+- once a model's oldest pending interactive request has waited `max_wait_s` (policies with
+  `bounded_wait`), that model is brought in next (after in-flight work drains and the resident
+  model has served at least one round since it loaded); batch work has its own bound
+  (`batch.max_wait_s`) that applies while no interactive request is past its bound; inside a
+  model, overdue requests are served first;
 - never more resident models than fit; never evict a model with requests in flight;
 - with room for every model that has work, models load side by side and nothing is reordered;
 - with nothing pending, resident models stay loaded (until their `ttl_s`, if set).
@@ -25,7 +31,7 @@ from corral.config import Config
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
 from corral.core.policies import Policy, make_policy
-from corral.core.state import DeviceRecord, ModelRecord, first_pending
+from corral.core.state import DeviceRecord, ModelRecord, first_pending, is_batch_level
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
@@ -58,11 +64,15 @@ class Scheduler:
         self.policy = policy if policy is not None else make_policy(config)
         self._fx = effects
         self._clock = clock
+        self._classes = self.policy.classes
         self.models: dict[str, ModelRecord] = {
-            name: ModelRecord(name, spec) for name, spec in config.models.items()
+            name: ModelRecord(name, spec, self._classes) for name, spec in config.models.items()
         }
         self.devices: list[DeviceRecord] = [DeviceRecord(d) for d in config.devices]
         self._max_wait_s = config.scheduler.max_wait_s if self.policy.bounded_wait else None
+        self._batch_max_wait_s = (
+            config.batch.max_wait_s if self.policy.bounded_wait and self._classes else None
+        )
         self._min_visit = config.scheduler.min_visit_swaps
         # One model per device, one device: the common case gets O(1) arrival checks.
         self._solo = len(self.devices) == 1 and all(
@@ -96,6 +106,7 @@ class Scheduler:
         m.enqueue(r, self._weight(r.priority))
         if m.count == 1:
             self._pending[m] = None
+        batch = r.batch and self._classes  # counted as batch work
         if self._strict:
             self._arrivals.append(r)
         if m.idle_since is not None:
@@ -111,8 +122,9 @@ class Scheduler:
         elif state is _UNLOADED:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
-            if m.count == 1 and self._max_wait_s is not None and self._overdue_timer_at is None:
-                self._arm_overdue(now + self._max_wait_s)
+            bound = self._batch_max_wait_s if batch else self._max_wait_s
+            if bound is not None and (m.count - m.icount if batch else m.icount) == 1:
+                self._arm_overdue(now + bound)  # its class's first: the earliest deadline
         self._settle(now)
 
     def on_load_finished(
@@ -276,12 +288,43 @@ class Scheduler:
         r = dev.residents[0]
         if r.yielding:
             return False  # a swap is already coming; its target is chosen when r drains
+        if self._class_preempts([r], c):
+            return True  # batch yields to interactive at its next request boundary
         if not r.served and r.count:
             r.recheck = True  # it serves a round first; decide again when that round ends
             return False
         if r.count == 0:
             return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
+        return self._should_yield(r, c, now)
+
+    def _class_preempts(self, victims: list[ModelRecord], c: ModelRecord) -> bool:
+        """`c` has interactive work and every victim only batch work (queued, or the last it
+        ran): the class rule makes them yield, whatever the policy would say."""
+        return (
+            self._classes
+            and c.icount > 0
+            and all(v.icount == 0 and (v.count or is_batch_level(v.last_level)) for v in victims)
+        )
+
+    def _should_yield(self, r: ModelRecord, c: ModelRecord, now: float) -> bool:
+        """The class rule, then the policy (which only compares work of one class)."""
+        if self._classes:
+            if self._class_preempts([r], c):
+                return True
+            if r.icount and not c.icount:
+                return False  # batch work never displaces interactive work
         return self.policy.should_yield(r, c, now)
+
+    def _rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
+        """Models to bring in, best first: interactive ones before batch ones, each class in
+        the policy's order."""
+        if not self._classes:
+            return self.policy.rank(candidates, now)
+        interactive = [m for m in candidates if m.icount]
+        if not interactive or len(interactive) == len(candidates):
+            return self.policy.rank(candidates, now)
+        batch = [m for m in candidates if not m.icount]
+        return self.policy.rank(interactive, now) + self.policy.rank(batch, now)
 
     def _move(self, m: ModelRecord, to: Lifecycle) -> None:
         if to not in TRANSITIONS[m.state]:
@@ -358,16 +401,17 @@ class Scheduler:
             self._need_decide = True
 
     def _dispatch(self, m: ModelRecord, now: float) -> None:
-        """Start m's next requests while it has free slots. Overdue requests go first."""
+        """Start m's next requests while it has free slots: interactive first (overdue ones
+        first), then batch (overdue ones first)."""
         if m.lost:
             return
-        max_wait = self._max_wait_s
         models = self.models
         while m.in_flight < m.concurrency and m.count:
             r = m.best()
             assert r is not None
+            max_wait = self._batch_max_wait_s if is_batch_level(r.level) else self._max_wait_s
             if max_wait is not None:
-                old = m.oldest()
+                old = m.oldest_top()
                 if old is not None and old.arrived_at + max_wait <= now:
                     r = old
             if self._strict and m.served:  # an unserved model gets its round (progress rule)
@@ -384,7 +428,7 @@ class Scheduler:
             r.state = _RUNNING
             r.dispatched_at = now
             m.in_flight += 1
-            m.last_priority = r.priority
+            m.last_level = r.level
             m.served = True
             self._fx.dispatch(r)
 
@@ -398,26 +442,28 @@ class Scheduler:
                 raise SchedulerBug("scheduler did not settle after 1,000 decisions")
 
     def _overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
-        """The non-resident model whose oldest request is oldest among those that waited
-        `max_wait_s`, and the next deadline of a non-resident model not yet overdue."""
-        if self._max_wait_s is None:
-            return None, None
-        max_wait = self._max_wait_s
-        forced: ModelRecord | None = None
-        forced_seq = 0
+        """The non-resident model whose oldest interactive request is oldest among those that
+        waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
+        next deadline of a non-resident model not yet overdue."""
+        bounds = ((False, self._max_wait_s), (True, self._batch_max_wait_s))
+        forced: list[ModelRecord | None] = [None, None]
+        forced_seq = [0, 0]
         next_at: float | None = None
         for m in self._pending:
             if m.state is not _UNLOADED:
                 continue
-            r = m.oldest()
-            assert r is not None
-            at = r.arrived_at + max_wait  # one form of the comparison, so rounding agrees
-            if at <= now:
-                if forced is None or r.seq < forced_seq:
-                    forced, forced_seq = m, r.seq
-            elif next_at is None or at < next_at:
-                next_at = at
-        return forced, next_at
+            for k, (batch, max_wait) in enumerate(bounds):
+                if max_wait is None or not (m.count - m.icount if batch else m.icount):
+                    continue
+                r = m.oldest(batch) if self._classes else m.oldest()
+                assert r is not None
+                at = r.arrived_at + max_wait  # one form of the comparison, so rounding agrees
+                if at <= now:
+                    if forced[k] is None or r.seq < forced_seq[k]:
+                        forced[k], forced_seq[k] = m, r.seq
+                elif next_at is None or at < next_at:
+                    next_at = at
+        return forced[0] or forced[1], next_at
 
     def _arm_overdue(self, at: float) -> None:
         armed = self._overdue_timer_at
@@ -472,9 +518,11 @@ class Scheduler:
         self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None, now: float
     ) -> bool:
         """Do `victims` make room for `c` (policy, max_wait and the progress rule)?"""
-        wants = c is forced or all(self.policy.should_yield(v, c, now) for v in victims)
+        wants = c is forced or all(self._should_yield(v, c, now) for v in victims)
         if not wants:
             return False
+        if c is not forced and self._class_preempts(victims, c):
+            return True  # one way only (batch never preempts), so no progress rule is needed
         if c is forced:
             # Quantum: max_wait_s may end a visit only after it has served for min_visit_swaps
             # times the swap that began it, so turn-taking under overload cannot collapse into
@@ -518,10 +566,14 @@ class Scheduler:
         if dev.loading is not None:
             return
         if not dev.residents:
-            target = forced or self.policy.rank(candidates, now)[0]
+            target = forced or self._rank(candidates, now)[0]
             self._start_load(target, dev, [], now, "free room")
             return
         r = dev.residents[0]
+        if self._classes and forced is None:
+            interactive = [c for c in candidates if c.icount]
+            if interactive:  # batch work may not take the device while interactive work waits
+                candidates = interactive
         if forced is not None:
             target = forced
         elif self._strict:
@@ -529,16 +581,16 @@ class Scheduler:
             # answer as ranking every candidate, in O(1)).
             head = self._head()
             hm = self.models[head.model] if head is not None else r
-            if hm is r or hm.state is not _UNLOADED or not self.policy.should_yield(r, hm, now):
+            if hm is r or hm.state is not _UNLOADED or not self._should_yield(r, hm, now):
                 self._arm_linger(r, now)
                 return
             target = hm
         else:
-            passing = [c for c in candidates if self.policy.should_yield(r, c, now)]
+            passing = [c for c in candidates if self._should_yield(r, c, now)]
             if not passing:
                 self._arm_linger(r, now)
                 return
-            target = passing[0] if len(passing) == 1 else self.policy.rank(passing, now)[0]
+            target = passing[0] if len(passing) == 1 else self._rank(passing, now)[0]
         if self._yield_to([r], target, forced, now):
             self._commit(target, dev, [r], forced, now)
 
@@ -546,12 +598,16 @@ class Scheduler:
         self, candidates: list[ModelRecord], forced: ModelRecord | None, now: float
     ) -> None:
         """Several devices or models per device: place candidates in rank order."""
-        order = self.policy.rank(candidates, now)
+        order = self._rank(candidates, now)
         if forced is not None:
             order.remove(forced)
             order.insert(0, forced)
         evicting = False
+        # While interactive work waits, batch work takes only free room, never evicts.
+        interactive_waits = self._classes and any(c.icount for c in order)
         for c in order:
+            if interactive_waits and not c.icount and c is not forced:
+                evicting = True
             plan = plan_placement(self._views(c, now))
             if plan is None:
                 evicting = evicting or c is forced  # nobody jumps an overdue model's queue

@@ -9,9 +9,22 @@ from corral.config import DeviceConfig, ModelConfig
 from corral.core.types import Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
+# Queue levels are one int per (class, priority): batch levels sit this far below every
+# interactive one, so "interactive first, then priority" is plain integer order.
+_BATCH_SHIFT = 1 << 62
+_BATCH_HALF = _BATCH_SHIFT >> 1  # a level below minus this is a batch level
 _EWMA_SERVICE = 0.2
 _EWMA_GAP = 0.3
 _EWMA_SWAP = 0.3
+
+
+def level_of(priority: int, batch: bool) -> int:
+    """A queue level: higher runs first (interactive before batch, then priority)."""
+    return priority - _BATCH_SHIFT if batch else priority
+
+
+def is_batch_level(level: int) -> bool:
+    return level < -_BATCH_HALF
 
 
 def first_pending(q: deque[Request]) -> Request | None:
@@ -27,23 +40,29 @@ def first_pending(q: deque[Request]) -> Request | None:
 class ModelRecord:
     """One model's queue, residency and running estimates.
 
-    The queue keeps one FIFO per request priority, so the next request (highest priority, then
-    oldest) and the oldest request are found in O(levels); cancelled entries leave lazily.
-    `w_sum`/`wa_sum` are Σweight and Σweight·arrived_at of pending requests, so a policy can price
-    the whole queue, ages included, in O(1).
+    The queue keeps one FIFO per (service class, request priority) level, so the next request
+    (interactive first, then highest priority, then oldest) and the oldest request are found in
+    O(levels); cancelled entries leave lazily.
+
+    Policies see the model's *top class*: its interactive work while it has any, else its batch
+    work (`top_batch`). `n_top`, `w_top` and `wa_top` are that class's count, Σweight and
+    Σweight·arrived_at, so a policy prices the queue it would serve next, ages included, in O(1);
+    `count` is every pending request, of both classes.
     """
 
     __slots__ = (
         "_levels",
         "_order",
+        "classes",
         "concurrency",
         "count",
         "device",
         "gap_dev",
         "gap_est",
+        "icount",
         "idle_since",
         "in_flight",
-        "last_priority",
+        "last_level",
         "linger_timer_at",
         "linger_until",
         "load_est",
@@ -59,24 +78,30 @@ class ModelRecord:
         "spec",
         "state",
         "unload_est",
+        "w_batch",
         "w_sum",
+        "wa_batch",
         "wa_sum",
         "yielding",
     )
 
-    def __init__(self, name: str, spec: ModelConfig) -> None:
+    def __init__(self, name: str, spec: ModelConfig, classes: bool = True) -> None:
         self.name = name
+        self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
         self.priority = spec.priority
         self.concurrency = spec.concurrency
         self.state = Lifecycle.UNLOADED
         self.device: DeviceRecord | None = None
         self.in_flight = 0
-        self.count = 0
-        self.w_sum = 0.0
+        self.count = 0  # pending requests, both classes
+        self.icount = 0  # ... of them interactive
+        self.w_sum = 0.0  # Σweight and Σweight·arrived_at of pending interactive requests
         self.wa_sum = 0.0
+        self.w_batch = 0.0  # ... and of pending batch requests
+        self.wa_batch = 0.0
         self._levels: dict[int, deque[Request]] = {}
-        self._order: list[int] = []  # negated priorities, ascending = highest priority first
+        self._order: list[int] = []  # negated levels, ascending = first to run first
         self.yielding = False  # stops taking new work: it is to make room for another model
         self.lost = False  # its server died: no new work; unloaded once in-flight work ends
         self.served = False  # dispatched at least once since it last loaded
@@ -89,7 +114,7 @@ class ModelRecord:
         self.idle_since: float | None = None
         self.gap_est: float | None = None  # EWMA of idle gaps: went idle -> next arrival
         self.gap_dev = 0.0  # EWMA of the gaps' absolute deviation from gap_est
-        self.last_priority = 0
+        self.last_level = 0  # the level of the request it dispatched last
         self.service_est = spec.service_s
         self.load_est = spec.load_s
         self.unload_est = spec.unload_s
@@ -101,40 +126,73 @@ class ModelRecord:
     def resident(self) -> bool:
         return self.state is not Lifecycle.UNLOADED
 
+    # --- the top class, as policies see it ---------------------------------------------------
+    @property
+    def top_batch(self) -> bool:
+        """Its pending work is batch work only (or it has none)."""
+        return self.icount == 0
+
+    @property
+    def n_top(self) -> int:
+        return self.icount or self.count
+
+    @property
+    def w_top(self) -> float:
+        return self.w_sum if self.icount else self.w_batch
+
+    @property
+    def wa_top(self) -> float:
+        return self.wa_sum if self.icount else self.wa_batch
+
     # --- queue ------------------------------------------------------------------------------
     def enqueue(self, r: Request, weight: float) -> None:
-        q = self._levels.get(r.priority)
+        """Queue pending `r` (its `arrived_at` set); stamps `r.level`."""
+        batch = r.batch and self.classes
+        level = r.level = level_of(r.priority, batch)
+        q = self._levels.get(level)
         if q is None:
-            q = self._levels[r.priority] = deque()
-            insort(self._order, -r.priority)
+            q = self._levels[level] = deque()
+            insort(self._order, -level)
         q.append(r)
         self.count += 1
-        self.w_sum += weight
-        self.wa_sum += weight * r.arrived_at
+        if batch:
+            self.w_batch += weight
+            self.wa_batch += weight * r.arrived_at
+        else:
+            self.icount += 1
+            self.w_sum += weight
+            self.wa_sum += weight * r.arrived_at
 
     def _head(self, level: int) -> Request | None:
         return first_pending(self._levels[level])
 
     def best(self) -> Request | None:
-        """The next request by the shared rule: highest request priority, then oldest."""
+        """The next request by the shared rule: interactive first, then highest request
+        priority, then oldest."""
         for neg in self._order:
             r = self._head(-neg)
             if r is not None:
                 return r
         return None
 
-    def oldest(self) -> Request | None:
-        """The pending request that arrived first."""
+    def oldest(self, batch: bool | None = None) -> Request | None:
+        """The pending request that arrived first (of class `batch`, if given)."""
         found: Request | None = None
         for neg in self._order:
+            if batch is not None and (neg > _BATCH_HALF) is not batch:
+                continue
             r = self._head(-neg)
             if r is not None and (found is None or r.seq < found.seq):
                 found = r
         return found
 
+    def oldest_top(self) -> Request | None:
+        """The oldest pending request of the top class."""
+        return self.oldest(self.icount == 0)
+
     def take(self, r: Request, weight: float) -> None:
         """Remove `r`, which `best()` or `oldest()` just returned."""
-        self._levels[r.priority].popleft()
+        self._levels[r.level].popleft()
         self._forget(r, weight)
 
     def discard(self, r: Request, weight: float) -> None:
@@ -143,12 +201,19 @@ class ModelRecord:
 
     def _forget(self, r: Request, weight: float) -> None:
         self.count -= 1
-        if self.count:
-            self.w_sum -= weight
-            self.wa_sum -= weight * r.arrived_at
-        else:  # reset exactly, so float drift never accumulates
-            self.w_sum = 0.0
-            self.wa_sum = 0.0
+        if is_batch_level(r.level):
+            if self.count > self.icount:
+                self.w_batch -= weight
+                self.wa_batch -= weight * r.arrived_at
+            else:  # reset exactly, so float drift never accumulates
+                self.w_batch = self.wa_batch = 0.0
+        else:
+            self.icount -= 1
+            if self.icount:
+                self.w_sum -= weight
+                self.wa_sum -= weight * r.arrived_at
+            else:
+                self.w_sum = self.wa_sum = 0.0
 
     def pending(self, limit: int | None = None) -> list[Request]:
         """Pending requests in dispatch order, the first `limit` of them (for status views;

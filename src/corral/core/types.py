@@ -33,25 +33,34 @@ TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
 class Request:
     """One unit of work for one model.
 
-    Adapters create it with `model`, `priority` and an opaque `id`; the scheduler stamps `seq`
-    (arrival order), `arrived_at`, `dispatched_at` and `state`. Subclass it to carry payloads.
+    Adapters create it with `model`, `priority`, its service class and an opaque `id`; the
+    scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at` and `state`. Subclass
+    it to carry payloads.
+
+    The class: `batch=False` is interactive (someone is waiting: gateway requests), `batch=True`
+    is background work (Batch API lines, queue tasks by default). Interactive work of any model
+    goes before batch work of any model; `priority` orders requests inside their class.
     """
 
     __slots__ = (
         "arrived_at",
+        "batch",
         "dispatched_at",
         "finished_at",
         "id",
+        "level",
         "model",
         "priority",
         "seq",
         "state",
     )
 
-    def __init__(self, id: object, model: str, priority: int = 0) -> None:
+    def __init__(self, id: object, model: str, priority: int = 0, batch: bool = False) -> None:
         self.id = id
         self.model = model
         self.priority = priority
+        self.batch = batch
+        self.level = 0  # its queue level, stamped by the scheduler (see core/state.py)
         self.seq = 0
         self.arrived_at = 0.0
         self.dispatched_at: float | None = None
@@ -61,7 +70,8 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request(id={self.id!r}, model={self.model!r}, priority={self.priority}, "
-            f"seq={self.seq}, state={self.state.value})"
+            f"class={'batch' if self.batch else 'interactive'}, seq={self.seq}, "
+            f"state={self.state.value})"
         )
 
 

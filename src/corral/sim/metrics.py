@@ -172,5 +172,20 @@ def summarize(run: Run) -> dict[str, Any]:
         "jain_fairness": jain(np.array(slowdowns)),
         "lower_bound_makespan_s": lower_bound_makespan_s(run.config, run.trace),
         "per_model": per_model,
+        "per_class": per_class(done, wait, lat),
     }
     return result
+
+
+def per_class(done: list[SimRequest], wait: Floats, lat: Floats) -> dict[str, dict[str, float]]:
+    """Requests, waits and latencies of each service class that has requests."""
+    batch = np.fromiter((r.batch for r in done), bool, len(done))
+    out: dict[str, dict[str, float]] = {}
+    for name, mask in (("interactive", ~batch), ("batch", batch)):
+        if mask.any():
+            out[name] = {
+                "requests": int(mask.sum()),
+                **_stats("wait", wait[mask]),
+                **_stats("latency", lat[mask]),
+            }
+    return out

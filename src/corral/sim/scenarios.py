@@ -34,6 +34,7 @@ def _trace(name: str, lines: list[dict[str, object]]) -> Trace:
                 t=float(x["t"]) if "t" in x else None,  # type: ignore[arg-type]
                 session=str(x["session"]) if "session" in x else None,
                 think_s=float(x.get("think_s", 0.0)),  # type: ignore[arg-type]
+                batch=x.get("class") == "batch",
             )
         )
     return Trace(out, f"<scenario {name}>")
@@ -151,8 +152,9 @@ scheduler: {policy: cost, max_wait_s: 120}
 
 
 def chat_batch() -> Scenario:
-    """A person chats (request priority 2, closed loop, 10-60 s to read and type) with one model
-    while a 2,000-request background batch runs on another model, one device."""
+    """A person chats (interactive, the default priority, closed loop, 10-60 s to read and type)
+    with one model while a 2,000-request background batch (class batch) runs on another model,
+    one device: the gateway's own defaults, nothing tuned."""
     cfg = parse_config(
         """
 models:
@@ -164,14 +166,18 @@ scheduler: {policy: cost, max_wait_s: 120}
     )
     rng = random.Random(5)
     lines: list[dict[str, object]] = [
-        {"t": 0.0, "model": "batch-8b", "service_s": round(rng.uniform(0.6, 1.4), 3)}
+        {
+            "t": 0.0,
+            "model": "batch-8b",
+            "class": "batch",
+            "service_s": round(rng.uniform(0.6, 1.4), 3),
+        }
         for _ in range(2000)
     ]
     for k in range(40):
         line: dict[str, object] = {
             "session": "chat",
             "model": "chat-3b",
-            "priority": 2,
             "service_s": round(rng.uniform(2, 4), 2),
             "think_s": round(rng.uniform(10, 60), 1),
         }

@@ -2,6 +2,8 @@
 
 Open loop:   {"t": 12.5, "model": "m", "service_s": 3.2, "priority": 0}
 Closed loop: {"session": "agent-1", "think_s": 0.8, "model": "m", "service_s": 3.2}
+A line's `class` is "interactive" (the default: someone waits for it) or "batch" (background
+work, like a Batch API line); `priority` orders requests inside their class.
 A session's first request arrives at its `t` (default 0); each later one arrives `think_s` after
 the session's previous request finished. A session's lines are in order.
 """
@@ -16,7 +18,8 @@ from pathlib import Path
 
 from corral.errors import Problem, TraceError
 
-ALLOWED_KEYS = ("t", "session", "think_s", "model", "service_s", "priority")
+ALLOWED_KEYS = ("t", "session", "think_s", "model", "service_s", "priority", "class")
+CLASSES = ("interactive", "batch")
 _MAX_PROBLEMS = 20
 
 
@@ -29,6 +32,7 @@ class TraceLine:
     t: float | None = None  # open loop: arrival time; closed loop: the session's start (first line)
     session: str | None = None
     think_s: float = 0.0
+    batch: bool = False  # the line's class: batch, else interactive
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -44,6 +48,8 @@ class TraceLine:
         out["service_s"] = self.service_s
         if self.priority:
             out["priority"] = self.priority
+        if self.batch:
+            out["class"] = "batch"
         return out
 
 
@@ -116,6 +122,9 @@ def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<t
             priority = obj.get("priority", 0)
             if isinstance(priority, bool) or not isinstance(priority, int):
                 errs.append(f"priority must be an integer; got {priority!r}")
+            klass = obj.get("class", "interactive")
+            if klass not in CLASSES:
+                errs.append(f"class must be 'interactive' or 'batch'; got {klass!r}")
             session = obj.get("session")
             if session is None:
                 if "t" not in obj:
@@ -141,6 +150,7 @@ def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<t
                         t,
                         session if isinstance(session, str) else None,
                         think_s or 0.0,
+                        klass == "batch",
                     )
                 )
         for e in errs:
