@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 from corral import __version__
 from corral.cli_batches import batches_app, submit
@@ -125,6 +126,34 @@ def _run_all(
     return runs, [summarize(r) for r in runs]
 
 
+def _inputs(
+    scenario: str | None, config_path: Path | None, trace_path: Path | None
+) -> tuple[Config, Trace, str]:
+    """The configuration, trace and title from --scenario or --config/--trace."""
+    from corral.config import load_config
+    from corral.sim.scenarios import get_scenario
+    from corral.sim.trace import load_trace
+
+    try:
+        if scenario is not None:
+            if config_path or trace_path:
+                raise typer.BadParameter(
+                    "use either --scenario or --config/--trace, not both", param_hint="--scenario"
+                )
+            sc = get_scenario(scenario)
+            return sc.config, sc.trace, f"scenario {sc.name}"
+        if config_path is None or trace_path is None:
+            raise typer.BadParameter(
+                "give --config and --trace, or --scenario NAME (see --list-scenarios)",
+                param_hint="--config",
+            )
+        config = load_config(config_path)
+        trace = load_trace(trace_path, config.models)
+        return config, trace, f"{trace_path.name} · {len(trace.lines):,} requests"
+    except CorralError as exc:
+        raise _fail(exc) from None
+
+
 @app.command(name="simulate")
 def simulate_cmd(
     config_path: Annotated[
@@ -163,10 +192,8 @@ def simulate_cmd(
     ] = None,
 ) -> None:
     """Replay a trace through the real scheduler on a virtual clock and compare policies."""
-    from corral.config import load_config
     from corral.sim.report import per_model_table, results_table, write_csv, write_plots
-    from corral.sim.scenarios import SCENARIOS, get_scenario
-    from corral.sim.trace import load_trace
+    from corral.sim.scenarios import SCENARIOS
 
     if list_scenarios:
         table_rows = [
@@ -178,31 +205,13 @@ def simulate_cmd(
             for name, summary in table_rows:
                 out_console.print(f"[cyan]{name:12s}[/cyan] {summary}", highlight=False)
         return
-    try:
-        if scenario is not None:
-            if config_path or trace_path:
-                raise typer.BadParameter(
-                    "use either --scenario or --config/--trace, not both", param_hint="--scenario"
-                )
-            sc = get_scenario(scenario)
-            config, trace, title = sc.config, sc.trace, f"scenario {sc.name}"
-            if save_scenario is not None:
-                save_scenario.mkdir(parents=True, exist_ok=True)
-                (save_scenario / "config.yaml").write_text(
-                    yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-                )
-                trace.write(save_scenario / "trace.jsonl")
-        else:
-            if config_path is None or trace_path is None:
-                raise typer.BadParameter(
-                    "give --config and --trace, or --scenario NAME (see --list-scenarios)",
-                    param_hint="--config",
-                )
-            config = load_config(config_path)
-            trace = load_trace(trace_path, config.models)
-            title = f"{trace_path.name} · {len(trace.lines):,} requests"
-    except CorralError as exc:
-        raise _fail(exc) from None
+    config, trace, title = _inputs(scenario, config_path, trace_path)
+    if scenario is not None and save_scenario is not None:
+        save_scenario.mkdir(parents=True, exist_ok=True)
+        (save_scenario / "config.yaml").write_text(
+            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        )
+        trace.write(save_scenario / "trace.jsonl")
     policies = _policies(policy, config)
     show_progress = not as_json and sys.stderr.isatty() and len(trace.lines) >= 20_000
     runs, results = _run_all(config, trace, policies, show_progress)
@@ -219,6 +228,76 @@ def simulate_cmd(
         return
     out_console.print(results_table(results, title))
     out_console.print(per_model_table(results))
+
+
+@app.command(name="replay")
+def replay_cmd(
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Configuration file (models, devices, scheduler)."),
+    ] = None,
+    trace_path: Annotated[
+        Path | None, typer.Option("--trace", "-t", help="Trace file: one JSON request per line.")
+    ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option("--scenario", "-s", help="A built-in scenario instead of --config/--trace."),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", help="Policy to run; repeat to compare; 'all' runs all."),
+    ] = None,
+    speed: Annotated[
+        float, typer.Option(min=0.1, help="Run this many times faster than the trace's times.")
+    ] = 10.0,
+    compare_sim: Annotated[
+        bool, typer.Option("--compare", help="Also simulate, and show both side by side.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
+) -> None:
+    """Send a trace live through `corral serve` (sim backends with the configuration's times) and
+    report the same figures as `corral simulate`, in the trace's seconds."""
+    from corral.replay import compare, replay
+    from corral.sim.report import per_model_table, results_table
+
+    config, trace, title = _inputs(scenario, config_path, trace_path)
+    results, diffs = [], []
+    for name in _policies(policy, config):
+        cfg = config.with_policy(name)
+        try:
+            _, live = replay(cfg, trace, speed, progress=lambda m: err_console.print(m))
+        except CorralError as exc:
+            raise _fail(exc) from None
+        live["mode"] = "live"
+        results.append(live)
+        if compare_sim:
+            from corral.sim.engine import simulate
+            from corral.sim.metrics import summarize
+
+            sim = summarize(simulate(cfg, trace))
+            sim["mode"] = "simulated"
+            results.append(sim)
+            diffs.append((name, compare(sim, live)))
+    if as_json:
+        out = {"results": results}
+        if compare_sim:
+            out["parity"] = [{"policy": p, **vars(d), "ok": d.ok} for p, ds in diffs for d in ds]
+        print(json.dumps(out, indent=2))
+        return
+    for r in results:
+        r["policy"] = f"{r['policy']} ({r['mode']})"
+    out_console.print(results_table(results, f"{title} · live at {speed:g}x"))
+    out_console.print(per_model_table(results))
+    for name, ds in diffs:
+        table = Table(title=f"{name}: simulated vs live")
+        for col in ("figure", "simulated", "live", "tolerance", ""):
+            table.add_column(col, justify="right")
+        for d in ds:
+            mark = "[green]ok[/green]" if d.ok else "[red]differs[/red]"
+            table.add_row(
+                d.figure, f"{d.simulated:.2f}", f"{d.live:.2f}", f"±{d.tolerance:.2f}", mark
+            )
+        out_console.print(table)
 
 
 @app.command(name="serve")
@@ -294,6 +373,9 @@ def sim_backend_cmd(
     max_tokens: Annotated[
         int, typer.Option(min=0, help="Tokens per answer when a request does not say.")
     ] = 16,
+    unload_s: Annotated[
+        float, typer.Option(min=0, help="Seconds a stop takes, like freeing the device.")
+    ] = 0.0,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
     """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks)."""
@@ -303,7 +385,8 @@ def sim_backend_cmd(
         f"corral sim-backend: {model} on http://{host}:{port} "
         f"(load {load_s:g} s, {tokens_per_s:g} tokens/s, {parallel} at once)"
     )
-    serve(SimSettings(model, load_s, tokens_per_s, parallel, max_tokens), host, port)
+    settings = SimSettings(model, load_s, tokens_per_s, parallel, max_tokens, unload_s=unload_s)
+    serve(settings, host, port)
 
 
 def main() -> None:

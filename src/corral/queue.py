@@ -90,6 +90,7 @@ class Queue:
         serial_key: str | None,
         max_attempts: int,
         batch_id: str | None,
+        interactive: bool,
     ) -> NewTask:
         spec = self.registry.handlers.get(kind)
         if spec is None:
@@ -103,7 +104,9 @@ class Queue:
                 f"a {kind!r} task splits on failure, so its payload must be a non-empty list; "
                 f"got {type(payload).__name__}"
             )
-        return NewTask(kind, spec.model, payload, priority, serial_key, max_attempts, batch_id)
+        return NewTask(
+            kind, spec.model, payload, priority, serial_key, max_attempts, batch_id, interactive
+        )
 
     def submit(
         self,
@@ -114,10 +117,15 @@ class Queue:
         serial_key: str | None = None,
         max_attempts: int = 3,
         batch_id: str | None = None,
+        interactive: bool = False,
     ) -> str:
-        """Queue one task; returns its id."""
+        """Queue one task; returns its id.
+
+        A task is batch work unless `interactive=True` (someone waits for its result): a worker
+        runs interactive tasks of any model before batch tasks of any model; `priority` orders
+        tasks inside their class."""
         return self.store.enqueue(
-            self._new(kind, payload, priority, serial_key, max_attempts, batch_id)
+            self._new(kind, payload, priority, serial_key, max_attempts, batch_id, interactive)
         )
 
     def submit_many(
@@ -128,10 +136,15 @@ class Queue:
         priority: int = 0,
         max_attempts: int = 3,
         batch_id: str | None = None,
+        interactive: bool = False,
     ) -> list[str]:
-        """Queue many tasks of one kind in one transaction (all or none)."""
+        """Queue many tasks of one kind in one transaction (all or none); `interactive` as in
+        `submit`."""
         return self.store.enqueue_many(
-            [self._new(kind, p, priority, None, max_attempts, batch_id) for p in payloads]
+            [
+                self._new(kind, p, priority, None, max_attempts, batch_id, interactive)
+                for p in payloads
+            ]
         )
 
     def get(self, task_id: str) -> Task:

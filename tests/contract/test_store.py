@@ -323,12 +323,27 @@ def test_ready_counts_are_what_claim_could_take_now(store: Store, clock: Clock) 
     add(store, n=1, priority=3)
     add(store, model="other", n=2, serial_key="s")  # only the first of a serial key is ready
     store.claim("m", "w", limit=1, lease_s=30)  # takes the priority-3 task
-    assert store.ready_counts() == {"m": {0: 2}, "other": {0: 1}}
+    assert store.ready_counts() == {"m": {(False, 0): 2}, "other": {(False, 0): 1}}
     (a,) = store.claim("m", "w", limit=1, lease_s=30)
     store.fail(a.id, a.lease_token or "", "x", retry_in_s=10)
-    assert store.ready_counts() == {"m": {0: 1}, "other": {0: 1}}  # the retry is not due yet
+    # the retry is not due yet
+    assert store.ready_counts() == {"m": {(False, 0): 1}, "other": {(False, 0): 1}}
     clock.t += 10
-    assert store.ready_counts()["m"] == {0: 2}
+    assert store.ready_counts()["m"] == {(False, 0): 2}
+    add(store, n=1, interactive=True, priority=-5)
+    assert store.ready_counts()["m"] == {(False, 0): 2, (True, -5): 1}
+
+
+def test_interactive_tasks_are_claimed_before_batch_tasks_whatever_their_priority(
+    store: Store,
+) -> None:
+    batch = add(store, n=2, priority=9)
+    first = add(store, n=1, interactive=True, priority=-1)
+    second = add(store, n=1, interactive=True, priority=2)
+    got = store.claim("m", "w", limit=3, lease_s=30, start=2)
+    assert [t.id for t in got] == [*second, *first, batch[0]]
+    assert [t.interactive for t in got] == [True, True, False]
+    assert [t.started_at is not None for t in got] == [True, True, False]
 
 
 def test_concurrent_claims_never_hand_out_a_task_twice(
@@ -448,10 +463,16 @@ def test_a_database_from_schema_1_upgrades_and_keeps_its_tasks(
         for statement in filter(str.strip, migrations(old.dialect)[0][1].split(";")):
             tx.run(statement)
         tx.run("INSERT INTO corral_schema (version) VALUES (1)")
-    (tid,) = add(old)
+        tx.run(  # a task as the first release wrote it
+            "INSERT INTO corral_tasks (id, kind, model, payload, priority, status, "
+            "max_attempts, created_at, run_after) VALUES ('old', 'k', 'm', '{}', 0, 'queued', "
+            "3, 0, 0)"
+        )
     assert old.upgrade() == list(range(2, LATEST + 1))
     assert old.schema_version() == LATEST
-    assert [t.id for t in old.claim("m", "w", limit=5, lease_s=30)] == [tid]
+    (new,) = add(old, interactive=True)
+    claimed = old.claim("m", "w", limit=5, lease_s=30)
+    assert [(t.id, t.interactive) for t in claimed] == [(new, True), ("old", False)]
     old.close()
 
 
@@ -547,7 +568,7 @@ def test_a_batch_and_its_lines_are_stored_together(store: Store) -> None:
     assert [t.payload["line"] for t in store.batch_tasks("batch-1")] == [0, 1, 2]
     first = store.batch_tasks("batch-1")[0]
     assert [t.payload["line"] for t in store.batch_tasks("batch-1", after_seq=first.seq)] == [1, 2]
-    assert store.ready_counts() == {"m": {-1: 3}}  # claimable like any task
+    assert store.ready_counts() == {"m": {(False, -1): 3}}  # claimable like any task
     with pytest.raises(BatchNotFound, match="no batch with id 'nope'"):
         store.get_batch("nope")
 

@@ -1,7 +1,8 @@
 """The simulated backend: a real OpenAI-compatible HTTP server that emulates a model server's load
 time and token speed, for demos, tests and benchmarks (`corral sim-backend`).
 
-Like llama-server, it answers `/health` with 503 until its load time has passed and refuses work
+Like llama-server, it answers `/health` with 503 until its load time has passed (counted from the
+process's start, interpreter start-up included, as a real server's load is) and refuses work
 until then; it serves at most `parallel` requests at once (the rest wait for a slot) and produces
 `tokens_per_s` tokens per second per request, streamed as server-sent events when asked. The text
 is deterministic in the prompt, so tests can compare answers.
@@ -10,9 +11,11 @@ is deterministic in the prompt, so tests can compare answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -65,6 +68,7 @@ class SimSettings:
     parallel: int = 1  # requests served at once; the rest wait for a slot
     max_tokens: int = 16  # when a request does not say
     embedding_dim: int = 16
+    unload_s: float = 0.0  # a stop (SIGTERM) takes this long, like freeing the device
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -92,13 +96,25 @@ def _prompt_text(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
 def build_app(settings: SimSettings) -> Starlette:
-    """The sim server's ASGI app; its clock starts now (the 'load' begins at once)."""
+    """The sim server's ASGI app; its 'load' began when the process started."""
     slots = asyncio.Semaphore(settings.parallel)
     created = int(time.time())
     # Epoch times, so a benchmark can tell its own load time from the gateway's overhead.
-    started_epoch = time.time()
-    state = {"ready_at": time.monotonic() + settings.load_s, "asleep": False}
+    age_s = process_age_s()
+    started_epoch = time.time() - age_s
+    state = {"ready_at": time.monotonic() - age_s + settings.load_s, "asleep": False}
     ready_epoch = [started_epoch + settings.load_s]
     sleeps = {"sleep": 0, "wake_up": 0}
 
@@ -239,7 +255,13 @@ def build_app(settings: SimSettings) -> Starlette:
             }
         )
 
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.sleep(settings.unload_s)  # on SIGTERM, after the last request
+
     return Starlette(
+        lifespan=lifespan,
         routes=[
             Route("/health", health),
             Route("/sleep", sleep, methods=["POST"]),
@@ -248,7 +270,7 @@ def build_app(settings: SimSettings) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/embeddings", embeddings, methods=["POST"]),
-        ]
+        ],
     )
 
 

@@ -236,8 +236,9 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         if isinstance(r, Response):
             metrics.requests.labels(model, str(r.status_code)).inc()
             return r
-        metrics.wait_seconds.labels(model).observe(time.monotonic() - arrived)
-        return await proxy(request, r, model, path, body, arrived, stream)
+        wait_s = time.monotonic() - arrived
+        metrics.wait_seconds.labels(model).observe(wait_s)
+        return await proxy(request, r, model, path, body, arrived, stream, wait_s)
 
     async def proxy(
         request: Request,
@@ -247,6 +248,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         body: bytes,
         arrived: float,
         stream: bool,
+        wait_s: float = 0.0,
     ) -> Response:
         backend = gateway.backends[model]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
@@ -270,6 +272,9 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
             )
 
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_BACK}
+        # How long the request waited for its model (queue and swap): clients, benchmarks and
+        # `corral replay` read it to tell waiting from serving.
+        out_headers["x-corral-wait-ms"] = f"{wait_s * 1000:.1f}"
         if not stream:  # read whole: one response message instead of a chunk loop
             resp.release()
             gateway.finished(r)

@@ -2,10 +2,10 @@
 lines run through the gateway's own scheduler.
 
 A batch line is a task in the store. A `Worker` attached to the gateway's scheduler mirrors the
-queued lines into it as requests of priority `batch.priority` (below interactive ones), so one
-scheduler decides for both: interactive requests first, batch lines fill the resident model's
-idle slots, and batches for other models are grouped like any other work. A dispatched line is
-sent to its model's server by `run_line`; the answer is the task's result.
+queued lines into it as requests of the batch class (priority `batch.priority` inside it), so
+one scheduler decides for both: interactive requests of any model first, batch lines fill every
+idle slot and idle device, and batches for other models are grouped like any other work. A
+dispatched line is sent to its model's server by `run_line`; the answer is the task's result.
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ class Gateway:
 
     # --- requests -----------------------------------------------------------------------------
     def submit(self, model: str, priority: int) -> tuple[Request, asyncio.Future[None]]:
-        """Queue a request for `model`; the future completes when it may use the backend."""
+        """Queue an interactive request for `model` (a client waits for it; batch lines come
+        through the attached worker); the future completes when it may use the backend."""
         sched = self._sched()
         r = Request(next(self._ids), model, priority)
         fut: asyncio.Future[None] = self._loop_().create_future()
@@ -154,7 +155,9 @@ class Gateway:
             self._sched().on_cancel(r)  # still queued: it leaves without triggering a load
 
     def pending(self, model: str) -> int:
-        return self._sched().models[model].count
+        """Interactive requests waiting for `model` (what `max_queue` limits; batch lines are
+        limited by the `batch.*` limits instead)."""
+        return self._sched().models[model].icount
 
     def attach(self, worker: Worker) -> None:
         """Share the scheduler with `worker` (batch lines): its requests' effects go to it."""
@@ -297,10 +300,12 @@ class Gateway:
                 "state": m.state.value,
                 "device": m.device.name if m.device is not None else None,
                 "queued": m.count,
+                "queued_by_class": {"interactive": m.icount, "batch": m.count - m.icount},
                 "in_flight": m.in_flight,
                 "queue": [  # the next requests in the order they will run (first 20)
                     {
                         "position": i,
+                        "class": "batch" if r.batch else "interactive",
                         "priority": r.priority,
                         "waited_s": round(now - r.arrived_at, 3),
                     }
@@ -322,8 +327,13 @@ class Gateway:
                     else round(max(0.0, idle_since + ttl_s - now), 3)
                 ),
             }
+        interactive = sum(m.icount for m in sched.models.values())
         return {
             "policy": self.config.scheduler.policy,
+            "queued_by_class": {
+                "interactive": interactive,
+                "batch": sum(m.count for m in sched.models.values()) - interactive,
+            },
             "devices": [
                 {
                     "name": d.name,

@@ -1,9 +1,10 @@
 """The task store's contract: types, errors and the `Store` Protocol every adapter implements.
 
 Semantics every adapter shares (tests/contract holds the one suite they all pass):
-- `claim` takes queued tasks of one model whose `run_after` has come, highest priority first,
-  then oldest; it never hands out two tasks with the same `serial_key` at once, and within a
-  serial key only the oldest queued task is eligible (FIFO per key, even across retries).
+- `claim` takes queued tasks of one model whose `run_after` has come, interactive before batch,
+  then highest priority first, then oldest; it never hands out two tasks with the same
+  `serial_key` at once, and within a serial key only the oldest queued task is eligible (FIFO
+  per key, even across retries).
 - A claim gives each task a fresh `lease_token` and an expiry; every later write by the worker
   (`heartbeat`, `finish`, `fail`, `release`, `acknowledge_cancel`) must present that token, so a
   worker whose lease was lost (and whose task was re-claimed) can never commit: execution is
@@ -28,6 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from corral.errors import CorralError
+
+Level = tuple[bool, int]
+"""A task's place in claim order: (interactive, priority); higher goes first."""
 
 
 class TaskStatus(enum.StrEnum):
@@ -78,6 +82,7 @@ class NewTask:
     serial_key: str | None = None
     max_attempts: int = 3
     batch_id: str | None = None
+    interactive: bool = False  # its service class: interactive, else batch (the scheduler's)
     # The payload already as JSON text (the caller vouches for it): stored as it is, sparing a
     # parse and a dump per task when the text comes from a file (a batch's lines).
     payload_raw: str | None = None
@@ -126,6 +131,11 @@ class Task:
     errors: list[dict[str, Any]] = field(default_factory=list)  # one entry per failed attempt
     cancel_requested: bool = False
     batch_id: str | None = None
+    interactive: bool = False
+
+    @property
+    def level(self) -> Level:
+        return (self.interactive, self.priority)
 
 
 class FileNotFound(StoreError):
@@ -274,9 +284,9 @@ class Store(Protocol):
         """Tasks per model and status."""
         ...
 
-    def ready_counts(self) -> dict[str, dict[int, int]]:
-        """Tasks `claim` could take right now, per model and priority (serial keys and
-        `run_after` respected): what a worker's scheduler should see as waiting."""
+    def ready_counts(self) -> dict[str, dict[Level, int]]:
+        """Tasks `claim` could take right now, per model and level (class, priority), serial keys
+        and `run_after` respected: what a worker's scheduler should see as waiting."""
         ...
 
     # --- files and batches (the Batch API) -------------------------------------------------------

@@ -16,6 +16,7 @@ from corral.store.base import (
     BatchNotFound,
     FileNotFound,
     Lease,
+    Level,
     NewTask,
     StoredFile,
     Task,
@@ -67,6 +68,7 @@ class MemoryStore:
                 model=t.model,
                 payload=json.loads(payload),
                 priority=t.priority,
+                interactive=t.interactive,
                 serial_key=t.serial_key,
                 status=TaskStatus.QUEUED,
                 attempts=0,
@@ -100,12 +102,12 @@ class MemoryStore:
             )
         ]
 
-    def ready_counts(self) -> dict[str, dict[int, int]]:
+    def ready_counts(self) -> dict[str, dict[Level, int]]:
         with self._lock:
-            out: dict[str, dict[int, int]] = {}
+            out: dict[str, dict[Level, int]] = {}
             for t in self._claimable(self._clock()):
                 per = out.setdefault(t.model, {})
-                per[t.priority] = per.get(t.priority, 0) + 1
+                per[t.level] = per.get(t.level, 0) + 1
             return out
 
     def claim(
@@ -115,7 +117,7 @@ class MemoryStore:
             now = self._clock()
             eligible = sorted(
                 (t for t in self._claimable(now) if t.model == model),
-                key=lambda t: (-t.priority, t.seq),
+                key=lambda t: (not t.interactive, -t.priority, t.seq),
             )
             out = []
             for rank, t in enumerate(eligible[:limit]):

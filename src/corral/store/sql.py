@@ -19,6 +19,7 @@ from corral.store.base import (
     BatchNotFound,
     FileNotFound,
     Lease,
+    Level,
     NewTask,
     SchemaTooNew,
     StoredFile,
@@ -31,7 +32,7 @@ from corral.store.base import (
 _COLUMNS = (
     "seq, id, kind, model, payload, priority, serial_key, status, attempts, max_attempts, "
     "created_at, run_after, lease_token, lease_expires_at, worker_id, started_at, finished_at, "
-    "result, error, errors, cancel_requested, batch_id"
+    "result, error, errors, cancel_requested, batch_id, interactive"
 )
 _QUALIFIED = ", ".join(f"corral_tasks.{c.strip()}" for c in _COLUMNS.split(","))
 
@@ -123,6 +124,17 @@ CREATE TABLE corral_batches (
 CREATE INDEX corral_tasks_batch ON corral_tasks (batch_id, seq) WHERE batch_id IS NOT NULL;
 """,
         ),
+        (
+            4,
+            # Service classes: interactive tasks are claimed before batch ones (existing tasks
+            # are batch work, the queue's default).
+            """
+ALTER TABLE corral_tasks ADD COLUMN interactive INTEGER NOT NULL DEFAULT 0;
+DROP INDEX corral_tasks_queued;
+CREATE INDEX corral_tasks_queued ON corral_tasks (model, interactive DESC, priority DESC, seq)
+    WHERE status = 'queued';
+""",
+        ),
     ]
 
 
@@ -161,6 +173,7 @@ def _task(row: Mapping[str, Any]) -> Task:
         model=row["model"],
         payload=json.loads(row["payload"]),
         priority=int(row["priority"]),
+        interactive=bool(row["interactive"]),
         serial_key=row["serial_key"],
         status=TaskStatus(row["status"]),
         attempts=int(row["attempts"]),
@@ -263,6 +276,7 @@ class SqlStore:
                 "model": t.model,
                 "payload": t.payload_json(),
                 "priority": t.priority,
+                "interactive": int(t.interactive),
                 "serial_key": t.serial_key,
                 "status": "queued",
                 "max_attempts": t.max_attempts,
@@ -275,10 +289,10 @@ class SqlStore:
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
         tx.run_many(
-            "INSERT INTO corral_tasks (id, kind, model, payload, priority, serial_key, "
-            "status, max_attempts, created_at, run_after, batch_id) VALUES (:id, :kind, "
-            ":model, :payload, :priority, :serial_key, :status, :max_attempts, :created_at, "
-            ":run_after, :batch_id)",
+            "INSERT INTO corral_tasks (id, kind, model, payload, priority, interactive, "
+            "serial_key, status, max_attempts, created_at, run_after, batch_id) VALUES (:id, "
+            ":kind, :model, :payload, :priority, :interactive, :serial_key, :status, "
+            ":max_attempts, :created_at, :run_after, :batch_id)",
             rows,
         )
 
@@ -293,10 +307,11 @@ UPDATE corral_tasks SET status = 'running',
     attempts = attempts + CASE WHEN p.rn <= :start THEN 1 ELSE 0 END,
     started_at = CASE WHEN p.rn <= :start THEN :now ELSE NULL END,
     lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
-FROM (SELECT s.seq, row_number() OVER (ORDER BY s.priority DESC, s.seq) AS rn
-      FROM (SELECT t.seq, t.priority FROM corral_tasks t
+FROM (SELECT s.seq,
+             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn
+      FROM (SELECT t.seq, t.interactive, t.priority FROM corral_tasks t
             WHERE t.model = :model AND {_CLAIMABLE}
-            ORDER BY t.priority DESC, t.seq
+            ORDER BY t.interactive DESC, t.priority DESC, t.seq
             LIMIT :limit {self.dialect.lock_skip}) s) p
 WHERE corral_tasks.seq = p.seq
 RETURNING {_QUALIFIED}"""
@@ -312,7 +327,8 @@ RETURNING {_QUALIFIED}"""
                     "start": limit if start is None else start,
                 },
             )
-        return sorted((_task(r) for r in rows), key=lambda t: (-t.priority, t.seq))
+        tasks = (_task(r) for r in rows)
+        return sorted(tasks, key=lambda t: (not t.interactive, -t.priority, t.seq))
 
     def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
         with self._tx(write=True, single=len(tasks) == 1) as tx:
@@ -705,16 +721,17 @@ RETURNING {_QUALIFIED}"""
             out.setdefault(r["model"], {})[TaskStatus(r["status"])] = int(r["n"])
         return out
 
-    def ready_counts(self) -> dict[str, dict[int, int]]:
+    def ready_counts(self) -> dict[str, dict[Level, int]]:
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
-                f"SELECT t.model, t.priority, COUNT(*) AS n FROM corral_tasks t "
-                f"WHERE {_CLAIMABLE} GROUP BY t.model, t.priority",
+                f"SELECT t.model, t.interactive, t.priority, COUNT(*) AS n FROM corral_tasks t "
+                f"WHERE {_CLAIMABLE} GROUP BY t.model, t.interactive, t.priority",
                 {"now": self._clock()},
             )
-        out: dict[str, dict[int, int]] = {}
+        out: dict[str, dict[Level, int]] = {}
         for r in rows:
-            out.setdefault(r["model"], {})[int(r["priority"])] = int(r["n"])
+            level = (bool(r["interactive"]), int(r["priority"]))
+            out.setdefault(r["model"], {})[level] = int(r["n"])
         return out
 
 

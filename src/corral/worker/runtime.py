@@ -1,7 +1,8 @@
 """The worker: drains a `Store` in the order the scheduler core decides.
 
 It runs the real `Scheduler` and implements its `Effects`. Every task the store could hand out
-now is mirrored into the scheduler as a proxy `Request` of its model and priority, refreshed
+now is mirrored into the scheduler as a proxy `Request` of its model and level (service class and
+priority), refreshed
 every `poll_s`. When the scheduler dispatches proxies, the worker claims that many tasks of that
 model in one call (several workers may share a database: the claim is the atomic step, and a
 proxy that finds nothing left simply ends). Loads and unloads run the models' in-process hooks.
@@ -32,7 +33,7 @@ from typing import Any
 from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
-from corral.store import Lease, Store, Task, TaskStatus
+from corral.store import Lease, Level, Store, Task, TaskStatus
 from corral.worker.registry import Fail, Handler, Registry, TaskContext, _current
 from corral.worker.split import run_split, run_split_async
 
@@ -59,9 +60,13 @@ class WorkerSettings:
 
 
 class _Proxy(Request):
-    """A scheduler request standing for 'one claimable task of this model and priority'."""
+    """A scheduler request standing for 'one claimable task of this model and level'."""
 
     __slots__ = ()
+
+    @property
+    def key(self) -> tuple[str, Level]:
+        return (self.model, (not self.batch, self.priority))
 
 
 class _Ahead:
@@ -108,7 +113,7 @@ class Worker:
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
-        self._pending: dict[tuple[str, int], list[_Proxy]] = defaultdict(list)
+        self._pending: dict[tuple[str, Level], list[_Proxy]] = defaultdict(list)
         self._unclaimed: dict[str, int] = defaultdict(int)  # dispatched, claim not back yet
         self._to_claim: dict[str, list[_Proxy]] = defaultdict(list)
         self._ahead: dict[str, deque[_Ahead]] = defaultdict(deque)  # claimed, not yet run
@@ -154,7 +159,7 @@ class Worker:
 
     def dispatch(self, request: Request) -> None:
         assert isinstance(request, _Proxy)
-        self._pending[(request.model, request.priority)].remove(request)
+        self._pending[request.key].remove(request)
         self._unclaimed[request.model] += 1
         batch = self._to_claim[request.model]
         batch.append(request)
@@ -165,7 +170,7 @@ class Worker:
         # Proxies are rejected when their model failed to load: the tasks stay queued; the
         # model rests before the next try so a broken model cannot spin.
         if isinstance(request, _Proxy):
-            key = (request.model, request.priority)
+            key = request.key
             if request in self._pending[key]:
                 self._pending[key].remove(request)
             self._cooldown_until[request.model] = time.monotonic() + self.settings.load_retry_s
@@ -218,14 +223,14 @@ class Worker:
             unsubscribe()
             await self._shutdown()
 
-    def _timed_ready_counts(self) -> tuple[dict[str, dict[int, int]], float]:
+    def _timed_ready_counts(self) -> tuple[dict[str, dict[Level, int]], float]:
         """The store's ready counts and the seconds the store took: timed inside the thread, so
         the wait for a free thread on a busy machine does not count as the scan's cost."""
         started = time.monotonic()
         ready = self.store.ready_counts()
         return ready, time.monotonic() - started
 
-    def _idle(self, ready: dict[str, dict[int, int]]) -> bool:
+    def _idle(self, ready: dict[str, dict[Level, int]]) -> bool:
         mine = sum(
             sum(ready.get(m, {}).values())
             for m in self.models
@@ -264,7 +269,7 @@ class Worker:
                 self._stale.discard(model)
                 self._wake.set()  # its reconcile was skipped: do it now
 
-    def _reconcile(self, ready: dict[str, dict[int, int]], seen: dict[str, int | None]) -> None:
+    def _reconcile(self, ready: dict[str, dict[Level, int]], seen: dict[str, int | None]) -> None:
         """Make the scheduler's pending proxies match the store's claimable tasks. A model
         whose tasks moved while the store was read is left as it is until the next round (a
         wrong count would make it look idle and swap it out with work left)."""
@@ -280,16 +285,16 @@ class Worker:
             # ahead into the buffer, minus what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
             for a in self._ahead[model]:
-                waiting[a.task.priority] = waiting.get(a.task.priority, 0) + 1
+                waiting[a.task.level] = waiting.get(a.task.level, 0) + 1
             in_flight = self._unclaimed[model]
-            for prio in sorted(
-                set(waiting) | {p for (m, p) in self._pending if m == model}, reverse=True
+            for level in sorted(
+                set(waiting) | {lv for (m, lv) in self._pending if m == model}, reverse=True
             ):
-                have = self._pending[(model, prio)]
-                target = max(0, waiting.get(prio, 0) - in_flight)
-                in_flight = max(0, in_flight - waiting.get(prio, 0))
+                have = self._pending[(model, level)]
+                target = max(0, waiting.get(level, 0) - in_flight)
+                in_flight = max(0, in_flight - waiting.get(level, 0))
                 while len(have) < target:
-                    p = _Proxy(None, model, prio)
+                    p = _Proxy(None, model, level[1], not level[0])
                     have.append(p)
                     sched.on_request(p)
                 while len(have) > target:

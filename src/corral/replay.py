@@ -1,0 +1,420 @@
+"""`corral replay`: a trace sent live through `corral serve`, to hold the simulator to account.
+
+The configuration's models become sim backends (`corral sim-backend`, real processes behind the
+real gateway) whose load, unload and service times are the configuration's and the trace's,
+divided by `speed`; every other time in the configuration (wait bounds, debounces, ttls, the cost
+policy's aging) is divided the same way. Interactive lines are sent as `/v1/completions` requests
+at their time (open loop) or a think time after their session's last answer (closed loop); batch
+lines (`"class": "batch"`) go through the Batch API, one batch per arrival time. Times measured
+live are multiplied back by `speed`, so the figures are in the trace's seconds and compare
+directly with `corral simulate` (`summarize` makes both).
+
+Where a request waited comes from the gateway's `x-corral-wait-ms` header (interactive) and the
+task store's start marks (batch lines); loads and swap times from the gateway's event stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from corral.config import Config
+from corral.errors import CorralError
+from corral.sim.engine import Run, SimRequest
+from corral.sim.metrics import summarize
+from corral.sim.trace import Trace, TraceLine
+
+TOKENS_PER_S = 1000.0  # sim backends produce one token a millisecond: service time resolution
+_HEALTH_TIMEOUT_S = 60.0
+
+
+class ReplayError(CorralError):
+    """The replay could not run (a bad trace for live use, a server that did not start)."""
+
+
+def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[str, Any]:
+    """`config` as `corral serve` runs it for a replay: sim backends with the configuration's
+    times divided by `speed`, every other time scaled alike, files under `folder`."""
+    spec = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def scale(d: dict[str, Any], *keys: str) -> None:
+        for k in keys:
+            if d.get(k) is not None:
+                d[k] = d[k] / speed
+
+    for name, m in spec["models"].items():
+        scale(m, "load_s", "unload_s", "service_s", "unload_delay_s", "ttl_s")
+        for key in ("cmd", "upstream", "upstream_model", "load_hook", "unload_hook", "cmd_stop"):
+            m.pop(key, None)
+        m["cmd"] = (
+            f"{sys.executable} -m corral sim-backend --model {name} --port ${{PORT}} "
+            f"--load-s {m['load_s']:.6f} --unload-s {m['unload_s']:.6f} "
+            f"--parallel {m.get('concurrency', 1)} --tokens-per-s {TOKENS_PER_S:g}"
+        )
+        m["stop_grace_s"] = m["unload_s"] + 10
+        m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
+        m["request_timeout_s"] = 10_000_000
+    scale(spec["scheduler"], "max_wait_s")
+    scale(spec["scheduler"]["cost"], "age_weight_s")
+    scale(spec.setdefault("batch", {}), "max_wait_s")
+    spec["batch"]["max_lines"] = max(spec["batch"].get("max_lines", 0), 1_000_000)
+    spec["batch"]["max_queued_requests"] = 100_000_000
+    spec["batch"]["max_queued_batches"] = 1_000_000
+    spec["server"] = {
+        "listen": f"127.0.0.1:{port}",
+        "log_dir": str(folder / "logs"),
+        "data_dir": str(folder / "data"),
+        "store": f"sqlite:///{folder / 'corral.db'}",
+    }
+    return spec
+
+
+def check_replayable(trace: Trace) -> None:
+    """Batch lines go through the Batch API: open loop, at the batch priority."""
+    problems = [
+        f"line {x.line}: a batch line must be open loop (no `session`)"
+        for x in trace.lines
+        if x.batch and x.session is not None
+    ] + [
+        f"line {x.line}: batch lines run at `batch.priority` (the Batch API has no per-line "
+        "priority); drop `priority`"
+        for x in trace.lines
+        if x.batch and x.priority
+    ]
+    if problems:
+        raise ReplayError("this trace cannot be replayed live:\n  " + "\n  ".join(problems[:20]))
+
+
+@dataclass
+class _Timing:
+    arrived: float | None = None  # epoch seconds
+    dispatched: float | None = None
+    finished: float | None = None
+    error: str | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tokens(x: TraceLine, speed: float) -> int:
+    return max(1, round(x.service_s / speed * TOKENS_PER_S))
+
+
+@contextlib.contextmanager
+def _server(config_path: Path, port: int, folder: Path) -> Iterator[str]:
+    log = open(folder / "serve.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "serve", "--config", str(config_path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + _HEALTH_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                tail = (folder / "serve.log").read_text(errors="replace")[-2000:]
+                raise ReplayError(f"corral serve exited with code {proc.returncode}:\n{tail}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise ReplayError(f"corral serve did not answer on {url} in {_HEALTH_TIMEOUT_S} s")
+            time.sleep(0.05)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+class _Events:
+    """The gateway's event stream, read in a thread: swap start and end times per model."""
+
+    def __init__(self, url: str) -> None:
+        self.started: list[tuple[float, str]] = []
+        self.loaded: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(url,), daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _read(self, url: str) -> None:
+        with (
+            httpx.Client(timeout=None) as client,
+            client.stream("GET", f"{url}/api/events") as resp,
+        ):
+            self._ready.set()
+            for line in resp.iter_lines():
+                if self._stop.is_set():
+                    return
+                if not line.startswith("data:"):
+                    continue
+                event = json.loads(line[5:])
+                if event.get("event") == "load_started":
+                    self.started.append((event["at"], event["model"]))
+                elif event.get("event") in ("loaded", "load_failed"):
+                    self.loaded.append((event["at"], event["model"]))
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+async def _drive(
+    url: str, trace: Trace, speed: float, t0: float, timings: dict[int, _Timing]
+) -> list[str]:
+    """Send every line at its time; returns the ids of the batches created."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+    batches: list[str] = []
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+
+        async def at(t: float) -> None:
+            delay = t0 + t / speed - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+        async def send(x: TraceLine) -> None:
+            tm = timings[x.line]
+            tm.arrived = time.time()
+            body = {
+                "model": x.model,
+                "prompt": f"line {x.line}",
+                "max_tokens": _tokens(x, speed),
+                "priority": x.priority,
+            }
+            try:
+                r = await client.post("/v1/completions", json=body)
+            except httpx.HTTPError as exc:
+                tm.error = f"{type(exc).__name__}: {exc}"
+                return
+            tm.finished = time.time()
+            if r.status_code != 200:
+                tm.error = f"HTTP {r.status_code}: {r.text[:200]}"
+                return
+            tm.dispatched = tm.arrived + float(r.headers["x-corral-wait-ms"]) / 1000
+
+        async def open_line(x: TraceLine) -> None:
+            await at(x.t or 0.0)
+            await send(x)
+
+        async def session(lines: list[TraceLine]) -> None:
+            await at(lines[0].t or 0.0)
+            for i, x in enumerate(lines):
+                if i and x.think_s:
+                    await asyncio.sleep(x.think_s / speed)
+                await send(x)
+
+        async def batch(t: float, lines: list[TraceLine]) -> None:
+            await at(t)
+            text = "".join(
+                json.dumps(
+                    {
+                        "custom_id": f"line-{x.line}",
+                        "method": "POST",
+                        "url": "/v1/completions",
+                        "body": {
+                            "model": x.model,
+                            "prompt": f"line {x.line}",
+                            "max_tokens": _tokens(x, speed),
+                        },
+                    }
+                )
+                + "\n"
+                for x in lines
+            )
+            for x in lines:
+                timings[x.line].arrived = time.time()
+            f = await client.post(
+                "/v1/files", files={"file": ("replay.jsonl", text)}, data={"purpose": "batch"}
+            )
+            f.raise_for_status()
+            b = await client.post(
+                "/v1/batches",
+                json={
+                    "input_file_id": f.json()["id"],
+                    "endpoint": "/v1/completions",
+                    "completion_window": "24h",
+                },
+            )
+            b.raise_for_status()
+            batches.append(b.json()["id"])
+
+        jobs = []
+        sessions: dict[str, list[TraceLine]] = defaultdict(list)
+        batch_at: dict[float, list[TraceLine]] = defaultdict(list)
+        for x in trace.lines:
+            timings[x.line] = _Timing()
+            if x.batch:
+                batch_at[x.t or 0.0].append(x)
+            elif x.session is not None:
+                sessions[x.session].append(x)
+            else:
+                jobs.append(open_line(x))
+        jobs += [session(lines) for lines in sessions.values()]
+        jobs += [batch(t, lines) for t, lines in batch_at.items()]
+        await asyncio.gather(*jobs)
+        while batches:  # wait for the batches to end
+            states = [(await client.get(f"/v1/batches/{b}")).json()["status"] for b in batches]
+            if all(s in ("completed", "failed", "expired", "cancelled") for s in states):
+                break
+            await asyncio.sleep(0.1)
+    return batches
+
+
+def _batch_timings(folder: Path, batches: list[str], timings: dict[int, _Timing]) -> None:
+    from corral.store import open_store
+
+    store = open_store(f"sqlite:///{folder / 'corral.db'}")
+    try:
+        for b in batches:
+            for task in store.batch_tasks(b, limit=10_000_000):
+                line = int(json.loads(task.payload)["custom_id"].split("-", 1)[1])
+                tm = timings[line]
+                tm.dispatched, tm.finished = task.started_at, task.finished_at
+                if task.status.value != "succeeded":
+                    tm.error = task.error or task.status.value
+    finally:
+        store.close()
+
+
+def replay(
+    config: Config,
+    trace: Trace,
+    speed: float = 10.0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Run, dict[str, Any]]:
+    """Run `trace` live under `config`'s policy; the run and its figures (like `simulate`)."""
+    check_replayable(trace)
+    folder = Path(tempfile.mkdtemp(prefix="corral-replay-"))
+    port = _free_port()
+    path = folder / "corral.yaml"
+    path.write_text(yaml.safe_dump(live_config(config, speed, port, folder), sort_keys=False))
+    timings: dict[int, _Timing] = {}
+    with _server(path, port, folder) as url:
+        events = _Events(url)
+        if progress is not None:
+            progress(f"replaying {len(trace.lines):,} requests live on {url} at {speed:g}x")
+        t0 = time.time() + 0.2
+        try:
+            batches = asyncio.run(_drive(url, trace, speed, t0, timings))
+        finally:
+            events.close()
+        starts, ends = list(events.started), list(events.loaded)
+    _batch_timings(folder, batches, timings)
+    return _run(config, trace, speed, t0, timings, starts, ends)
+
+
+def _run(
+    config: Config,
+    trace: Trace,
+    speed: float,
+    t0: float,
+    timings: dict[int, _Timing],
+    starts: list[tuple[float, str]],
+    ends: list[tuple[float, str]],
+) -> tuple[Run, dict[str, Any]]:
+    def trace_s(epoch: float) -> float:
+        return (epoch - t0) * speed
+
+    requests: list[SimRequest] = []
+    rejected: list[tuple[SimRequest, str]] = []
+    for x in trace.lines:
+        r = SimRequest(x)
+        tm = timings[x.line]
+        if tm.error is not None or None in (tm.arrived, tm.dispatched, tm.finished):
+            rejected.append((r, tm.error or "no answer"))
+        else:
+            assert tm.arrived is not None
+            assert tm.dispatched is not None
+            assert tm.finished is not None
+            r.arrived_at = trace_s(tm.arrived)
+            r.dispatched_at = trace_s(max(tm.dispatched, tm.arrived))
+            r.finished_at = trace_s(tm.finished)
+        requests.append(r)
+    loads: dict[str, int] = defaultdict(int)
+    for _, model in starts:
+        loads[model] += 1
+    device = config.devices[0].name
+    swap_s = sum(
+        b - a for (a, _), (b, _) in zip(sorted(starts), sorted(ends), strict=False) if b >= a
+    )
+    done = [r for r in requests if r.finished_at is not None]
+    busy = 0.0
+    edge = -float("inf")
+    for r in sorted(done, key=lambda r: r.dispatched_at or 0.0):
+        start, end = r.dispatched_at or 0.0, r.finished_at or 0.0
+        busy += max(0.0, end - max(start, edge))
+        edge = max(edge, end)
+    run = Run(
+        policy=config.scheduler.policy,
+        config=config,
+        trace=trace,
+        requests=requests,
+        segments=[],
+        loads=dict(loads),
+        busy_s={device: busy},
+        swap_s={device: swap_s * speed},
+        rejected=rejected,
+    )
+    return run, summarize(run)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One figure, simulated and live, and whether they agree within the tolerance."""
+
+    figure: str
+    simulated: float
+    live: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.live - self.simulated) <= self.tolerance
+
+
+def compare(
+    simulated: dict[str, Any], live: dict[str, Any], wait_floor_s: float = 1.0
+) -> list[Divergence]:
+    """The parity figures: loads within max(2, 10%), and each class's p95 wait within
+    max(`wait_floor_s`, 15%) (both in the trace's seconds)."""
+    out = [
+        Divergence(
+            "loads",
+            simulated["loads"],
+            live["loads"],
+            max(2.0, 0.10 * simulated["loads"]),
+        )
+    ]
+    for name, sim in simulated["per_class"].items():
+        got = live["per_class"].get(name, {}).get("wait_p95_s", float("nan"))
+        want = sim["wait_p95_s"]
+        out.append(Divergence(f"{name} wait p95 s", want, got, max(wait_floor_s, 0.15 * want)))
+    return out
