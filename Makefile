@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ bench-batch: $(STAMP)
 
 bench-agents: $(STAMP)
 	$(BIN)/python benchmarks/bench_agents.py
+
+# Chat beside Batch API batches, live, default configuration; fifo in the same run (~20 min).
+bench-mixed: $(STAMP)
+	$(BIN)/python benchmarks/bench_mixed.py --json out/bench-mixed.json
 
 bench-gateway: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/bench_gateway.py

@@ -86,6 +86,20 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
     return spec
 
 
+# A sim backend is a Python process: it cannot be ready sooner than its interpreter starts.
+STARTUP_FLOOR_S = 0.5
+
+
+def too_fast(config: Config, speed: float) -> list[str]:
+    """Models whose scaled load is shorter than a sim backend can start: their live loads
+    take longer than the trace says (lower `speed`)."""
+    return [
+        f"{name} (loads in {m.load_s / speed:.2f} s at {speed:g}x)"
+        for name, m in config.models.items()
+        if m.load_s / speed < STARTUP_FLOOR_S
+    ]
+
+
 def check_replayable(trace: Trace) -> None:
     """Batch lines go through the Batch API: open loop, at the batch priority."""
     problems = [
@@ -295,7 +309,7 @@ def _batch_timings(folder: Path, batches: list[str], timings: dict[int, _Timing]
     try:
         for b in batches:
             for task in store.batch_tasks(b, limit=10_000_000):
-                line = int(json.loads(task.payload)["custom_id"].split("-", 1)[1])
+                line = int(task.payload["custom_id"].split("-", 1)[1])
                 tm = timings[line]
                 tm.dispatched, tm.finished = task.started_at, task.finished_at
                 if task.status.value != "succeeded":
@@ -321,6 +335,13 @@ def replay(
         events = _Events(url)
         if progress is not None:
             progress(f"replaying {len(trace.lines):,} requests live on {url} at {speed:g}x")
+            fast = too_fast(config, speed)
+            if fast:
+                progress(
+                    f"warning: a sim backend needs ~{STARTUP_FLOOR_S:g} s to start, so these "
+                    f"loads will take longer live than in the trace: {', '.join(fast)}; "
+                    "lower --speed"
+                )
         t0 = time.time() + 0.2
         try:
             batches = asyncio.run(_drive(url, trace, speed, t0, timings))

@@ -18,7 +18,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.e2e.test_batches import chat_line
+from tests.e2e.test_batches import chat_line, upload
 from tests.e2e.test_gateway import SIM, Gateway, serve
 
 ARTIFACTS = Path(os.environ.get("CORRAL_ARTIFACTS", Path(__file__).parents[2] / "artifacts"))
@@ -141,3 +141,52 @@ def test_submit_a_file_watch_it_finish_and_cancel_another(
     assert "slow" in models
     assert browser.find_elements(By.CSS_SELECTOR, "#timeline rect")  # the swaps, drawn
     shot(browser, "overview")
+
+
+def test_overview_shows_classes_live_batches_labelled_swaps_and_past_events(
+    gw: Gateway, browser: WebDriver
+) -> None:
+    client = gw.client()
+    slow = [chat_line(i, "slow", tokens=5) for i in range(60)]
+    running = client.batches.create(
+        input_file_id=upload(client, slow), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    bad = client.batches.create(
+        input_file_id=upload(client, ["not json", chat_line(2, "nope")]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    assert bad.status == "failed"
+    status = gw.status()
+    assert set(status["queued_by_class"]) == {"interactive", "batch"}
+    assert [b["id"] for b in status["batches"]] == [running.id]
+    (live,) = status["batches"]
+    assert live["models"] == {"slow": 60}
+    assert live["eta_s"] is not None
+    assert live["eta_s"] > 0
+
+    browser.get("about:blank")  # a fresh page (not a hash change): events from before it show
+    browser.get(f"{gw.url}/ui#overview")
+    wait = WebDriverWait(browser, 30, poll_frequency=0.2)
+    wait.until(lambda d: "load " in d.find_element(By.ID, "log").text)
+    wait.until(lambda d: running.id in d.find_element(By.ID, "live-batches").text)
+    live_row = browser.find_element(By.ID, "live-batches").text
+    assert " s" in live_row or "min" in live_row  # an ETA
+    header = browser.find_element(By.CSS_SELECTOR, "#models thead").text
+    assert "interactive queued" in header
+    assert "batch queued" in header
+    labels = browser.execute_script(
+        "return [...document.querySelectorAll('#timeline .swap-label')].map(t => t.textContent)"
+    )
+    assert {"alpha", "slow"} & set(labels), labels
+    assert "-10 min" in browser.find_element(By.ID, "timeline").text
+    shot(browser, "overview-live-batches")
+
+    browser.get(f"{gw.url}/ui#batches")
+    wait.until(lambda d: "not run" in row(d, bad.id)["progress"])
+    problems = row(browser, bad.id)["progress"]
+    assert "2 problems" in problems
+    assert "line 1" in problems
+    assert "100%" not in problems
+    shot(browser, "batches-failed-validation")
+    client.batches.cancel(running.id)

@@ -438,3 +438,21 @@ def test_prefetch_under_concurrency_keeps_each_model_to_one_load(url: str) -> No
     assert loads in (["a", "b"], ["b", "a"])
     assert q.store.counts() == {"a": {TaskStatus.SUCCEEDED: 150}, "b": {TaskStatus.SUCCEEDED: 150}}
     q.close()
+
+
+def test_interactive_tasks_run_before_batch_tasks_of_any_model(url: str) -> None:
+    log: list[Any] = []
+    q = two_model_queue(url, log)
+    batch = [q.submit("cover_letter", {"job": job}) for job in range(6)]
+    urgent = q.submit("research", {"job": 99}, interactive=True)
+    more = q.submit_many("research", [{"job": j} for j in range(100, 103)], interactive=True)
+    assert q.get(urgent).interactive
+    assert not q.get(batch[0]).interactive
+    w = q.run_worker(until_idle=True, settings=FAST)
+    # The interactive research tasks first, though the batch's model was asked for first.
+    assert [m for m, _ in w.loads] == ["research-8b", "cover-writer"]
+    work = [e for e in log if e[0] in ("cover", "research")]
+    assert [e[1] for e in work[:4]] == [99, 100, 101, 102]
+    assert [e[0] for e in work[4:]] == ["cover"] * 6
+    assert all(q.result(t, timeout=10) for t in [*batch, urgent, *more])
+    q.close()

@@ -11,7 +11,6 @@ is deterministic in the prompt, so tests can compare answers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import math
@@ -20,6 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from starlette.applications import Starlette
@@ -255,13 +255,7 @@ def build_app(settings: SimSettings) -> Starlette:
             }
         )
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        yield
-        await asyncio.sleep(settings.unload_s)  # on SIGTERM, after the last request
-
     return Starlette(
-        lifespan=lifespan,
         routes=[
             Route("/health", health),
             Route("/sleep", sleep, methods=["POST"]),
@@ -308,7 +302,17 @@ def _chunk(
 
 
 def serve(settings: SimSettings, host: str, port: int) -> None:
-    """Run the sim server until SIGTERM/SIGINT."""
+    """Run the sim server until SIGTERM/SIGINT; a stop takes `settings.unload_s`, no more: the
+    process exits that long after the signal (uvicorn's own graceful shutdown adds a tick and
+    the interpreter's teardown, which would make every simulated unload longer than asked)."""
     import uvicorn
 
-    uvicorn.run(build_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            time.sleep(settings.unload_s)  # freeing the device; nothing else runs meanwhile
+            os._exit(0)
+
+    config = uvicorn.Config(
+        build_app(settings), host=host, port=port, log_level="warning", access_log=False
+    )
+    Server(config).run()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,7 @@ class BatchService:
             )
         data["in_progress_at"] = int(now)
         data["started_s"] = now  # precise, for the run time in `corral.run_s`
+        data["models"] = dict(Counter(checked.models))  # lines per model, for ETAs
         lines = tasks(path, checked, batch_id, self.limits.priority, self.limits.max_attempts)
         return self.store.create_batch(
             Batch(batch_id, "in_progress", now, data, idempotency_key), lines
@@ -223,6 +225,10 @@ class BatchService:
             return self.cancel(batch_id)
         self.store.cancel_batch(batch_id)
         return updated
+
+    def live(self) -> list[Batch]:
+        """Batches not yet ended, oldest first."""
+        return list(self._pages(_LIVE))[::-1]
 
     def object(self, b: Batch) -> dict[str, Any]:
         """The Batch API's batch object, with Corral's `corral` extension (progress, ETA)."""

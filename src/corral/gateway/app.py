@@ -445,7 +445,11 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
 
     @app.get("/api/status")
     async def status() -> dict[str, Any]:
-        return gateway.status()
+        """The gateway's state: devices, models and their queues (per class), recent swaps and
+        decisions, and the batches not yet ended with their progress and ETA."""
+        out = gateway.status()
+        out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
+        return out
 
     return app
 

@@ -128,6 +128,43 @@ class BatchRuntime:
                 await t
         await asyncio.to_thread(self.store.close)
 
+    def status(self) -> list[dict[str, Any]]:
+        """The batches not yet ended, oldest first (blocking: store reads): counts, progress,
+        place in line and ETA. A running batch's ETA comes from its measured rate; one with no
+        line done yet gets an estimate from the scheduler's measured service times: the lines of
+        the batches ahead of it on its models, then its own, plus a load per model."""
+        sched = self.gateway.scheduler
+        assert sched is not None
+        ahead_s: dict[str, float] = {}  # per model: seconds of batch work queued so far
+        out = []
+        for b in self.service.live():
+            obj = self.service.object(b)
+            counts, ext = obj["request_counts"], obj["corral"]
+            left = counts["total"] - counts["completed"] - counts["failed"]
+            models: dict[str, int] = b.data.get("models") or {}
+            lines = sum(models.values()) or 1
+            eta_s = 0.0
+            for name, n in models.items():
+                m = sched.models.get(name)
+                if m is None:
+                    continue
+                work = left * n / lines * m.service_est / m.concurrency
+                ahead_s[name] = ahead_s.get(name, 0.0) + work
+                eta_s += ahead_s[name] + (0.0 if m.resident else m.load_est)
+            out.append(
+                {
+                    "id": b.id,
+                    "status": b.status,
+                    "models": models,
+                    "request_counts": counts,
+                    "progress": ext["progress"],
+                    "queue_position": ext.get("queue_position", 0),
+                    "eta_s": ext["eta_s"] if ext["eta_s"] is not None else round(eta_s, 1),
+                    "eta_from": "rate" if ext["eta_s"] is not None else "estimate",
+                }
+            )
+        return out
+
     async def _ticks(self, every_s: float = 0.25) -> None:
         async with httpx.AsyncClient(timeout=10) as client:
             while True:

@@ -275,6 +275,7 @@ class Worker:
         wrong count would make it look idle and swap it out with work left)."""
         sched = self._sched()
         now = time.monotonic()
+        wanted: list[tuple[Level, str, int]] = []
         for model in self.models:
             if now < self._cooldown_until.get(model, 0.0):
                 continue
@@ -290,15 +291,20 @@ class Worker:
             for level in sorted(
                 set(waiting) | {lv for (m, lv) in self._pending if m == model}, reverse=True
             ):
-                have = self._pending[(model, level)]
                 target = max(0, waiting.get(level, 0) - in_flight)
                 in_flight = max(0, in_flight - waiting.get(level, 0))
-                while len(have) < target:
-                    p = _Proxy(None, model, level[1], not level[0])
-                    have.append(p)
-                    sched.on_request(p)
+                have = self._pending[(model, level)]
                 while len(have) > target:
                     sched.on_cancel(have.pop())
+                wanted.append((level, model, target))
+        # New proxies in level order across models: the scheduler sees every model's
+        # interactive work before any batch work (an arrival can start a load at once).
+        for level, model, target in sorted(wanted, key=lambda x: x[0], reverse=True):
+            have = self._pending[(model, level)]
+            while len(have) < target:
+                p = _Proxy(None, model, level[1], not level[0])
+                have.append(p)
+                sched.on_request(p)
 
     def _flush_claims(self, model: str) -> None:
         proxies, self._to_claim[model] = self._to_claim[model], []

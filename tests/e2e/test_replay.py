@@ -1,0 +1,110 @@
+"""The simulator held to account: the built-in scenarios, shortened, run live through `corral serve`
+(`corral replay`) and in the simulator; loads and each class's p95 wait must agree.
+
+Tolerances (issue 9): loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
+seconds. A divergence is a bug in the simulator or in the live system: fix it, do not widen these.
+Each scenario runs at a speed that keeps every scaled load above a sim backend's start-up
+(`corral.replay.STARTUP_FLOOR_S`) with room to spare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from corral.replay import ReplayError, compare, replay, too_fast
+from corral.sim.engine import simulate
+from corral.sim.metrics import summarize
+from corral.sim.scenarios import Scenario, get_scenario
+from corral.sim.trace import Trace, TraceLine
+
+pytestmark = pytest.mark.e2e
+
+
+def shortened(name: str) -> Scenario:
+    """The scenario with fewer requests: the same models, configuration and pattern."""
+    sc = get_scenario(name)
+    lines: list[TraceLine]
+    if name == "agents":  # five sessions, their first 6 requests each
+        seen: dict[str, int] = {}
+        lines = []
+        for x in sc.trace.lines:
+            assert x.session is not None
+            seen[x.session] = seen.get(x.session, 0) + 1
+            if seen[x.session] <= 6:
+                lines.append(x)
+    elif name == "two-batches":  # four jobs of 60 prompts
+        per: dict[float | None, int] = {}
+        lines = []
+        for x in sc.trace.lines:
+            per[x.t] = per.get(x.t, 0) + 1
+            if per[x.t] <= 60:
+                lines.append(x)
+    elif name == "poisson":  # the first five minutes
+        lines = [x for x in sc.trace.lines if (x.t or 0) < 300]
+    elif name == "chat-batch":  # 150 batch lines and the first 4 chat messages
+        batch = [x for x in sc.trace.lines if x.batch][:150]
+        chat = [x for x in sc.trace.lines if not x.batch][:4]
+        lines = batch + chat
+    else:
+        lines = list(sc.trace.lines)
+    return dataclasses.replace(sc, trace=Trace(lines, sc.trace.source))
+
+
+# approvals runs through the CLI below, with the same check.
+SPEEDS = {"agents": 6.0, "two-batches": 20.0, "poisson": 5.0, "chat-batch": 3.0}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", list(SPEEDS))
+def test_live_and_simulated_runs_agree(name: str) -> None:
+    sc = shortened(name)
+    speed = SPEEDS[name]
+    assert not too_fast(sc.config, speed / 1.5), "keep loads well above a backend's start-up"
+    simulated = summarize(simulate(sc.config, sc.trace, check=True))
+    _, live = replay(sc.config, sc.trace, speed)
+    assert live["rejected"] == 0
+    assert live["requests"] == len(sc.trace.lines)
+    diffs = compare(simulated, live)
+    report = "\n".join(
+        f"  {d.figure}: simulated {d.simulated:.2f}, live {d.live:.2f} (±{d.tolerance:.2f})"
+        for d in diffs
+    )
+    assert all(d.ok for d in diffs), f"{name} at {speed:g}x diverges:\n{report}"
+
+
+@pytest.mark.timeout(400)
+def test_replay_cli_prints_live_and_simulated_figures_that_agree() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corral",
+            "replay",
+            "--scenario",
+            "approvals",
+            "--speed",
+            "6",
+            "--compare",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    data = json.loads(out.stdout)
+    assert [r["mode"] for r in data["results"]] == ["live", "simulated"]
+    assert {p["figure"] for p in data["parity"]} == {"loads", "interactive wait p95 s"}
+    assert all(p["ok"] for p in data["parity"]), data["parity"]
+
+
+def test_a_batch_line_in_a_session_cannot_be_replayed() -> None:
+    sc = get_scenario("approvals")
+    bad = dataclasses.replace(sc.trace.lines[0], session="s", batch=True, t=None)
+    with pytest.raises(ReplayError, match="line 1: a batch line must be open loop"):
+        replay(sc.config, Trace([bad]), 10)
