@@ -126,6 +126,28 @@ def _run_all(
     return runs, [summarize(r) for r in runs]
 
 
+# The options `simulate` and `replay` share.
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Configuration file (models, devices, scheduler)."),
+]
+TraceOption = Annotated[
+    Path | None, typer.Option("--trace", "-t", help="Trace file: one JSON request per line.")
+]
+ScenarioOption = Annotated[
+    str | None,
+    typer.Option("--scenario", "-s", help="A built-in scenario instead of --config/--trace."),
+]
+PolicyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--policy",
+        "-p",
+        help="Policy to run; repeat to compare; 'all' runs all five. Default: the config's.",
+    ),
+]
+
+
 def _inputs(
     scenario: str | None, config_path: Path | None, trace_path: Path | None
 ) -> tuple[Config, Trace, str]:
@@ -156,26 +178,10 @@ def _inputs(
 
 @app.command(name="simulate")
 def simulate_cmd(
-    config_path: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="Configuration file (models, devices, scheduler)."),
-    ] = None,
-    trace_path: Annotated[
-        Path | None, typer.Option("--trace", "-t", help="Trace file: one JSON request per line.")
-    ] = None,
-    scenario: Annotated[
-        str | None,
-        typer.Option("--scenario", "-s", help="A built-in scenario instead of --config/--trace."),
-    ] = None,
-    policy: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--policy",
-            "-p",
-            help="Policy to run; repeat to compare; 'all' runs all five. "
-            "Default: the config's policy.",
-        ),
-    ] = None,
+    config_path: ConfigOption = None,
+    trace_path: TraceOption = None,
+    scenario: ScenarioOption = None,
+    policy: PolicyOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
     out: Annotated[
         Path | None,
@@ -192,7 +198,13 @@ def simulate_cmd(
     ] = None,
 ) -> None:
     """Replay a trace through the real scheduler on a virtual clock and compare policies."""
-    from corral.sim.report import per_model_table, results_table, write_csv, write_plots
+    from corral.sim.report import (
+        per_class_table,
+        per_model_table,
+        results_table,
+        write_csv,
+        write_plots,
+    )
     from corral.sim.scenarios import SCENARIOS
 
     if list_scenarios:
@@ -228,25 +240,16 @@ def simulate_cmd(
         return
     out_console.print(results_table(results, title))
     out_console.print(per_model_table(results))
+    if (classes := per_class_table(results)) is not None:
+        out_console.print(classes)
 
 
 @app.command(name="replay")
 def replay_cmd(
-    config_path: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="Configuration file (models, devices, scheduler)."),
-    ] = None,
-    trace_path: Annotated[
-        Path | None, typer.Option("--trace", "-t", help="Trace file: one JSON request per line.")
-    ] = None,
-    scenario: Annotated[
-        str | None,
-        typer.Option("--scenario", "-s", help="A built-in scenario instead of --config/--trace."),
-    ] = None,
-    policy: Annotated[
-        list[str] | None,
-        typer.Option("--policy", "-p", help="Policy to run; repeat to compare; 'all' runs all."),
-    ] = None,
+    config_path: ConfigOption = None,
+    trace_path: TraceOption = None,
+    scenario: ScenarioOption = None,
+    policy: PolicyOption = None,
     speed: Annotated[
         float, typer.Option(min=0.1, help="Run this many times faster than the trace's times.")
     ] = 10.0,
@@ -258,7 +261,7 @@ def replay_cmd(
     """Send a trace live through `corral serve` (sim backends with the configuration's times) and
     report the same figures as `corral simulate`, in the trace's seconds."""
     from corral.replay import compare, replay
-    from corral.sim.report import per_model_table, results_table
+    from corral.sim.report import per_class_table, per_model_table, results_table
 
     config, trace, title = _inputs(scenario, config_path, trace_path)
     results, diffs = [], []
@@ -288,6 +291,8 @@ def replay_cmd(
         r["policy"] = f"{r['policy']} ({r['mode']})"
     out_console.print(results_table(results, f"{title} · live at {speed:g}x"))
     out_console.print(per_model_table(results))
+    if (classes := per_class_table(results)) is not None:
+        out_console.print(classes)
     for name, ds in diffs:
         table = Table(title=f"{name}: simulated vs live")
         for col in ("figure", "simulated", "live", "tolerance", ""):

@@ -85,6 +85,31 @@ def per_model_table(results: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
+def per_class_table(results: Sequence[dict[str, Any]]) -> Table | None:
+    """Waits per policy and service class; None when every request is interactive."""
+    if not any("batch" in r.get("per_class", {}) for r in results):
+        return None
+    table = Table(title="per class", title_justify="left")
+    for header in ("policy", "class"):
+        table.add_column(header, style="cyan" if header == "policy" else None)
+    for header in ("requests", "wait mean", "wait p95", "wait max", "latency mean"):
+        table.add_column(header, justify="right")
+    for r in results:
+        classes = r.get("per_class", {})
+        for i, (name, c) in enumerate(classes.items()):
+            table.add_row(
+                r["policy"] if i == 0 else "",
+                name,
+                f"{c['requests']:,}",
+                f"{c['wait_mean_s']:,.1f}",
+                f"{c['wait_p95_s']:,.1f}",
+                f"{c['wait_max_s']:,.1f}",
+                f"{c['latency_mean_s']:,.1f}",
+                end_section=i == len(classes) - 1,
+            )
+    return table
+
+
 def write_csv(results: Sequence[dict[str, Any]], path: Path) -> None:
     """One row per policy (model = "*") and one per policy and model."""
     fields = ["policy", "model", *RESULT_KEYS, "lower_bound_makespan_s"]
