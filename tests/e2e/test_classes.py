@@ -85,9 +85,15 @@ def test_chat_beside_a_running_batch_waits_at_most_a_swap(gw: Gateway, model: st
     assert done.request_counts.completed == 400
 
 
-def test_batch_lines_never_fill_max_queue(gw: Gateway, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["cost", "fifo"])
+def test_batch_lines_never_fill_max_queue(gw: Gateway, tmp_path: Path, policy: str) -> None:
+    """Under any policy: `fifo` ignores classes when it orders work, but not when it counts a
+    model's waiting requests against `max_queue`."""
+    if policy != "cost":
+        with serve(tmp_path, CONFIG + f"scheduler: {{policy: {policy}}}\n") as other:
+            return test_batch_lines_never_fill_max_queue(other, tmp_path, "cost")
     client = gw.client()
-    lines = [chat_line(i, "bulk", tokens=50) for i in range(200)]
+    lines = [chat_line(i, "bulk", tokens=20) for i in range(60)]  # 3x max_queue, 6 s of work
     batch = client.batches.create(
         input_file_id=upload(client, lines),
         endpoint="/v1/chat/completions",

@@ -53,6 +53,7 @@ class ModelRecord:
     __slots__ = (
         "_levels",
         "_order",
+        "asked",
         "classes",
         "concurrency",
         "count",
@@ -95,7 +96,8 @@ class ModelRecord:
         self.device: DeviceRecord | None = None
         self.in_flight = 0
         self.count = 0  # pending requests, both classes
-        self.icount = 0  # ... of them interactive
+        self.icount = 0  # ... of them interactive, as the policy sees them (all without classes)
+        self.asked = 0  # ... of them sent as interactive, whatever the policy (max_queue)
         self.w_sum = 0.0  # Σweight and Σweight·arrived_at of pending interactive requests
         self.wa_sum = 0.0
         self.w_batch = 0.0  # ... and of pending batch requests
@@ -149,6 +151,8 @@ class ModelRecord:
         """Queue pending `r` (its `arrived_at` set); stamps `r.level`."""
         batch = r.batch and self.classes
         level = r.level = level_of(r.priority, batch)
+        if not r.batch:
+            self.asked += 1
         q = self._levels.get(level)
         if q is None:
             q = self._levels[level] = deque()
@@ -201,6 +205,8 @@ class ModelRecord:
 
     def _forget(self, r: Request, weight: float) -> None:
         self.count -= 1
+        if not r.batch:
+            self.asked -= 1
         if is_batch_level(r.level):
             if self.count > self.icount:
                 self.w_batch -= weight

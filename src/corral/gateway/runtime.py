@@ -157,7 +157,7 @@ class Gateway:
     def pending(self, model: str) -> int:
         """Interactive requests waiting for `model` (what `max_queue` limits; batch lines are
         limited by the `batch.*` limits instead)."""
-        return self._sched().models[model].icount
+        return self._sched().models[model].asked
 
     def attach(self, worker: Worker) -> None:
         """Share the scheduler with `worker` (batch lines): its requests' effects go to it."""
@@ -300,7 +300,7 @@ class Gateway:
                 "state": m.state.value,
                 "device": m.device.name if m.device is not None else None,
                 "queued": m.count,
-                "queued_by_class": {"interactive": m.icount, "batch": m.count - m.icount},
+                "queued_by_class": {"interactive": m.asked, "batch": m.count - m.asked},
                 "in_flight": m.in_flight,
                 "queue": [  # the next requests in the order they will run (first 20)
                     {
@@ -327,7 +327,7 @@ class Gateway:
                     else round(max(0.0, idle_since + ttl_s - now), 3)
                 ),
             }
-        interactive = sum(m.icount for m in sched.models.values())
+        interactive = sum(m.asked for m in sched.models.values())
         return {
             "policy": self.config.scheduler.policy,
             "queued_by_class": {
