@@ -109,6 +109,9 @@ def test_bad_payload_stores_nothing_and_names_the_task(store: Store) -> None:
     assert store.list() == []
     with pytest.raises(BadTask, match="max_attempts must be >= 1"):
         store.enqueue(NewTask("k", "m", max_attempts=0))
+    with pytest.raises(BadTask, match="priority must be an integer from -100 to 100; got 309"):
+        store.enqueue(NewTask("k", "m", priority=309))
+    assert store.list() == []
 
 
 def test_claim_order_priority_then_fifo_and_only_its_model(store: Store) -> None:

@@ -141,6 +141,39 @@ def test_errors_in_openai_shape(gateway: Gateway) -> None:
     assert (r.status_code, r.json()["error"]["message"]) == (405, "/v1/completions takes POST")
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "param", "says"),
+    [
+        (b'{"model": "alpha", "prompt": "x", "priority": 1e999}', {}, "priority", "-100 to 100"),
+        (b'{"model": "alpha", "prompt": "x", "priority": 309}', {}, "priority", "got '309'"),
+        (b'{"model": "alpha", "prompt": "x", "priority": 1.5}', {}, "priority", "integer"),
+        (b'{"model": "alpha", "prompt": "x"}', {"X-Corral-Priority": "Infinity"}, "priority", ""),
+        (b'{"model": "alpha", "prompt": "x"}', {"X-Corral-Priority": "9" * 400}, "priority", ""),
+        (b'{"model": "alpha", "prompt": NaN}', {}, None, "NaN is not a JSON value"),
+        (b'{"model": "alpha", "max_tokens": Infinity}', {}, None, "Infinity is not a JSON"),
+        (b'{"model": "alpha", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, None, "deep"),
+        (b'{"model": 123, "prompt": "x"}', {}, "model", "must be a string naming a model"),
+    ],
+)
+def test_hostile_bodies_get_400_in_openai_shape_never_500(
+    gateway: Gateway, body: bytes, headers: dict[str, str], param: str | None, says: str
+) -> None:
+    r = httpx.post(
+        f"{gateway.url}/v1/completions",
+        content=body,
+        headers={"Content-Type": "application/json", **headers},
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", param)
+    assert says in err["message"]
+    # and the gateway still answers
+    ok = httpx.post(
+        f"{gateway.url}/v1/completions", json={"model": "alpha", "prompt": "x", "max_tokens": 1}
+    )
+    assert ok.status_code == 200
+
+
 def busy(gateway: Gateway, model: str, seconds: float) -> threading.Thread:
     """Keep `model` busy for about `seconds` (100 tokens/s) in the background."""
     client = gateway.client()

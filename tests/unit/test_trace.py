@@ -45,6 +45,8 @@ def test_open_and_closed_loop_lines() -> None:
         ('{"t": 1, "model": "a", "service_s": "1"}', "service_s must be a finite number"),
         ('{"t": 1, "model": "a", "service_s": 1, "prio": 2}', "unknown key 'prio' (allowed: t,"),
         ('{"t": 1, "model": "a", "service_s": 1, "priority": 1.5}', "priority must be an integer"),
+        ('{"t": 1, "model": "a", "service_s": 1, "priority": 400}', "from -100 to 100; got 400"),
+        ('{"t": 1, "model": "a", "service_s": 1, "class": "bulk"}', "class must be 'interactive'"),
         ('{"t": 1, "model": "a", "service_s": 1, "think_s": 1}', "think_s needs a 'session'"),
         ("{not json", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),

@@ -35,6 +35,7 @@ from corral.gateway.batches import refused as batch_refused
 from corral.gateway.batches import routes as batch_routes
 from corral.gateway.errors import error
 from corral.gateway.runtime import Gateway, Rejected
+from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 # Hop-by-hop headers and those the client library/uvicorn set themselves.
 _DROP = {
@@ -178,15 +179,20 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
 
     def priority_of(request: Request, body: dict[str, Any]) -> int | Response:
         raw = request.headers.get("x-corral-priority", body.get("priority", 0))
-        try:
-            return int(raw)
-        except (TypeError, ValueError):
+        value: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lstrip("+-").isdigit() and len(raw) < 20:
+            value = int(raw)
+        if value is None or not PRIORITY_MIN <= value <= PRIORITY_MAX:
             return error(
                 400,
-                f"priority must be an integer; got {raw!r}",
+                f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; "
+                f"got {str(raw)[:40]!r}",
                 "invalid_request_error",
                 param="priority",
             )
+        return value
 
     async def wait_turn(request: Request, model: str, priority: int) -> SchedRequest | Response:
         m = config.models[model]
@@ -307,16 +313,30 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         if isinstance(body, Response):
             return body
         try:
-            data = json.loads(body)
+            data = json.loads(body, parse_constant=_no_constant)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+        except ValueError as exc:  # NaN or Infinity: JSON has neither
+            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+        except RecursionError:
+            return error(
+                400, "the request body is nested too deeply to read", "invalid_request_error"
+            )
         if not isinstance(data, dict):
             return error(400, "the request body must be a JSON object", "invalid_request_error")
         name = data.get("model")
-        if not isinstance(name, str) or not name:
+        if name is None or name == "":
             return error(
                 400,
                 "missing `model`: say which model should answer",
+                "invalid_request_error",
+                param="model",
+            )
+        if not isinstance(name, str):
+            return error(
+                400,
+                f"`model` must be a string naming a model; got {json.dumps(name)[:40]} "
+                f"({type(name).__name__})",
                 "invalid_request_error",
                 param="model",
             )
@@ -452,6 +472,10 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         return out
 
     return app
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (use a number or null)")
 
 
 async def _disconnected(request: Request) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import Problem, TraceError
+from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 ALLOWED_KEYS = ("t", "session", "think_s", "model", "service_s", "priority", "class")
 CLASSES = ("interactive", "batch")
@@ -120,8 +121,15 @@ def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<t
             t = _number(obj, "t", errs)
             think_s = _number(obj, "think_s", errs)
             priority = obj.get("priority", 0)
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                errs.append(f"priority must be an integer; got {priority!r}")
+            if (
+                isinstance(priority, bool)
+                or not isinstance(priority, int)
+                or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+            ):
+                errs.append(
+                    f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; "
+                    f"got {priority!r}"
+                )
             klass = obj.get("class", "interactive")
             if klass not in CLASSES:
                 errs.append(f"class must be 'interactive' or 'batch'; got {klass!r}")

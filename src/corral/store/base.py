@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from corral.errors import CorralError
+from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 Level = tuple[bool, int]
 """A task's place in claim order: (interactive, priority); higher goes first."""
@@ -95,6 +96,11 @@ class NewTask:
             raise BadTask("model must be a non-empty model name")
         if self.max_attempts < 1:
             raise BadTask(f"max_attempts must be >= 1; got {self.max_attempts}")
+        if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise BadTask(
+                f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; "
+                f"got {self.priority}"
+            )
         if self.payload_raw is not None:
             return self.payload_raw
         try:
