@@ -78,6 +78,14 @@ def config_check(
         f"({len(config.models)} models, {len(config.devices)} devices, "
         f"policy {config.scheduler.policy})"
     )
+    unserved = config.unserved()
+    if unserved:
+        err_console.print(
+            f"[yellow]note[/yellow]: `corral serve` will not serve {', '.join(unserved)}: "
+            "no `cmd` (a server Corral starts) or `upstream` (a running server). The simulator "
+            "and the task queue use them as they are.",
+            highlight=False,
+        )
     print(yaml.safe_dump(data, sort_keys=False), end="")
 
 
@@ -348,6 +356,21 @@ def serve_cmd(
         raise _fail(exc) from None
     except ValueError as exc:
         raise _fail(CorralError(str(exc))) from None
+    unserved = config.unserved()
+    if len(unserved) == len(config.models):
+        raise _fail(
+            CorralError(
+                f"{title}: no model has `cmd` (a server Corral starts) or `upstream` (a running "
+                f"server), so there is nothing to serve ({', '.join(unserved)}). Add one of them "
+                "to each model (see the README's Gateway section); a file without them is for "
+                "`corral simulate` and the task queue."
+            )
+        )
+    if unserved:
+        err_console.print(
+            f"[yellow]warning[/yellow]: not served (no `cmd` or `upstream`): {', '.join(unserved)}",
+            highlight=False,
+        )
     log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
     host, _, port = config.server.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

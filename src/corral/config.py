@@ -227,6 +227,11 @@ def _default_devices() -> list[DeviceConfig]:
 class Config(_Strict):
     """The whole configuration file."""
 
+    def unserved(self) -> list[str]:
+        """Models with neither `cmd` nor `upstream`: scheduled (simulator, task queue) but not
+        served by `corral serve`."""
+        return [n for n, m in self.models.items() if m.cmd is None and m.upstream is None]
+
     devices: list[DeviceConfig] = Field(default_factory=_default_devices, min_length=1)
     models: dict[str, ModelConfig] = Field(min_length=1)
     scheduler: SchedulerConfig = SchedulerConfig()

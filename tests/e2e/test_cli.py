@@ -182,3 +182,14 @@ def test_light_entry_points_do_not_load_the_heavy_parts() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_serve_refuses_a_config_with_nothing_to_serve_and_check_says_so() -> None:
+    example = Path(__file__).parents[2] / "examples" / "corral.yaml"
+    r = corral("serve", "--config", example, "--listen", "127.0.0.1:1", ok=False)
+    assert r.returncode == 2
+    assert "nothing to serve (cover-writer, research-8b)" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
+    r = corral("config", "check", example)
+    assert r.returncode == 0
+    assert "`corral serve` will not serve cover-writer, research-8b" in " ".join(r.stderr.split())
