@@ -39,9 +39,11 @@ DbOption = Annotated[
 DEFAULT_DB = "sqlite:///corral.db"
 
 
-def _open(url: str) -> Store:
+def _open(url: str, read_only: bool = False) -> Store:
+    """The store of a `corral tasks` command: never created here (a typo in --db must not make
+    an empty database), opened read-only for commands that only read."""
     try:
-        return open_store(url)
+        return open_store(url, create=False, read_only=read_only)
     except CorralError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
@@ -84,7 +86,7 @@ def tasks_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
 ) -> None:
     """Tasks, newest first, with per-model counts."""
-    store = _open(db)
+    store = _open(db, read_only=True)
     try:
         rows = store.list(status=status, model=model, limit=limit)
         counts = store.counts()
@@ -135,7 +137,7 @@ def tasks_show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Everything about one task: payload, result, every attempt's error."""
-    store = _open(db)
+    store = _open(db, read_only=True)
     try:
         t = store.get(task_id)
     except StoreError as exc:

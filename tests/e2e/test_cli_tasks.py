@@ -84,5 +84,69 @@ def test_tasks_errors_are_clear(db: str, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     p = corral("tasks", "list", "--db", f"sqlite:///{tmp_path}/f/x.db", ok=False)
     assert p.returncode == 2
-    assert "cannot open the SQLite database" in p.stderr
+    assert "no database at" in p.stderr  # read-only commands never create one
     assert os.environ.get("CORRAL_DB") is None
+
+
+def test_read_only_commands_never_create_a_database(tmp_path: Path) -> None:
+    typo = tmp_path / "typo" / "dir" / "tasks.db"
+    for args in (("tasks", "list"), ("tasks", "show", "x"), ("tasks", "cancel", "x")):
+        r = corral(*args, "--db", f"sqlite:///{typo}", ok=False)
+        assert r.returncode == 2
+        assert "no database at" in r.stderr
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_read_only_database_is_readable_and_left_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    seed(f"sqlite:///{path}")
+    path.chmod(0o444)
+    before = path.read_bytes()
+    r = corral("tasks", "list", "--db", f"sqlite:///{path}", "--json")
+    assert len(r.stdout.splitlines()) == 4
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"this is not a database, it is a text file" * 100, "file is not a database"),
+        (None, "no such table: corral_schema"),  # SQLite, but not Corral's
+    ],
+)
+def test_a_malformed_database_is_a_clean_error(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    path = tmp_path / "tasks.db"
+    if content is None:
+        import sqlite3
+
+        sqlite3.connect(path).execute("CREATE TABLE other (a)").connection.close()
+    else:
+        path.write_bytes(content)
+    r = corral("tasks", "list", "--db", f"sqlite:///{path}", ok=False)
+    assert r.returncode == 2
+    assert says in r.stderr
+    assert r.stderr.startswith("error: ")
+    assert "Traceback" not in r.stderr
+
+
+def test_an_old_schema_is_read_after_an_upgrade_only(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    old = open_store(f"sqlite:///{path}", migrate=False)
+    old.close()
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE corral_schema (version INTEGER NOT NULL)")
+    for statement in filter(str.strip, migrations(SQLITE_DIALECT)[0][1].split(";")):
+        conn.execute(statement)
+    conn.execute("INSERT INTO corral_schema (version) VALUES (1)")
+    conn.commit()
+    conn.close()
+    r = corral("tasks", "list", "--db", f"sqlite:///{path}", ok=False)
+    assert r.returncode == 2
+    assert "run `corral db upgrade` first" in " ".join(r.stderr.split())
+    corral("db", "upgrade", "--db", f"sqlite:///{path}")
+    assert corral("tasks", "list", "--db", f"sqlite:///{path}").returncode == 0

@@ -46,10 +46,13 @@ __all__ = [
 ]
 
 
-def open_store(url: str, *, migrate: bool = True) -> Store:
+def open_store(
+    url: str, *, migrate: bool = True, create: bool = True, read_only: bool = False
+) -> Store:
     """A store by URL: `memory://`, `sqlite:///relative.db`, `sqlite:////absolute.db`,
     `postgresql://user@host/db` (optionally `?schema=name` for a schema of its own). SQL stores
-    apply pending migrations on open unless `migrate` is False."""
+    apply pending migrations on open unless `migrate` is False. `create=False`: a SQLite file
+    must exist already; `read_only`: it is opened read-only (never created or migrated)."""
     if url == "memory://":
         return MemoryStore()
     if url.startswith("sqlite:///"):
@@ -58,7 +61,7 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
         path = url[len("sqlite:///") :]
         if not path:
             raise StoreError("sqlite URL needs a path: sqlite:///tasks.db")
-        return SqliteStore(Path(path), migrate=migrate)
+        return SqliteStore(Path(path), migrate=migrate, create=create, read_only=read_only)
     if url.startswith(("postgresql://", "postgres://")):
         from corral.store.postgres import PostgresStore
 
@@ -66,7 +69,8 @@ def open_store(url: str, *, migrate: bool = True) -> Store:
         params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
         schema = params.pop("schema", None)
         rest = "&".join(f"{k}={v}" for k, v in params.items())
-        return PostgresStore(base + (f"?{rest}" if rest else ""), schema=schema, migrate=migrate)
+        url = base + (f"?{rest}" if rest else "")
+        return PostgresStore(url, schema=schema, migrate=migrate and not read_only)
     raise StoreError(
         f"unknown store URL {url!r}; use sqlite:///tasks.db, postgresql://host/db or memory://"
     )

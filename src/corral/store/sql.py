@@ -23,6 +23,7 @@ from corral.store.base import (
     NewTask,
     SchemaTooNew,
     StoredFile,
+    StoreError,
     Task,
     TaskNotFound,
     TaskStatus,
@@ -229,6 +230,24 @@ class SqlStore:
             tx.run("CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)")
             rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
             return int(rows[0]["v"] or 0)
+
+    def check_schema(self) -> None:
+        """For a store opened without migrating, read-only: its schema must be this code's
+        (reads name columns that older schemas lack). Writes nothing."""
+        latest = migrations(self.dialect)[-1][0]
+        with self._tx(write=False) as tx:
+            rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
+        current = int(rows[0]["v"] or 0)
+        if current > latest:
+            raise SchemaTooNew(
+                f"the database is at schema version {current} but this Corral knows up to "
+                f"{latest}; upgrade Corral or use another database"
+            )
+        if current < latest:
+            raise StoreError(
+                f"the database is at schema version {current}, this Corral reads {latest}: run "
+                "`corral db upgrade` first (read-only commands never change the database)"
+            )
 
     def upgrade(self) -> list[int]:
         """Apply pending migrations, each in its own transaction; returns the versions applied.

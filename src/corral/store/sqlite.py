@@ -48,24 +48,48 @@ class SqliteStore(SqlStore):
         busy_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
         migrate: bool = True,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
+        """`create`: make the file (and its folders) if missing; `read_only`: open it with
+        `mode=ro` (never created, never migrated: its schema must already be this code's)."""
         super().__init__(clock)
         self.path = str(path)
+        memory = self.path == ":memory:"
+        if not memory and not Path(self.path).is_file() and (read_only or not create):
+            raise StoreError(
+                f"no database at {self.path!r} (this command never creates one: check the path, "
+                "or create it with `corral db upgrade --db sqlite:///PATH`)"
+            )
         try:
-            if self.path != ":memory:":
+            if not memory and not read_only:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            target = f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path
             self._conn = sqlite3.connect(
-                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+                target,
+                timeout=busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=read_only,
             )
             self._conn.row_factory = sqlite3.Row
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
+            if not read_only:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute("PRAGMA synchronous = NORMAL")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the SQLite database at {self.path!r}: {exc}") from None
         self._lock = threading.Lock()
-        if migrate:
-            self.upgrade()
+        try:
+            if read_only:
+                self.check_schema()
+            elif migrate:
+                self.upgrade()
+        except sqlite3.DatabaseError as exc:  # not SQLite, or not Corral's, or damaged
+            self._conn.close()
+            raise StoreError(
+                f"cannot use {self.path!r} as Corral's task database: {exc} (is the path right?)"
+            ) from None
 
     @contextmanager
     def _tx(self, write: bool, single: bool = False) -> Iterator[Tx]:
