@@ -22,8 +22,10 @@ from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral import __version__
@@ -33,7 +35,7 @@ from corral.core import Request as SchedRequest
 from corral.gateway.batches import BatchRuntime
 from corral.gateway.batches import refused as batch_refused
 from corral.gateway.batches import routes as batch_routes
-from corral.gateway.errors import error
+from corral.gateway.errors import error, http_error, upstream_body, validation_error
 from corral.gateway.runtime import Gateway, Rejected
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
@@ -235,7 +237,13 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     metrics = gateway.metrics
 
     async def serve(
-        request: Request, model: str, path: str, body: bytes, priority: int, stream: bool = True
+        request: Request,
+        model: str,
+        path: str,
+        body: bytes,
+        priority: int,
+        stream: bool = True,
+        openai: bool = False,
     ) -> Response:
         arrived = time.monotonic()
         r = await wait_turn(request, model, priority)
@@ -244,7 +252,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
             return r
         wait_s = time.monotonic() - arrived
         metrics.wait_seconds.labels(model).observe(wait_s)
-        return await proxy(request, r, model, path, body, arrived, stream, wait_s)
+        return await proxy(request, r, model, path, body, arrived, stream, wait_s, openai)
 
     async def proxy(
         request: Request,
@@ -255,7 +263,10 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         arrived: float,
         stream: bool,
         wait_s: float = 0.0,
+        openai: bool = False,
     ) -> Response:
+        """Send `body` to the model's server and relay its answer; `openai`: an OpenAI route,
+        whose error answers reach the client in OpenAI's shape whatever the server sent."""
         backend = gateway.backends[model]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
         url = f"{backend.proxy_url}{path}"
@@ -264,7 +275,8 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
             url = f"{url}?{query.decode('latin-1')}"
         try:
             resp = await pool.session.request(request.method, url, headers=headers, data=body)
-            if not stream:
+            if not stream or resp.status >= 400:  # error answers are small: read them whole
+                stream = False
                 content = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             await backend.exited(timeout_s=1.0)
@@ -286,6 +298,15 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
             gateway.finished(r)
             metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
             metrics.requests.labels(model, str(resp.status)).inc()
+            wrapped = (
+                upstream_body(resp.status, content, resp.headers.get("content-type", ""))
+                if openai
+                else None
+            )
+            if wrapped is not None:
+                content = wrapped
+                out_headers = {k: v for k, v in out_headers.items() if k.lower() != "content-type"}
+                out_headers["content-type"] = "application/json"
             return Response(content, status_code=resp.status, headers=out_headers)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -351,12 +372,15 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
             data.pop("priority", None)
             data["model"] = served
             body = json.dumps(data).encode()
-        return await serve(request, model, path, body, priority, stream=bool(data.get("stream")))
+        stream = bool(data.get("stream"))
+        return await serve(request, model, path, body, priority, stream=stream, openai=True)
 
     if batches is not None:
         max_upload = int(config.batch.max_file_mb * 1024 * 1024)
         app.include_router(batch_routes(batches, max_upload))
         app.add_exception_handler(BatchError, batch_refused)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(ModelRoutes, handle=routed)
     if keys:  # added last: outermost, so it guards the model routes too
         app.add_middleware(ApiKeys, keys=keys)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 
 def error(
@@ -19,3 +25,48 @@ def error(
         status_code=status,
         headers=headers,
     )
+
+
+async def http_error(_: Request, exc: Exception) -> Response:
+    """Starlette's own errors (unknown route 404, wrong method 405) in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
+
+
+async def validation_error(_: Request, exc: Exception) -> Response:
+    """A bad query or path parameter: 400 in OpenAI's shape, naming the parameter."""
+    assert isinstance(exc, RequestValidationError)
+    problems = exc.errors()
+    first = problems[0] if problems else {}
+    param = str(first.get("loc", ["", ""])[-1]) if first else None
+    message = "; ".join(
+        f"{'.'.join(str(x) for x in p.get('loc', ())[1:]) or 'request'}: {p.get('msg')}"
+        for p in problems
+    )
+    return error(400, message or "invalid request", "invalid_request_error", param=param)
+
+
+def upstream_body(status: int, content: bytes, content_type: str) -> bytes | None:
+    """A model server's error answer as OpenAI's error body, or None if it already is one (a
+    JSON object with an `error`). A plain `Internal Server Error` reaches clients as JSON that
+    their libraries can read."""
+    if status < 400:
+        return None
+    if "json" in content_type:
+        try:
+            parsed: Any = json.loads(content)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and "error" in parsed:
+            return None
+    text = content.decode("utf-8", "replace").strip()[:1000] or f"HTTP {status}"
+    wrapped = {
+        "error": {
+            "message": f"the model server answered {status}: {text}",
+            "type": "upstream_error" if status >= 500 else "invalid_request_error",
+            "param": None,
+            "code": f"upstream_{status}",
+        }
+    }
+    return json.dumps(wrapped).encode()
