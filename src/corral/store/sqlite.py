@@ -111,7 +111,11 @@ class SqliteStore(SqlStore):
                 raise _busy(exc, self.path) from None
 
     def close(self) -> None:
-        self._conn.close()
+        """Close the connection once no transaction is running on it: a thread still inside
+        one (a cancelled task's `to_thread` runs on) would otherwise use a freed connection,
+        which crashes the process (SIGSEGV) rather than raising."""
+        with self._lock:
+            self._conn.close()
 
 
 def _busy(exc: sqlite3.OperationalError, path: str) -> StoreError:
