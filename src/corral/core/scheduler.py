@@ -31,7 +31,7 @@ from corral.config import Config
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
 from corral.core.policies import Policy, make_policy
-from corral.core.state import DeviceRecord, ModelRecord, first_pending, is_batch_level
+from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
@@ -288,7 +288,7 @@ class Scheduler:
         r = dev.residents[0]
         if r.yielding:
             return False  # a swap is already coming; its target is chosen when r drains
-        if self._class_preempts([r], c):
+        if self._classes and c.icount and not r.icount and (r.count or r.last_level < BATCH_BELOW):
             return True  # batch yields to interactive at its next request boundary
         if not r.served and r.count:
             r.recheck = True  # it serves a round first; decide again when that round ends
@@ -300,18 +300,18 @@ class Scheduler:
     def _class_preempts(self, victims: list[ModelRecord], c: ModelRecord) -> bool:
         """`c` has interactive work and every victim only batch work (queued, or the last it
         ran): the class rule makes them yield, whatever the policy would say."""
-        return (
-            self._classes
-            and c.icount > 0
-            and all(v.icount == 0 and (v.count or is_batch_level(v.last_level)) for v in victims)
-        )
+        if not self._classes or not c.icount:
+            return False
+        return all(not v.icount and (v.count or v.last_level < BATCH_BELOW) for v in victims)
 
     def _should_yield(self, r: ModelRecord, c: ModelRecord, now: float) -> bool:
-        """The class rule, then the policy (which only compares work of one class)."""
+        """The class rule, then the policy (which only compares work of one class). Called on
+        arrivals: the class checks are inline."""
         if self._classes:
-            if self._class_preempts([r], c):
-                return True
-            if r.icount and not c.icount:
+            if c.icount:
+                if not r.icount and (r.count or r.last_level < BATCH_BELOW):
+                    return True  # the same rule as `_class_preempts`, for one victim
+            elif r.icount:
                 return False  # batch work never displaces interactive work
         return self.policy.should_yield(r, c, now)
 
@@ -409,9 +409,10 @@ class Scheduler:
         while m.in_flight < m.concurrency and m.count:
             r = m.best()
             assert r is not None
-            max_wait = self._batch_max_wait_s if is_batch_level(r.level) else self._max_wait_s
+            max_wait = self._batch_max_wait_s if r.level < BATCH_BELOW else self._max_wait_s
             if max_wait is not None:
-                old = m.oldest_top()
+                # The oldest of r's class (one class queued: the plain, cheaper scan).
+                old = m.oldest() if m.icount == m.count else m.oldest(r.level < BATCH_BELOW)
                 if old is not None and old.arrived_at + max_wait <= now:
                     r = old
             if self._strict and m.served:  # an unserved model gets its round (progress rule)

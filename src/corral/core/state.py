@@ -23,8 +23,7 @@ def level_of(priority: int, batch: bool) -> int:
     return priority - _BATCH_SHIFT if batch else priority
 
 
-def is_batch_level(level: int) -> bool:
-    return level < -_BATCH_HALF
+BATCH_BELOW = -_BATCH_HALF  # `level < BATCH_BELOW`: a batch level (inline in hot paths)
 
 
 def first_pending(q: deque[Request]) -> Request | None:
@@ -150,7 +149,7 @@ class ModelRecord:
     def enqueue(self, r: Request, weight: float) -> None:
         """Queue pending `r` (its `arrived_at` set); stamps `r.level`."""
         batch = r.batch and self.classes
-        level = r.level = level_of(r.priority, batch)
+        level = r.level = r.priority - _BATCH_SHIFT if batch else r.priority  # level_of, inline
         if not r.batch:
             self.asked += 1
         q = self._levels.get(level)
@@ -207,7 +206,7 @@ class ModelRecord:
         self.count -= 1
         if not r.batch:
             self.asked -= 1
-        if is_batch_level(r.level):
+        if r.level < BATCH_BELOW:
             if self.count > self.icount:
                 self.w_batch -= weight
                 self.wa_batch -= weight * r.arrived_at
