@@ -16,13 +16,6 @@ _BATCH_HALF = _BATCH_SHIFT >> 1  # a level below minus this is a batch level
 _EWMA_SERVICE = 0.2
 _EWMA_GAP = 0.3
 _EWMA_SWAP = 0.3
-
-
-def level_of(priority: int, batch: bool) -> int:
-    """A queue level: higher runs first (interactive before batch, then priority)."""
-    return priority - _BATCH_SHIFT if batch else priority
-
-
 BATCH_BELOW = -_BATCH_HALF  # `level < BATCH_BELOW`: a batch level (inline in hot paths)
 
 
@@ -149,7 +142,7 @@ class ModelRecord:
     def enqueue(self, r: Request, weight: float) -> None:
         """Queue pending `r` (its `arrived_at` set); stamps `r.level`."""
         batch = r.batch and self.classes
-        level = r.level = r.priority - _BATCH_SHIFT if batch else r.priority  # level_of, inline
+        level = r.level = r.priority - _BATCH_SHIFT if batch else r.priority
         if not r.batch:
             self.asked += 1
         q = self._levels.get(level)
