@@ -377,13 +377,17 @@ def serve_cmd(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     served = [n for n, m in config.models.items() if m.cmd or m.upstream]
     batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
+    app = create_app(config, log_dir, data_dir())
+    try:
+        app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
+    except CorralError as exc:
+        raise _fail(exc) from None
     err_console.print(
         f"corral serve: {title} on http://{config.server.listen}/v1 "
         f"(policy {config.scheduler.policy}; models: {', '.join(served)}; logs: {log_dir}; "
         f"batches: {batches}; dashboard: "
         f"http://{config.server.listen}/ui)"
     )
-    app = create_app(config, log_dir, data_dir())
     uvicorn.run(app, host=host, port=int(port), log_level="warning")
 
 

@@ -51,8 +51,9 @@ KEY = "sekret"
 
 
 class Gateway:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, folder: Path | None = None) -> None:
         self.url = url
+        self.folder = folder  # its config, logs and data, when `serve` started it
 
     def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(
@@ -82,7 +83,7 @@ def serve(folder: Path, config_text: str, env: dict[str, str] | None = None) -> 
     )
     url = f"http://127.0.0.1:{port}"
     wait_http_ok(f"{url}/health")
-    gw = Gateway(url)
+    gw = Gateway(url, folder)
     try:
         yield gw
     finally:
@@ -302,6 +303,33 @@ def test_a_server_that_dies_is_started_again_for_the_next_request(gateway: Gatew
     alpha = gateway.status()["models"]["alpha"]
     assert alpha["state"] == "ready"
     assert alpha["pid"] != pid
+
+
+def test_a_second_gateway_on_the_same_folder_is_refused_and_stops_nothing(
+    gateway: Gateway,
+) -> None:
+    client = gateway.client(max_retries=0)
+    client.completions.create(model="alpha", prompt="x", max_tokens=1)
+    pid = gateway.status()["models"]["alpha"]["pid"]
+    assert gateway.folder is not None
+    env = {**os.environ, "XDG_DATA_HOME": str(gateway.folder / "data")}
+    for listen in (f"127.0.0.1:{free_port()}", gateway.url.removeprefix("http://")):
+        second = subprocess.run(  # on a free port, and on the first one's (cannot bind)
+            [CORRAL, "serve", "--config", str(gateway.folder / "corral.yaml"), "--listen", listen],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert second.returncode == 2, second.stderr
+        assert "another corral serve (pid " in second.stderr
+        assert str(gateway.folder / "logs") in second.stderr
+        assert "left behind" not in second.stderr
+        assert "Traceback" not in second.stderr
+    assert alive(pid)  # the first gateway's server was not touched ...
+    assert gateway.status()["models"]["alpha"]["pid"] == pid
+    # ... and it still serves
+    assert client.completions.create(model="alpha", prompt="y", max_tokens=1).choices
 
 
 def test_a_crash_mid_request_is_a_502_and_the_next_request_works(gateway: Gateway) -> None:

@@ -4,16 +4,24 @@ first: a killed gateway must not leave a model holding the GPU's memory.
 
 Each line is a server's process group id and its start time (from /proc), so a recycled pid of
 an unrelated process is never touched.
+
+`DirLock` makes the folder one gateway's: the record is reaped only by the gateway that holds the
+lock, so a second `corral serve` on the same folder is refused instead of stopping the servers of
+the first one, which is still running.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import IO
+
+from corral.errors import CorralError
 
 
 def _started(pid: int) -> str | None:
@@ -80,3 +88,45 @@ class ServerRecord:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(f"{pid} {started}\n" for pid, started in rows))
         tmp.replace(self.path)
+
+
+class DirLock:
+    """An exclusive `flock` on `path`, held while the process lives (the kernel drops it when the
+    process dies, kill -9 included, so a stale lock never blocks a restart). The file holds the
+    holder's pid, for the error a second process gets."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    def acquire(self, what: str) -> None:
+        """Take the lock (no-op if this object holds it); CorralError naming the holder if another
+        process does. `what` names the folder's use in that error."""
+        if self._file is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = self.path.open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise CorralError(
+                f"another {what} (pid {holder}) is running on {self.path.parent}; stop it first, "
+                "or give this one a folder of its own (server.log_dir and server.data_dir)"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing drops the flock
+            self._file = None

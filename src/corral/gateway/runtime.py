@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.backends.base import Backend
-from corral.backends.orphans import ServerRecord
+from corral.backends.orphans import DirLock, ServerRecord
 from corral.backends.process import BackendError, ProcessBackend, ProcessSpec, exit_reason
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import Config, HookConfig, ModelConfig
@@ -90,6 +90,7 @@ class Gateway:
         self.backends: dict[str, Backend] = {}
         # The servers this gateway runs, so the next one stops them if this one is killed.
         self.servers = ServerRecord(log_dir / "servers.pids")
+        self.lock = DirLock(log_dir / "gateway.lock")
         for name, m in config.models.items():
             if m.cmd is not None:
                 self.backends[name] = ProcessBackend(
@@ -117,7 +118,13 @@ class Gateway:
         self.started_at = time.time()
 
     # --- lifecycle ----------------------------------------------------------------------------
+    def claim(self) -> None:
+        """Make the log folder this gateway's (idempotent). CorralError if another gateway
+        runs on it: reaping its record would stop that gateway's live servers."""
+        self.lock.acquire("corral serve")
+
     def start(self) -> None:
+        self.claim()
         reaped = self.servers.reap()
         if reaped:
             log.warning(
@@ -134,6 +141,7 @@ class Gateway:
         for b in self.backends.values():
             with contextlib.suppress(BackendError):
                 await b.stop()
+        self.lock.release()
 
     # --- requests -----------------------------------------------------------------------------
     def submit(self, model: str, priority: int) -> tuple[Request, asyncio.Future[None]]:
