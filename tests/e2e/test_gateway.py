@@ -355,6 +355,31 @@ def test_a_crash_mid_request_is_a_502_and_the_next_request_works(gateway: Gatewa
     assert client.completions.create(model="alpha", prompt="y", max_tokens=1).choices[0].text
 
 
+def test_a_crash_mid_stream_ends_with_an_error_event_the_official_client_raises(
+    gateway: Gateway,
+) -> None:
+    client = gateway.client(max_retries=0)
+    client.completions.create(model="alpha", prompt="x", max_tokens=1)
+    stream = client.chat.completions.create(
+        model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=300, stream=True
+    )
+    got: list[str] = []
+
+    def read() -> None:
+        for chunk in stream:
+            got.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+            if len(got) == 3:
+                os.kill(gateway.status()["models"]["alpha"]["pid"], signal.SIGKILL)
+
+    with pytest.raises(openai.APIError) as info:  # before: the stream just ended, as if done
+        read()
+    assert len(got) >= 3
+    assert "model alpha: the answer was cut short (its server exited)" in info.value.message
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'corral_stream_errors_total{model="alpha"} 1.0' in metrics
+    assert client.completions.create(model="alpha", prompt="y", max_tokens=1).choices[0].text
+
+
 AGENTS = f"""
 models:
   orchestrator:

@@ -35,7 +35,13 @@ from corral.core import Request as SchedRequest
 from corral.gateway.batches import BatchRuntime
 from corral.gateway.batches import refused as batch_refused
 from corral.gateway.batches import routes as batch_routes
-from corral.gateway.errors import error, http_error, upstream_body, validation_error
+from corral.gateway.errors import (
+    error,
+    http_error,
+    stream_error,
+    upstream_body,
+    validation_error,
+)
 from corral.gateway.runtime import Gateway, Rejected
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
@@ -274,7 +280,16 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         if query:
             url = f"{url}?{query.decode('latin-1')}"
         try:
-            resp = await pool.session.request(request.method, url, headers=headers, data=body)
+            try:
+                resp = await pool.session.request(request.method, url, headers=headers, data=body)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise  # nothing listens: the server is down, not the connection stale
+                # Closed before any byte of an answer: most likely a pooled keep-alive connection
+                # the server had closed (some close after an error without saying so). One retry
+                # on a fresh connection; a dead server fails it at once (connection refused).
+                metrics.retries.labels(model).inc()
+                resp = await pool.session.request(request.method, url, headers=headers, data=body)
             if not stream or resp.status >= 400:  # error answers are small: read them whole
                 stream = False
                 content = await resp.read()
@@ -309,15 +324,33 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
                 out_headers["content-type"] = "application/json"
             return Response(content, status_code=resp.status, headers=out_headers)
 
+        # Server-sent events on an OpenAI route: a server that dies mid-answer is reported with
+        # an error event, as OpenAI does, since the 200 is already on its way.
+        events = openai and resp.headers.get("content-type", "").startswith("text/event-stream")
+
         async def relay() -> AsyncIterator[bytes]:
             ended = False
+            partial = b""  # events: a line not yet ended, held so an error event stays parsable
             try:
                 async for chunk in resp.content.iter_any():
+                    if events:
+                        chunk = partial + chunk
+                        cut = chunk.rfind(b"\n") + 1
+                        chunk, partial = chunk[:cut], chunk[cut:]
+                        if not chunk:
+                            continue
                     yield chunk
+                if partial:
+                    yield partial
                 ended = True
-            except (aiohttp.ClientError, TimeoutError):
-                await backend.exited(timeout_s=1.0)
-                raise
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                died = await backend.exited(timeout_s=1.0)
+                if not events:
+                    raise  # the client sees a cut connection, the only signal left
+                metrics.stream_errors.labels(model).inc()
+                cause = "its server exited" if died else type(exc).__name__
+                # The blank line ends an event cut between its lines; the torn line is dropped.
+                yield b"\n" + stream_error(f"model {model}: the answer was cut short ({cause})")
             finally:  # finished, failed, or the client left: free the slot either way
                 if ended:
                     resp.release()

@@ -47,6 +47,15 @@ async def validation_error(_: Request, exc: Exception) -> Response:
     return error(400, message or "invalid request", "invalid_request_error", param=param)
 
 
+def stream_error(message: str) -> bytes:
+    """A server-sent event carrying an error, as OpenAI sends one mid-stream (the official
+    clients raise it as an `APIError`)."""
+    body = {
+        "error": {"message": message, "type": "upstream_error", "param": None, "code": "cut_short"}
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
 def upstream_body(status: int, content: bytes, content_type: str) -> bytes | None:
     """A model server's error answer as OpenAI's error body, or None if it already is one (a
     JSON object with an `error`). A plain `Internal Server Error` reaches clients as JSON that

@@ -70,6 +70,18 @@ class Metrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.retries = Counter(
+            "corral_upstream_retries",
+            "Requests sent again because the server closed the connection before answering.",
+            ["model"],
+            registry=r,
+        )
+        self.stream_errors = Counter(
+            "corral_stream_errors",
+            "Streamed answers cut short by their server (the client got an error event).",
+            ["model"],
+            registry=r,
+        )
         self.requests = Counter(
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )
