@@ -1,0 +1,119 @@
+"""Corral's own routes: /health, /metrics, the dashboard (/ui) and the /api/* status, events,
+logs and load/unload controls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from corral.config import Config
+from corral.gateway.batches import BatchRuntime
+from corral.gateway.errors import error
+from corral.gateway.proxy import unknown_model
+from corral.gateway.runtime import Gateway
+
+
+def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None) -> APIRouter:
+    router = APIRouter()
+    metrics = gateway.metrics
+
+    @router.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/api/models/{model}/logs")
+    async def logs(model: str, lines: int = 200) -> Response:
+        resolved = config.resolve(model)
+        if resolved is None or resolved not in gateway.backends:
+            return unknown_model(model, config)
+        tail = gateway.backends[resolved].log_tail(max(1, min(lines, 10_000)))
+        return Response(tail + "\n" if tail else "", media_type="text/plain; charset=utf-8")
+
+    @router.post("/api/models/{model}/load")
+    async def load(model: str, wait: bool = False) -> Response:
+        """Load `model` now (evicting only models without work); with `wait`, answer once it is
+        ready: 200, or 503 if it failed. Without: 202 while it loads, 200 if already loaded."""
+        return await operate(model, wait, load=True)
+
+    @router.post("/api/models/{model}/unload")
+    async def unload(model: str, wait: bool = False) -> Response:
+        """Unload idle `model` now; 409 if it has queued or running requests."""
+        return await operate(model, wait, load=False)
+
+    async def operate(name: str, wait: bool, load: bool) -> Response:
+        model = config.resolve(name)
+        if model is None or model not in gateway.backends:
+            return unknown_model(name, config)
+        sched = gateway.scheduler
+        assert sched is not None
+        m = sched.models[model]
+        before = m.state.value
+        act = sched.on_load_requested if load else sched.on_unload_requested
+        reason = act(model)
+        if reason is not None:
+            verb = "load" if load else "unload"
+            return error(409, f"cannot {verb} {model} now: {reason}", "conflict", code="busy")
+        if wait:
+            await gateway.settled(model)
+        state = m.state.value
+        if load and wait and state != "ready":
+            failed = next((s.error for s in reversed(gateway.swaps) if s.model == model), None)
+            return error(503, failed or f"{model} did not load", "unavailable_error")
+        changed = state != before
+        return JSONResponse(
+            {"model": model, "state": state}, status_code=202 if changed and not wait else 200
+        )
+
+    @router.get("/api/events")
+    async def events(request: Request) -> Response:
+        """Server-sent events: the current status first, then every state change."""
+        q = gateway.listen()
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                yield _sse("status", gateway.status())
+                while True:
+                    try:
+                        event = await asyncio.wait_for(q.get(), 15)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield _sse(event["event"], event)
+            finally:
+                gateway.unlisten(q)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @router.get("/ui")
+    async def ui() -> Response:
+        return HTMLResponse(_UI)
+
+    @router.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/api/status")
+    async def status() -> dict[str, Any]:
+        """The gateway's state: devices, models and their queues (per class), recent swaps and
+        decisions, and the batches not yet ended with their progress and ETA."""
+        out = gateway.status()
+        out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
+        return out
+
+    return router
+
+
+def _sse(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+_UI = (Path(__file__).parent / "status.html").read_text(encoding="utf-8")

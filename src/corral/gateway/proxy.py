@@ -1,0 +1,380 @@
+"""The proxy behind the OpenAI routes: read and check a request's body, wait for its model's
+turn in the scheduler, send it to the model's server and relay the answer (streamed chunk by
+chunk). A client that leaves while waiting is dropped from the queue without triggering a load;
+one that leaves mid-stream closes the upstream request and frees the slot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from corral.config import Config
+from corral.core import Request as SchedRequest
+from corral.gateway.errors import error, stream_error, upstream_body
+from corral.gateway.runtime import Gateway, Rejected
+from corral.limits import PRIORITY_MAX, PRIORITY_MIN
+
+# Hop-by-hop headers and those the client library/uvicorn set themselves.
+_DROP = {
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "proxy-authorization",
+    "authorization",
+    "x-corral-priority",
+}
+_DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
+
+
+class Upstream:
+    """The pooled HTTP client that proxies to model servers (aiohttp: measured 0.8 ms less per
+    request than httpx here, most of the gateway's added latency; docs/benchmarks.md). Bodies
+    pass through as they are: no decompression, no headers of its own."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        )
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the gateway is not started"
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class Proxy:
+    """Requests in, answers out, for one gateway; `handle` is the model routes' entry."""
+
+    def __init__(self, config: Config, gateway: Gateway, pool: Upstream) -> None:
+        self.config = config
+        self.gateway = gateway
+        self.pool = pool
+        self.metrics = gateway.metrics
+        self.max_body = int(config.server.max_body_mb * 1024 * 1024)
+
+    async def read_body(self, request: Request) -> bytes | Response:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return _too_large(self.max_body)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                return _too_large(self.max_body)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def priority_of(self, request: Request, body: dict[str, Any]) -> int | Response:
+        raw = request.headers.get("x-corral-priority", body.get("priority", 0))
+        value: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lstrip("+-").isdigit() and len(raw) < 20:
+            value = int(raw)
+        if value is None or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+            return error(
+                400,
+                f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; "
+                f"got {str(raw)[:40]!r}",
+                "invalid_request_error",
+                param="priority",
+            )
+        return value
+
+    async def wait_turn(
+        self, request: Request, model: str, priority: int
+    ) -> SchedRequest | Response:
+        m = self.config.models[model]
+        if self.gateway.pending(model) >= m.max_queue:
+            return error(
+                429,
+                f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
+                "rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(max(1, round(m.load_s)))},
+            )
+        r, turn = self.gateway.submit(model, priority)
+        if turn.done():  # the model is resident with a free slot: no need to watch the client
+            done: set[asyncio.Future[Any]] = {turn}
+            gone: asyncio.Future[None] | None = None
+        else:
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                done, _ = await asyncio.wait(
+                    {turn, gone}, timeout=m.request_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                gone.cancel()
+        if turn in done:
+            try:
+                turn.result()
+            except Rejected as exc:
+                return error(503, str(exc), "unavailable_error", code="model_unavailable")
+            return r
+        self.gateway.finished(r)  # left the queue: never loads the model for nobody
+        if gone is not None and gone in done:
+            return Response(status_code=499)
+        return error(
+            504,
+            f"waited {m.request_timeout_s:g} s for model {model} (request_timeout_s)",
+            "timeout_error",
+            code="queue_timeout",
+        )
+
+    async def serve(
+        self,
+        request: Request,
+        model: str,
+        path: str,
+        body: bytes,
+        priority: int,
+        stream: bool = True,
+        openai: bool = False,
+    ) -> Response:
+        arrived = time.monotonic()
+        r = await self.wait_turn(request, model, priority)
+        if isinstance(r, Response):
+            self.metrics.requests.labels(model, str(r.status_code)).inc()
+            return r
+        wait_s = time.monotonic() - arrived
+        self.metrics.wait_seconds.labels(model).observe(wait_s)
+        return await self.proxy(request, r, model, path, body, arrived, stream, wait_s, openai)
+
+    async def proxy(
+        self,
+        request: Request,
+        r: SchedRequest,
+        model: str,
+        path: str,
+        body: bytes,
+        arrived: float,
+        stream: bool,
+        wait_s: float = 0.0,
+        openai: bool = False,
+    ) -> Response:
+        """Send `body` to the model's server and relay its answer; `openai`: an OpenAI route,
+        whose error answers reach the client in OpenAI's shape whatever the server sent."""
+        backend = self.gateway.backends[model]
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        url = f"{backend.proxy_url}{path}"
+        query = request.scope["query_string"]
+        if query:
+            url = f"{url}?{query.decode('latin-1')}"
+        try:
+            try:
+                resp = await self.pool.session.request(
+                    request.method, url, headers=headers, data=body
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise  # nothing listens: the server is down, not the connection stale
+                # Closed before any byte of an answer: most likely a pooled keep-alive connection
+                # the server had closed (some close after an error without saying so). One retry
+                # on a fresh connection; a dead server fails it at once (connection refused).
+                self.metrics.retries.labels(model).inc()
+                resp = await self.pool.session.request(
+                    request.method, url, headers=headers, data=body
+                )
+            if not stream or resp.status >= 400:  # error answers are small: read them whole
+                stream = False
+                content = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            await backend.exited(timeout_s=1.0)
+            self.gateway.finished(r)
+            self.metrics.requests.labels(model, "502").inc()
+            return error(
+                502,
+                f"model {model}: its server did not answer ({type(exc).__name__})",
+                "upstream_error",
+                code="backend_unreachable",
+            )
+
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_BACK}
+        # How long the request waited for its model (queue and swap): clients, benchmarks and
+        # `corral replay` read it to tell waiting from serving.
+        out_headers["x-corral-wait-ms"] = f"{wait_s * 1000:.1f}"
+        if not stream:  # read whole: one response message instead of a chunk loop
+            resp.release()
+            self.gateway.finished(r)
+            self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
+            self.metrics.requests.labels(model, str(resp.status)).inc()
+            wrapped = (
+                upstream_body(resp.status, content, resp.headers.get("content-type", ""))
+                if openai
+                else None
+            )
+            if wrapped is not None:
+                content = wrapped
+                out_headers = {k: v for k, v in out_headers.items() if k.lower() != "content-type"}
+                out_headers["content-type"] = "application/json"
+            return Response(content, status_code=resp.status, headers=out_headers)
+
+        # Server-sent events on an OpenAI route: a server that dies mid-answer is reported with
+        # an error event, as OpenAI does, since the 200 is already on its way.
+        events = openai and resp.headers.get("content-type", "").startswith("text/event-stream")
+
+        async def relay() -> AsyncIterator[bytes]:
+            ended = False
+            partial = b""  # events: a line not yet ended, held so an error event stays parsable
+            try:
+                async for chunk in resp.content.iter_any():
+                    if events:
+                        chunk = partial + chunk
+                        cut = chunk.rfind(b"\n") + 1
+                        chunk, partial = chunk[:cut], chunk[cut:]
+                        if not chunk:
+                            continue
+                    yield chunk
+                if partial:
+                    yield partial
+                ended = True
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                died = await backend.exited(timeout_s=1.0)
+                if not events:
+                    raise  # the client sees a cut connection, the only signal left
+                self.metrics.stream_errors.labels(model).inc()
+                cause = "its server exited" if died else type(exc).__name__
+                # The blank line ends an event cut between its lines; the torn line is dropped.
+                yield b"\n" + stream_error(f"model {model}: the answer was cut short ({cause})")
+            finally:  # finished, failed, or the client left: free the slot either way
+                if ended:
+                    resp.release()
+                else:
+                    resp.close()  # drop the connection: the server stops generating
+                self.gateway.finished(r)
+                self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
+                self.metrics.requests.labels(model, str(resp.status)).inc()
+
+        return StreamingResponse(relay(), status_code=resp.status, headers=out_headers)
+
+    async def handle(self, request: Request, path: str) -> Response:
+        body = await self.read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            data = json.loads(body, parse_constant=_no_constant)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+        except ValueError as exc:  # NaN or Infinity: JSON has neither
+            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+        except RecursionError:
+            return error(
+                400, "the request body is nested too deeply to read", "invalid_request_error"
+            )
+        if not isinstance(data, dict):
+            return error(400, "the request body must be a JSON object", "invalid_request_error")
+        name = data.get("model")
+        if name is None or name == "":
+            return error(
+                400,
+                "missing `model`: say which model should answer",
+                "invalid_request_error",
+                param="model",
+            )
+        if not isinstance(name, str):
+            return error(
+                400,
+                f"`model` must be a string naming a model; got {json.dumps(name)[:40]} "
+                f"({type(name).__name__})",
+                "invalid_request_error",
+                param="model",
+            )
+        model = self.config.resolve(name)
+        if model is None or model not in self.gateway.backends:
+            return unknown_model(name, self.config)
+        priority = self.priority_of(request, data)
+        if isinstance(priority, Response):
+            return priority
+        served = self.gateway.backends[model].served_name
+        if name != served or "priority" in data:  # the backend sees its own name, no extension
+            data.pop("priority", None)
+            data["model"] = served
+            body = json.dumps(data).encode()
+        stream = bool(data.get("stream"))
+        return await self.serve(request, model, path, body, priority, stream=stream, openai=True)
+
+
+def openai_routes(px: Proxy) -> APIRouter:
+    """`/v1/models` and the raw pass-through `/upstream/{model}/{path}`."""
+    router = APIRouter()
+    config, gateway = px.config, px.gateway
+
+    @router.api_route("/upstream/{model}/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def upstream(request: Request, model: str, path: str) -> Response:
+        resolved = config.resolve(model)
+        if resolved is None or resolved not in gateway.backends:
+            return unknown_model(model, config)
+        body = await px.read_body(request)
+        if isinstance(body, Response):
+            return body
+        priority = px.priority_of(request, {})
+        if isinstance(priority, Response):
+            return priority
+        return await px.serve(request, resolved, f"/{path}", body, priority)
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(gateway.started_at)
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": created, "owned_by": "corral"}
+                for name in gateway.backends
+                if not config.models[name].unlisted
+            ],
+        }
+
+    return router
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (use a number or null)")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def unknown_model(name: str, config: Config) -> JSONResponse:
+    valid = sorted(n for n, m in config.models.items() if (m.cmd or m.upstream) and not m.unlisted)
+    return error(
+        404,
+        f"model {name!r} not found; valid ids: {', '.join(valid)}",
+        "invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error(
+        413,
+        f"request body over {limit // (1024 * 1024)} MB (server.max_body_mb)",
+        "invalid_request_error",
+        code="body_too_large",
+    )
