@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from corral.config import Config
@@ -18,6 +24,10 @@ from corral.gateway.batches import BatchRuntime
 from corral.gateway.errors import error
 from corral.gateway.proxy import unknown_model
 from corral.gateway.runtime import Gateway
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
 
 
 def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None) -> APIRouter:
@@ -28,7 +38,7 @@ def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get("/api/models/{model}/logs")
+    @router.get("/api/models/{model}/logs", response_class=PlainTextResponse)
     async def logs(model: str, lines: int = 200) -> Response:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
@@ -71,7 +81,7 @@ def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None)
             {"model": model, "state": state}, status_code=202 if changed and not wait else 200
         )
 
-    @router.get("/api/events")
+    @router.get("/api/events", response_class=EventStream)
     async def events(request: Request) -> Response:
         """Server-sent events: the current status first, then every state change."""
         q = gateway.listen()
@@ -93,11 +103,11 @@ def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None)
             stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
-    @router.get("/ui")
+    @router.get("/ui", response_class=HTMLResponse)
     async def ui() -> Response:
         return HTMLResponse(_UI)
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

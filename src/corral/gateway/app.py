@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral import __version__
 from corral.batch.service import BatchError
 from corral.config import Config
+from corral.gateway import openapi
 from corral.gateway.admin import admin_routes
 from corral.gateway.batches import BatchRuntime
 from corral.gateway.batches import refused as batch_refused
@@ -135,6 +136,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         app.add_middleware(ApiKeys, keys=keys)
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches))
+    openapi.install(app)
     return app
 
 

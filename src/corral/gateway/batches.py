@@ -30,6 +30,18 @@ from corral.batch.jsonl import KIND
 from corral.batch.service import BatchError, BatchService
 from corral.config import Config
 from corral.gateway.errors import error
+from corral.gateway.openapi import (
+    BatchList,
+    BatchObject,
+    CreateBatchRequest,
+    FileDeleted,
+    FileList,
+    FileObject,
+    FileUpload,
+    content,
+    form_body,
+    json_body,
+)
 from corral.gateway.runtime import Gateway
 from corral.store import Store
 from corral.worker.registry import ModelHooks, Registry, current_task
@@ -199,7 +211,7 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
     async def call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kw)
 
-    @router.post("/v1/files")
+    @router.post("/v1/files", openapi_extra=form_body(FileUpload), response_model=FileObject)
     async def upload(request: Request) -> Response:
         """Multipart `file` and `purpose`. The parser spools the file part to disk past 1 MB,
         and it is copied from there in 1 MB chunks: never in memory whole."""
@@ -231,7 +243,7 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
             await form.close()
         return JSONResponse(svc.file_object(f))
 
-    @router.get("/v1/files")
+    @router.get("/v1/files", response_model=FileList)
     async def list_files(
         purpose: str | None = None, after: str | None = None, limit: int = 10000
     ) -> Response:
@@ -239,21 +251,23 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
         page = await call(svc.store.list_files, purpose, after, limit + 1)
         return JSONResponse(_page([svc.file_object(f) for f in page[:limit]], len(page) > limit))
 
-    @router.get("/v1/files/{file_id}")
+    @router.get("/v1/files/{file_id}", response_model=FileObject)
     async def get_file(file_id: str) -> Response:
         return JSONResponse(svc.file_object(await call(svc.file, file_id)))
 
-    @router.delete("/v1/files/{file_id}")
+    @router.delete("/v1/files/{file_id}", response_model=FileDeleted)
     async def delete_file(file_id: str) -> Response:
         f = await call(svc.delete_file, file_id)
         return JSONResponse({"id": f.id, "object": "file", "deleted": True})
 
-    @router.get("/v1/files/{file_id}/content")
+    @router.get("/v1/files/{file_id}/content", responses=content("application/jsonl"))
     async def file_content(file_id: str) -> Response:
         f = await call(svc.file, file_id)
         return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
 
-    @router.post("/v1/batches")
+    @router.post(
+        "/v1/batches", openapi_extra=json_body(CreateBatchRequest), response_model=BatchObject
+    )
     async def create_batch(request: Request) -> Response:
         try:
             body = await request.json()
@@ -282,18 +296,18 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
         )
         return JSONResponse(await call(svc.object, b))
 
-    @router.get("/v1/batches")
+    @router.get("/v1/batches", response_model=BatchList)
     async def list_batches(after: str | None = None, limit: int = 20) -> Response:
         limit = max(1, min(limit, 100))
         page = await call(svc.store.list_batches, after, limit + 1)
         objects = [await call(svc.object, b) for b in page[:limit]]
         return JSONResponse(_page(objects, len(page) > limit))
 
-    @router.get("/v1/batches/{batch_id}")
+    @router.get("/v1/batches/{batch_id}", response_model=BatchObject)
     async def get_batch(batch_id: str) -> Response:
         return JSONResponse(await call(svc.object, await call(svc.batch, batch_id)))
 
-    @router.post("/v1/batches/{batch_id}/cancel")
+    @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchObject)
     async def cancel_batch(batch_id: str) -> Response:
         return JSONResponse(await call(svc.object, await call(svc.cancel, batch_id)))
 

@@ -18,6 +18,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from corral.config import Config
 from corral.core import Request as SchedRequest
 from corral.gateway.errors import error, stream_error, upstream_body
+from corral.gateway.openapi import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ModelList,
+    content,
+    json_body,
+)
 from corral.gateway.runtime import Gateway, Rejected
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
@@ -319,8 +327,33 @@ def openai_routes(px: Proxy) -> APIRouter:
     """`/v1/models` and the raw pass-through `/upstream/{model}/{path}`."""
     router = APIRouter()
     config, gateway = px.config, px.gateway
+    answers = content("application/json", "text/event-stream")
 
-    @router.api_route("/upstream/{model}/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    # The model routes: `ModelRoutes` serves them before FastAPI routes anything; these are
+    # what /openapi.json shows of them, and they serve the same way if it is not installed.
+    @router.post(
+        "/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest), responses=answers
+    )
+    async def chat_completions(request: Request) -> Response:
+        return await px.handle(request, "/v1/chat/completions")
+
+    @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest), responses=answers)
+    async def completions(request: Request) -> Response:
+        return await px.handle(request, "/v1/completions")
+
+    @router.post(
+        "/v1/embeddings",
+        openapi_extra=json_body(EmbeddingRequest),
+        responses=content("application/json"),
+    )
+    async def embeddings(request: Request) -> Response:
+        return await px.handle(request, "/v1/embeddings")
+
+    @router.api_route(
+        "/upstream/{model}/{path:path}",
+        methods=["GET", "POST", "PUT", "DELETE"],
+        responses=content("*/*"),
+    )
     async def upstream(request: Request, model: str, path: str) -> Response:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
@@ -333,7 +366,7 @@ def openai_routes(px: Proxy) -> APIRouter:
             return priority
         return await px.serve(request, resolved, f"/{path}", body, priority)
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
         created = int(gateway.started_at)
         return {
