@@ -218,6 +218,17 @@ class BatchConfig(_Strict):
         default_factory=list,
         description="If set, webhook URLs must point at one of these hosts.",
     )
+    completion_windows: list[Annotated[str, Field(pattern=r"^[1-9]\d*[smhd]$")]] = Field(
+        default_factory=lambda: ["24h"],
+        min_length=1,
+        description="The completion_window values a batch may ask for. OpenAI accepts only 24h; "
+        "add others (a number and s, m, h or d: 1h, 7d) to offer them (an extension of the API).",
+    )
+    validate_inline_mb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=1.0,
+        description="Input files up to this size are checked while the batch is created (its "
+        "first status is in_progress or failed); larger ones after, while it is `validating`.",
+    )
 
 
 def _default_devices() -> list[DeviceConfig]:

@@ -5,6 +5,7 @@ Each PostgreSQL test gets a schema of its own, dropped afterwards, so parallel r
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 import time
@@ -551,6 +552,40 @@ def test_files_round_trip_page_newest_first_and_delete(store: Store) -> None:
         store.get_file("file-2")
     with pytest.raises(FileNotFound):
         store.delete_file("file-2")
+
+
+def test_files_page_oldest_first_keep_their_expiry_and_an_unknown_cursor_is_empty(
+    store: Store,
+) -> None:
+    for i in range(4):
+        store.add_file(a_file(i, "batch"))
+    expiring = dataclasses.replace(a_file(9, "batch"), expires_at=5_000.5)
+    store.add_file(expiring)
+    assert store.get_file("file-9").expires_at == 5_000.5
+    assert store.get_file("file-1").expires_at is None
+    asc = [f.id for f in store.list_files(order="asc")]
+    assert asc == ["file-0", "file-1", "file-2", "file-3", "file-9"]
+    assert [f.id for f in store.list_files(order="asc", after="file-1", limit=2)] == [
+        "file-2",
+        "file-3",
+    ]
+    assert store.list_files(after="file-nope") == []
+    assert store.list_files(after="file-nope", order="asc") == []
+
+
+def test_a_validating_batch_starts_with_its_lines_once(store: Store) -> None:
+    store.create_batch(dataclasses.replace(a_batch(1), status="validating"), [])
+    assert store.batch_counts("batch-1") == {}
+    started = store.start_batch("batch-1", "in_progress", {"n": 2}, lines("batch-1", 3))
+    assert started is not None
+    assert (started.status, started.data) == ("in_progress", {"n": 2})
+    assert store.batch_counts("batch-1") == {TaskStatus.QUEUED: 3}
+    # a second start (another process, a retry) stores nothing more
+    assert store.start_batch("batch-1", "in_progress", {"n": 3}, lines("batch-1", 3)) is None
+    assert store.batch_counts("batch-1") == {TaskStatus.QUEUED: 3}
+    assert store.get_batch("batch-1").data == {"n": 2}
+    with pytest.raises(BatchNotFound):
+        store.start_batch("batch-9", "in_progress", {}, [])
 
 
 def a_batch(i: int, key: str | None = None) -> Batch:

@@ -157,7 +157,7 @@ def test_bad_requests_are_clear_errors(gw: Gateway) -> None:
             endpoint="/v1/responses",
             completion_window="24h",
         )
-    with pytest.raises(openai.BadRequestError, match="completion_window must look like 24h"):
+    with pytest.raises(openai.BadRequestError, match="completion_window must be 24h; got 'soon'"):
         client.batches.create(
             input_file_id=file_id,
             endpoint="/v1/chat/completions",
@@ -264,6 +264,7 @@ batch:
   max_file_mb: 0.01
   max_queued_batches: 1
   webhook_hosts: [127.0.0.1]
+  completion_windows: [24h, 1s]  # 1s: an extension, to see a batch expire
 """
 
 

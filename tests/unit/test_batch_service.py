@@ -61,7 +61,7 @@ def test_queued_requests_and_batches_have_limits_that_name_themselves(tmp_path: 
 
 
 def test_past_its_window_a_batch_expires_and_reports_every_unrun_line(tmp_path: Path) -> None:
-    svc, store, clock = service(tmp_path)
+    svc, store, clock = service(tmp_path, completion_windows=["24h", "1h"])
     b = svc.create(upload(svc, 4), "/v1/embeddings", completion_window="1h")
     (t,) = store.claim("m", "w", 1, 30.0)
     store.finish(t.id, t.lease_token or "", {"status_code": 200, "request_id": "q", "body": {}})
@@ -122,3 +122,37 @@ def test_an_undelivered_webhook_is_found_again_after_a_restart(tmp_path: Path) -
     assert again.tick() == (0, [])
     hook = store.get_batch(b.id).data["webhook"]
     assert (hook["tries"], hook["delivered_at"]) == (2, int(clock.t))
+
+
+def test_an_expired_file_is_gone_at_once_and_swept_from_disk(tmp_path: Path) -> None:
+    svc, store, clock = service(tmp_path)
+    kept, expiring = upload(svc, 1), svc.files.new_id()
+    svc.files.write(expiring, [b"x\n"])
+    svc.add_file(expiring, "x.jsonl", "batch", 2, expires_after_s=3600)
+    assert svc.file_object(svc.file(expiring))["expires_at"] == 1_000 + 3600
+    clock.t += 3599
+    assert svc.file(expiring).id == expiring
+    clock.t += 2
+    page, _ = svc.list_files(None, None, 10, "desc")
+    assert [f.id for f in page] == [kept]  # listed no more ...
+    with pytest.raises(BatchError, match="has expired") as err:
+        svc.file(expiring)  # ... nor readable
+    assert err.value.status == 404
+    other = svc.files.new_id()
+    svc.files.write(other, [b"y\n"])
+    svc.add_file(other, "y.jsonl", "batch", 2, expires_after_s=3600)
+    clock.t += 3601
+    assert svc.sweep() == 1  # the sweep deletes the record and the bytes
+    assert not svc.files.path(other).exists()
+    assert [f.id for f in store.list_files()] == [kept]
+
+
+def test_a_validating_batch_cancelled_before_its_check_never_starts(tmp_path: Path) -> None:
+    svc, store, _ = service(tmp_path, validate_inline_mb=0)
+    b = svc.create(upload(svc, 3), "/v1/embeddings")
+    assert b.status == "validating"
+    assert svc.cancel(b.id).status == "cancelling"
+    svc.tick()
+    ended = store.get_batch(b.id)
+    assert ended.status == "cancelled"
+    assert store.batch_counts(b.id) == {}  # its lines were never stored

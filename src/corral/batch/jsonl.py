@@ -18,6 +18,7 @@ from typing import Any
 from corral.store import NewTask, Task, TaskStatus
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors put first
 KIND = "openai_batch"  # the task kind of a batch line
 
 
@@ -64,9 +65,12 @@ def check(
     def bad(code: str, message: str, line: int, param: str | None = None) -> None:
         errors.append(LineError(code, f"line {line}: {message}", line, param))
 
+    blank: list[int] = []  # blank lines so far: fine at the end of the file, not before a line
     with path.open("rb") as f:
         n = 0
         for n, raw in enumerate(f, 1):
+            if n == 1:
+                raw = raw.removeprefix(_BOM)
             if len(errors) >= max_errors:
                 break
             if n > max_lines:
@@ -83,8 +87,11 @@ def check(
                 bad("invalid_encoding", f"not valid UTF-8 (byte {exc.start + 1})", n)
                 continue
             if not text.strip():
-                bad("invalid_json_line", "is blank; every line must be one request", n)
+                blank.append(n)
                 continue
+            for at in blank:
+                bad("invalid_json_line", "is blank; every line must be one request", at)
+            blank.clear()
             try:
                 item = json.loads(text)
             except json.JSONDecodeError as exc:
@@ -144,7 +151,7 @@ def check(
                 bad("model_not_found", f"model {name!r} is not served here", n, "body.model")
                 continue
             out.models.append(model)
-    if n == 0:
+    if not out.models and not errors:
         errors.append(LineError("empty_file", "the file has no lines"))
     return out
 
@@ -154,7 +161,10 @@ def tasks(
 ) -> Iterator[NewTask]:
     """One task per line of a file that `check` passed, in line order."""
     with path.open("rb") as f:
-        for model, raw in zip(checked.models, f, strict=True):
+        lines = (x for i, x in enumerate(f) if x.strip() and not (i == 0 and x.strip() == _BOM))
+        for n, (model, raw) in enumerate(zip(checked.models, lines, strict=True)):
+            if n == 0:
+                raw = raw.removeprefix(_BOM)
             yield NewTask(
                 KIND,
                 model,

@@ -3,20 +3,23 @@ batch and its lines in one transaction), the batch object, cancel, and `tick`, w
 batches whose lines are all done (writing the output and error files), expires late ones and
 delivers webhooks. Synchronous: the HTTP side calls it in threads.
 
-Lifecycle: in_progress -> finalizing -> completed; a file with bad lines: failed (at once, with
-every problem and its line); cancel: cancelling -> finalizing -> cancelled; past the
-completion window: the unrun lines are cancelled, then finalizing -> expired. Every line ends
+Lifecycle: in_progress -> finalizing -> completed; a file with bad lines: failed (with every
+problem and its line); cancel: cancelling -> finalizing -> cancelled; past the completion
+window: the unrun lines are cancelled, then finalizing -> expired. A file over
+`batch.validate_inline_mb` is checked after the batch is created, which is `validating` until
+`tick` has checked it. Every line ends
 in exactly one of the two files. Finalizing is idempotent, so a crash midway is finished by the
 next `tick` after a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +28,26 @@ from urllib.parse import urlsplit
 from corral.batch.files import FileStorage
 from corral.batch.jsonl import ENDPOINTS, check, result_line, tasks
 from corral.config import BatchConfig
-from corral.store import Batch, BatchNotFound, FileNotFound, Store, StoredFile, TaskStatus
+from corral.store import (
+    Batch,
+    BatchNotFound,
+    FileNotFound,
+    NewTask,
+    Store,
+    StoredFile,
+    Task,
+    TaskStatus,
+)
 
 _WINDOW = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ENDED = ("completed", "failed", "expired", "cancelled")
-_LIVE = ("in_progress", "cancelling", "finalizing")
+_LIVE = ("validating", "in_progress", "cancelling", "finalizing")
 WEBHOOK_TRIES = 5
+# OpenAI's bounds on `expires_after.seconds` (one hour to 30 days) and on metadata.
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2_592_000
+_META_PAIRS, _META_KEY, _META_VALUE = 16, 64, 512
+_SWEEP_S = 60.0  # how often expired files are deleted
 
 
 class BatchError(Exception):
@@ -65,20 +81,85 @@ class BatchService:
         self.clock = clock
         self._scanned = False  # `tick` has read every batch once
         self._hooks: set[str] = set()  # ended batches whose webhook is still to be delivered
+        self._swept_at = 0.0
 
     # --- files --------------------------------------------------------------------------------
-    def add_file(self, file_id: str, filename: str, purpose: str, size: int) -> StoredFile:
+    def add_file(
+        self,
+        file_id: str,
+        filename: str,
+        purpose: str,
+        size: int,
+        expires_after_s: int | None = None,
+    ) -> StoredFile:
+        """Record a file whose bytes are stored; `expires_after_s` (see `expires_after`): it is
+        deleted that long after now."""
+        now = self.clock()
+        expires_at = None if expires_after_s is None else now + expires_after_s
         f = StoredFile(
-            file_id, purpose, filename, size, self.clock(), str(self.files.path(file_id))
+            file_id, purpose, filename, size, now, str(self.files.path(file_id)), expires_at
         )
         self.store.add_file(f)
         return f
 
     def file(self, file_id: str) -> StoredFile:
         try:
-            return self.store.get_file(file_id)
+            f = self.store.get_file(file_id)
         except FileNotFound:
             raise BatchError(404, f"no file with id {file_id!r}", "file_not_found") from None
+        if f.expires_at is not None and f.expires_at <= self.clock():
+            self._forget(f)
+            raise BatchError(404, f"file {file_id!r} has expired", "file_not_found")
+        return f
+
+    def list_files(
+        self, purpose: str | None, after: str | None, limit: int, order: str
+    ) -> tuple[list[StoredFile], bool]:
+        """A page of files (unexpired) and whether more follow; 400 for an unknown `after`."""
+        if after is not None:
+            try:
+                self.store.get_file(after)
+            except FileNotFound:
+                raise BatchError(
+                    400, f"after: no file with id {after!r}", "invalid_value", "after"
+                ) from None
+        page = self.store.list_files(
+            purpose, after, limit + 1, order="asc" if order == "asc" else "desc"
+        )
+        now = self.clock()
+        live = [f for f in page if f.expires_at is None or f.expires_at > now]
+        return live[:limit], len(page) > limit
+
+    def list_batches(self, after: str | None, limit: int) -> tuple[list[Batch], bool]:
+        """A page of batches, newest first, and whether more follow; 400 for an unknown
+        `after`."""
+        if after is not None:
+            try:
+                self.store.get_batch(after)
+            except BatchNotFound:
+                raise BatchError(
+                    400, f"after: no batch with id {after!r}", "invalid_value", "after"
+                ) from None
+        page = self.store.list_batches(after, limit + 1)
+        return page[:limit], len(page) > limit
+
+    def _forget(self, f: StoredFile) -> None:
+        with contextlib.suppress(FileNotFound):
+            self.store.delete_file(f.id)
+        self.files.remove(f.id)
+
+    def sweep(self) -> int:
+        """Delete every expired file; returns how many."""
+        now = self.clock()
+        gone = 0
+        after = None
+        while page := self.store.list_files(after=after, limit=500, order="asc"):
+            for f in page:
+                if f.expires_at is not None and f.expires_at <= now:
+                    self._forget(f)
+                    gone += 1
+            after = page[-1].id
+        return gone
 
     def delete_file(self, file_id: str) -> StoredFile:
         try:
@@ -95,6 +176,7 @@ class BatchService:
             "object": "file",
             "bytes": f.bytes,
             "created_at": int(f.created_at),
+            "expires_at": None if f.expires_at is None else int(f.expires_at),
             "filename": f.filename,
             "purpose": f.purpose,
             "status": "processed",
@@ -105,21 +187,28 @@ class BatchService:
         self,
         input_file_id: str,
         endpoint: str,
-        completion_window: str = "24h",
+        completion_window: Any = "24h",
         metadata: dict[str, str] | None = None,
         idempotency_key: str | None = None,
         webhook_url: str | None = None,
         model: str | None = None,
+        output_expires_after: Any = None,
     ) -> Batch:
         """Check the input file and store the batch with its lines (or, if any line is bad, the
-        failed batch with every problem). `model` (a Corral extension) runs every line on that
+        failed batch with every problem); a file over `validate_inline_mb` is stored
+        `validating` and checked by `tick`. `model` (a Corral extension) runs every line on that
         model whatever its body says. Raises `BatchError` for a bad request."""
         if endpoint not in ENDPOINTS:
             raise BatchError(
                 400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "invalid_value", "endpoint"
             )
-        window_s = _window_s(completion_window)
+        window_s = _window_s(completion_window, self.limits.completion_windows)
         metadata = _metadata(metadata)
+        output_expires_s = (
+            None
+            if output_expires_after is None
+            else expires_after_s(output_expires_after, "output_expires_after")
+        )
         webhook_url = webhook_url or (metadata or {}).get("webhook_url")
         if webhook_url:
             self._check_webhook(webhook_url)
@@ -139,28 +228,40 @@ class BatchService:
                 raise BatchError(
                     404, f"model {model!r} is not served here", "model_not_found", "model"
                 )
-        path = Path(source.path)
-        checked = check(path, endpoint, self.resolve, self.limits.max_lines, override=override)
         now = self.clock()
-        total = len(checked.models)
         data: dict[str, Any] = {
             "endpoint": endpoint,
             "input_file_id": input_file_id,
             "completion_window": completion_window,
             "expires_at": int(now + window_s),
             "metadata": metadata,
-            "request_total": total,
+            "request_total": 0,
             "webhook_url": webhook_url,
             "model": override,
+            "output_expires_after_s": output_expires_s,
         }
         batch_id = f"batch_{uuid.uuid4().hex}"
+        if source.bytes > self.limits.validate_inline_mb * 1024 * 1024:
+            return self.store.create_batch(
+                Batch(batch_id, "validating", now, data, idempotency_key), []
+            )
+        status, data, lines = self._checked(batch_id, data, Path(source.path), now)
+        return self.store.create_batch(Batch(batch_id, status, now, data, idempotency_key), lines)
+
+    def _checked(
+        self, batch_id: str, data: dict[str, Any], path: Path, now: float
+    ) -> tuple[str, dict[str, Any], Iterable[NewTask]]:
+        """Check the input file: the batch's status, data and lines (`failed` with every
+        problem, or `in_progress`). `BatchError` if the queue has no room for its lines."""
+        checked = check(
+            path, data["endpoint"], self.resolve, self.limits.max_lines, override=data["model"]
+        )
+        data = dict(data)
         if not checked.ok:
             data["errors"] = [e.as_dict() for e in checked.errors]
             data["failed_at"] = int(now)
-            data["request_total"] = 0
-            return self.store.create_batch(
-                Batch(batch_id, "failed", now, data, idempotency_key), []
-            )
+            return "failed", data, []
+        total = len(checked.models)
         queued = sum(c.get(TaskStatus.QUEUED, 0) for c in self.store.counts().values())
         if queued + total > self.limits.max_queued_requests:
             raise BatchError(
@@ -169,13 +270,25 @@ class BatchService:
                 f"{self.limits.max_queued_requests} (batch.max_queued_requests)",
                 "queue_full",
             )
+        data["request_total"] = total
         data["in_progress_at"] = int(now)
         data["started_s"] = now  # precise, for the run time in `corral.run_s`
         data["models"] = dict(Counter(checked.models))  # lines per model, for ETAs
         lines = tasks(path, checked, batch_id, self.limits.priority, self.limits.max_attempts)
-        return self.store.create_batch(
-            Batch(batch_id, "in_progress", now, data, idempotency_key), lines
-        )
+        return "in_progress", data, lines
+
+    def _validate(self, b: Batch) -> Batch:
+        """Check a `validating` batch's file and start it (or fail it)."""
+        now = self.clock()
+        try:
+            source = self.file(b.data["input_file_id"])
+            status, data, lines = self._checked(b.id, b.data, Path(source.path), now)
+        except BatchError as exc:
+            problem = {"code": exc.code, "message": str(exc), "param": exc.param, "line": None}
+            status, data, lines = "failed", {**b.data, "errors": [problem]}, []
+            data["failed_at"] = int(now)
+        started = self.store.start_batch(b.id, status, data, lines)
+        return started if started is not None else self.store.get_batch(b.id)
 
     def _check_room(self) -> None:
         live = sum(1 for _ in self._pages(_LIVE))
@@ -213,14 +326,14 @@ class BatchService:
         b = self.batch(batch_id)
         if b.status in ("cancelling", "cancelled"):
             return b
-        if b.status not in ("in_progress",):
+        if b.status not in ("in_progress", "validating"):
             raise BatchError(
                 409,
                 f"batch {batch_id} is {b.status}; only a running batch can be cancelled",
                 "invalid_state",
             )
         data = {**b.data, "cancelling_at": int(self.clock())}
-        updated = self.store.update_batch(batch_id, "cancelling", data, expect=["in_progress"])
+        updated = self.store.update_batch(batch_id, "cancelling", data, expect=[b.status])
         if updated is None:  # it ended meanwhile
             return self.cancel(batch_id)
         self.store.cancel_batch(batch_id)
@@ -260,6 +373,7 @@ class BatchService:
             "cancelling_at": d.get("cancelling_at"),
             "cancelled_at": d.get("cancelled_at"),
             "request_counts": counts,
+            "usage": d.get("usage"),
             "metadata": d.get("metadata"),
         }
         ended = counts["completed"] + counts["failed"]
@@ -289,9 +403,14 @@ class BatchService:
         to run. Returns how many batches are still running, and the webhooks now due (send
         them, then `webhook_sent`)."""
         now = self.clock()
+        if now - self._swept_at >= _SWEEP_S:
+            self._swept_at = now
+            self.sweep()
         due: list[Webhook] = []
         live = 0
         for b in self._batches():
+            if b.status == "validating":
+                b = self._validate(b)
             if b.status == "in_progress" and now >= b.data["expires_at"]:
                 data = {**b.data, "expiring": True}
                 if self.store.update_batch(b.id, "in_progress", data, ["in_progress"]):
@@ -362,22 +481,24 @@ class BatchService:
             else "completed"
         )
         completed = failed = 0
+        usage = Usage()
         out_id, err_id = f"file-{b.id}-output", f"file-{b.id}-errors"
 
-        def lines() -> Iterator[tuple[bool, bytes]]:
+        def lines() -> Iterator[tuple[bool, bytes, Task]]:
             after = 0
             while page := self.store.batch_tasks(b.id, after_seq=after, limit=1000):
                 for t in page:
-                    yield result_line(t, ending)
+                    yield (*result_line(t, ending), t)
                 after = page[-1].seq
 
         # Two passes over the lines (one per file) keep memory flat for big batches.
         def pick(want_ok: bool) -> Iterator[bytes]:
             nonlocal completed, failed
-            for ok, line in lines():
+            for ok, line, t in lines():
                 if ok == want_ok:
                     if ok:
                         completed += 1
+                        usage.add(t.result)
                     else:
                         failed += 1
                     yield line
@@ -385,13 +506,14 @@ class BatchService:
         out_size = self.files.write(out_id, pick(True))
         err_size = self.files.write(err_id, pick(False))
         data = dict(b.data)
+        keep_s = data.get("output_expires_after_s")
         if completed or not failed:
-            self._record(out_id, f"{b.id}_output.jsonl", out_size)
+            self._record(out_id, f"{b.id}_output.jsonl", out_size, keep_s)
             data["output_file_id"] = out_id
         else:
             self.files.remove(out_id)
         if failed:
-            self._record(err_id, f"{b.id}_errors.jsonl", err_size)
+            self._record(err_id, f"{b.id}_errors.jsonl", err_size, keep_s)
             data["error_file_id"] = err_id
         else:
             self.files.remove(err_id)
@@ -400,16 +522,17 @@ class BatchService:
             "completed": completed,
             "failed": failed,
         }
+        data["usage"] = usage.as_dict()
         data[f"{final}_at"] = now
         data["run_s"] = round(self.clock() - data.get("started_s", b.created_at), 3)
         done = self.store.update_batch(b.id, final, data, ["finalizing"])
         return done if done is not None else self.store.get_batch(b.id)
 
-    def _record(self, file_id: str, filename: str, size: int) -> None:
+    def _record(self, file_id: str, filename: str, size: int, keep_s: int | None) -> None:
         try:
             self.store.get_file(file_id)  # recorded by a finalize that crashed after it
         except FileNotFound:
-            self.add_file(file_id, filename, "batch_output", size)
+            self.add_file(file_id, filename, "batch_output", size, keep_s)
 
 
 def _hook_pending(b: Batch) -> bool:
@@ -421,12 +544,81 @@ def _hook_pending(b: Batch) -> bool:
     )
 
 
-def _window_s(window: str) -> float:
-    m = _WINDOW.match(window or "")
-    if not m:
+class Usage:
+    """Token counts summed over a batch's answers, as the batch object's `usage`."""
+
+    def __init__(self) -> None:
+        self.input = self.output = self.total = self.cached = self.reasoning = 0
+
+    def add(self, answer: Any) -> None:
+        body = answer.get("body") if isinstance(answer, dict) else None
+        u = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(u, dict):
+            return
+        prompt, completion = _count(u.get("prompt_tokens")), _count(u.get("completion_tokens"))
+        self.input += prompt
+        self.output += completion
+        self.total += _count(u.get("total_tokens")) or prompt + completion
+        self.cached += _count((u.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        details = u.get("completion_tokens_details") or {}
+        self.reasoning += _count(details.get("reasoning_tokens"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input,
+            "input_tokens_details": {"cached_tokens": self.cached},
+            "output_tokens": self.output,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning},
+            "total_tokens": self.total,
+        }
+
+
+def _count(x: Any) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
+
+
+def expires_after_s(value: Any, param: str) -> int:
+    """`expires_after` (`{"anchor": "created_at", "seconds": N}`, N from one hour to 30 days)
+    as seconds; `BatchError` naming `param` otherwise."""
+    anchor = value.get("anchor") if isinstance(value, dict) else None
+    seconds = value.get("seconds") if isinstance(value, dict) else None
+    if anchor != "created_at":
+        raise BatchError(
+            400, f"{param}.anchor must be 'created_at'; got {anchor!r}", "invalid_value", param
+        )
+    if (
+        isinstance(seconds, str) and seconds.isdigit()  # multipart fields are strings
+    ):
+        seconds = int(seconds)
+    if (
+        not isinstance(seconds, int)
+        or isinstance(seconds, bool)
+        or not EXPIRES_MIN_S <= seconds <= EXPIRES_MAX_S
+    ):
         raise BatchError(
             400,
-            f"completion_window must look like 24h (a number and s, m, h or d); got {window!r}",
+            f"{param}.seconds must be an integer from {EXPIRES_MIN_S} (one hour) to "
+            f"{EXPIRES_MAX_S} (30 days); got {seconds!r}",
+            "invalid_value",
+            param,
+        )
+    return seconds
+
+
+def _window_s(window: Any, allowed: Sequence[str]) -> float:
+    if window is None:
+        raise BatchError(
+            400,
+            "missing `completion_window` (24h)",
+            "missing_required_parameter",
+            "completion_window",
+        )
+    m = _WINDOW.match(window) if isinstance(window, str) else None
+    if window not in allowed or not m:
+        raise BatchError(
+            400,
+            f"completion_window must be {' or '.join(allowed)}; got {window!r} "
+            "(batch.completion_windows lists the windows offered)",
             "invalid_value",
             "completion_window",
         )
@@ -438,10 +630,20 @@ def _metadata(metadata: Any) -> dict[str, str] | None:
         return None
     if (
         not isinstance(metadata, dict)
-        or len(metadata) > 16
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        or len(metadata) > _META_PAIRS
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= _META_KEY
+            and len(v) <= _META_VALUE
+            for k, v in metadata.items()
+        )
     ):
         raise BatchError(
-            400, "metadata must be at most 16 string keys and values", "invalid_value", "metadata"
+            400,
+            f"metadata must be at most {_META_PAIRS} pairs of strings, keys up to {_META_KEY} "
+            f"characters and values up to {_META_VALUE}",
+            "invalid_value",
+            "metadata",
         )
     return metadata

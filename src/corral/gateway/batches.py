@@ -16,18 +16,18 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import httpx
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile as StarletteUploadFile
 
 import corral
 from corral.batch.files import FileStorage, TooLarge
 from corral.batch.jsonl import KIND
-from corral.batch.service import BatchError, BatchService
+from corral.batch.service import BatchError, BatchService, expires_after_s
 from corral.config import Config
 from corral.gateway.errors import error
 from corral.gateway.openapi import (
@@ -73,7 +73,18 @@ def line_runner(
         try:
             parsed: Any = json.loads(raw)
         except ValueError:
-            parsed = raw.decode("utf-8", "replace")
+            parsed = None
+        if not isinstance(parsed, dict):  # a line's `response.body` is always an object
+            text = raw.decode("utf-8", "replace").strip()[:1000]
+            parsed = {
+                "error": {
+                    "message": f"the model server answered {resp.status} with no JSON object: "
+                    f"{text or '(empty)'}",
+                    "type": "upstream_error",
+                    "param": None,
+                    "code": f"upstream_{resp.status}",
+                }
+            }
         answer = {"status_code": resp.status, "request_id": request_id, "body": parsed}
         if resp.status < 400:
             return answer
@@ -233,23 +244,33 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
                     "invalid_request_error",
                     param="purpose",
                 )
+            keep_s = None
+            if "expires_after[anchor]" in form or "expires_after[seconds]" in form:
+                fields = {
+                    "anchor": form.get("expires_after[anchor]"),
+                    "seconds": form.get("expires_after[seconds]"),
+                }
+                keep_s = expires_after_s(fields, "expires_after")
             file_id = FileStorage.new_id()
             try:
                 size = await svc.files.save(file_id, _chunks(part), max_upload_bytes)
             except TooLarge:
                 return _too_large(max_upload_bytes)
-            f = await call(svc.add_file, file_id, part.filename or "upload.jsonl", purpose, size)
+            name = part.filename or "upload.jsonl"
+            f = await call(svc.add_file, file_id, name, purpose, size, keep_s)
         finally:
             await form.close()
         return JSONResponse(svc.file_object(f))
 
     @router.get("/v1/files", response_model=FileList)
     async def list_files(
-        purpose: str | None = None, after: str | None = None, limit: int = 10000
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+        order: Literal["asc", "desc"] = "desc",
     ) -> Response:
-        limit = max(1, min(limit, 10000))
-        page = await call(svc.store.list_files, purpose, after, limit + 1)
-        return JSONResponse(_page([svc.file_object(f) for f in page[:limit]], len(page) > limit))
+        page, more = await call(svc.list_files, purpose, after, limit, order)
+        return JSONResponse(_page([svc.file_object(f) for f in page], more))
 
     @router.get("/v1/files/{file_id}", response_model=FileObject)
     async def get_file(file_id: str) -> Response:
@@ -288,20 +309,22 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
             svc.create,
             body["input_file_id"],
             body["endpoint"],
-            body.get("completion_window", "24h"),
+            body.get("completion_window"),
             body.get("metadata"),
             request.headers.get("idempotency-key"),
             body.get("webhook_url"),
             body.get("model"),
+            body.get("output_expires_after"),
         )
         return JSONResponse(await call(svc.object, b))
 
     @router.get("/v1/batches", response_model=BatchList)
-    async def list_batches(after: str | None = None, limit: int = 20) -> Response:
-        limit = max(1, min(limit, 100))
-        page = await call(svc.store.list_batches, after, limit + 1)
-        objects = [await call(svc.object, b) for b in page[:limit]]
-        return JSONResponse(_page(objects, len(page) > limit))
+    async def list_batches(
+        after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+    ) -> Response:
+        page, more = await call(svc.list_batches, after, limit)
+        objects = [await call(svc.object, b) for b in page]
+        return JSONResponse(_page(objects, more))
 
     @router.get("/v1/batches/{batch_id}", response_model=BatchObject)
     async def get_batch(batch_id: str) -> Response:

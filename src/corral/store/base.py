@@ -26,7 +26,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from corral.errors import CorralError
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
@@ -162,6 +162,7 @@ class StoredFile:
     bytes: int
     created_at: float
     path: str
+    expires_at: float | None = None  # epoch seconds; None: kept until deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,9 +306,14 @@ class Store(Protocol):
         ...
 
     def list_files(
-        self, purpose: str | None = None, after: str | None = None, limit: int = 100
+        self,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        order: Literal["asc", "desc"] = "desc",
     ) -> builtins.list[StoredFile]:
-        """Files newest first; `after`: only those older than that file id."""
+        """Files newest first (`order="asc"`: oldest first); `after`: only those past that file
+        id in that order (none if no file has that id)."""
         ...
 
     def delete_file(self, file_id: str) -> StoredFile:
@@ -318,6 +324,15 @@ class Store(Protocol):
         """Store `batch` and its line tasks in one transaction (`tasks` may be a generator: it
         is consumed in chunks, so a large batch never sits in memory whole). With an
         `idempotency_key` that an earlier batch has, store nothing and return that batch."""
+        ...
+
+    def start_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
+    ) -> Batch | None:
+        """Move a `validating` batch to `status` with `data` and store its line tasks, in one
+        transaction (`tasks` consumed in chunks, as in `create_batch`); None, storing nothing,
+        if the batch is no longer `validating` (cancelled meanwhile, or started by another
+        process). `BatchNotFound` if there is none."""
         ...
 
     def get_batch(self, batch_id: str) -> Batch:

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from corral.store.base import (
     Batch,
@@ -322,15 +322,23 @@ class MemoryStore:
             return self._files[file_id][1]
 
     def list_files(
-        self, purpose: str | None = None, after: str | None = None, limit: int = 100
+        self,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        order: Literal["asc", "desc"] = "desc",
     ) -> list[StoredFile]:
+        sign = 1 if order == "asc" else -1
         with self._lock:
-            below = self._files[after][0] if after in self._files else None
-            rows = sorted(self._files.values(), key=lambda x: -x[0])
+            if after is not None and after not in self._files:
+                return []
+            start = sign * self._files[after][0] if after is not None else None
+            rows = sorted(self._files.values(), key=lambda x: sign * x[0])
             return [
                 f
                 for seq, f in rows
-                if (purpose is None or f.purpose == purpose) and (below is None or seq < below)
+                if (purpose is None or f.purpose == purpose)
+                and (start is None or sign * seq > start)
             ][:limit]
 
     def delete_file(self, file_id: str) -> StoredFile:
@@ -354,6 +362,25 @@ class MemoryStore:
         if tasks:
             self._wakeups.fire()
         return copy.deepcopy(stored)
+
+    def start_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
+    ) -> Batch | None:
+        tasks = list(tasks)
+        payloads = [t.payload_json() for t in tasks]
+        with self._lock:
+            b = self._batches.get(batch_id)
+            if b is None:
+                raise BatchNotFound(f"no batch with id {batch_id!r}")
+            if b.status != "validating":
+                return None
+            b = self._batches[batch_id] = dataclasses.replace(
+                b, status=status, data=copy.deepcopy(data)
+            )
+            self._add(tasks, payloads)
+        if tasks:
+            self._wakeups.fire()
+        return copy.deepcopy(b)
 
     def get_batch(self, batch_id: str) -> Batch:
         with self._lock:

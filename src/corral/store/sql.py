@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from corral.store.base import (
     Batch,
@@ -135,6 +135,11 @@ DROP INDEX corral_tasks_queued;
 CREATE INDEX corral_tasks_queued ON corral_tasks (model, interactive DESC, priority DESC, seq)
     WHERE status = 'queued';
 """,
+        ),
+        (
+            5,
+            # Files that expire (the Batch API's `expires_after`).
+            f"ALTER TABLE corral_files ADD COLUMN expires_at {d.real};",
         ),
     ]
 
@@ -571,8 +576,9 @@ RETURNING {_QUALIFIED}"""
     def add_file(self, file: StoredFile) -> None:
         with self._tx(write=True, single=True) as tx:
             tx.run(
-                "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path) "
-                "VALUES (:id, :purpose, :filename, :bytes, :created_at, :path)",
+                "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, "
+                "expires_at) VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, "
+                ":expires_at)",
                 dataclasses.asdict(file),
             )
 
@@ -584,15 +590,21 @@ RETURNING {_QUALIFIED}"""
         return _file(rows[0])
 
     def list_files(
-        self, purpose: str | None = None, after: str | None = None, limit: int = 100
+        self,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        order: Literal["asc", "desc"] = "desc",
     ) -> builtins.list[StoredFile]:
-        where, params = _page("corral_files", after, limit)
+        where, params = _page("corral_files", after, limit, order)
         if purpose is not None:
             where += " AND purpose = :purpose"
             params["purpose"] = purpose
+        direction = "ASC" if order == "asc" else "DESC"
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
-                f"SELECT {_FILE} FROM corral_files WHERE {where} ORDER BY seq DESC LIMIT :limit",
+                f"SELECT {_FILE} FROM corral_files WHERE {where} "
+                f"ORDER BY seq {direction} LIMIT :limit",
                 params,
             )
         return [_file(r) for r in rows]
@@ -636,6 +648,30 @@ RETURNING {_QUALIFIED}"""
         if added:
             self._woken()
         return _batch(row)
+
+    def start_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
+    ) -> Batch | None:
+        added = 0
+        with self._tx(write=True) as tx:
+            rows = tx.run(
+                "UPDATE corral_batches SET status = :status, data = :data "
+                f"WHERE id = :id AND status = 'validating' RETURNING {_BATCH}",
+                {"id": batch_id, "status": status, "data": json.dumps(data)},
+            )
+            if not rows:
+                if not tx.run("SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}):
+                    raise BatchNotFound(f"no batch with id {batch_id!r}")
+                return None
+            it = iter(tasks)
+            while chunk := list(itertools.islice(it, 2000)):
+                self._insert(tx, self._rows(chunk))
+                added += len(chunk)
+            if added:
+                self._announce(tx)
+        if added:
+            self._woken()
+        return _batch(rows[0])
 
     def get_batch(self, batch_id: str) -> Batch:
         with self._tx(write=False, single=True) as tx:
@@ -754,7 +790,7 @@ RETURNING {_QUALIFIED}"""
         return out
 
 
-_FILE = "id, purpose, filename, bytes, created_at, path"
+_FILE = "id, purpose, filename, bytes, created_at, path, expires_at"
 _BATCH = "seq, id, status, created_at, idempotency_key, data"
 
 
@@ -766,6 +802,7 @@ def _file(row: Mapping[str, Any]) -> StoredFile:
         bytes=int(row["bytes"]),
         created_at=float(row["created_at"]),
         path=row["path"],
+        expires_at=None if row["expires_at"] is None else float(row["expires_at"]),
     )
 
 
@@ -788,13 +825,17 @@ def _in(prefix: str, values: Sequence[str], params: dict[str, Any]) -> str:
     return ", ".join(f":{n}" for n in names) or "NULL"
 
 
-def _page(table: str, after: str | None, limit: int) -> tuple[str, dict[str, Any]]:
-    """Newest-first paging by a cursor id: rows older than `after` (all rows without one)."""
+def _page(
+    table: str, after: str | None, limit: int, order: str = "desc"
+) -> tuple[str, dict[str, Any]]:
+    """Paging by a cursor id: rows past `after` in `order` (newest first by default), all rows
+    without one, none if no row has that id."""
     params: dict[str, Any] = {"limit": limit}
     if after is None:
         return "1 = 1", params
     params["after"] = after
-    return f"seq < (SELECT seq FROM {table} WHERE id = :after)", params
+    past = ">" if order == "asc" else "<"
+    return f"seq {past} (SELECT seq FROM {table} WHERE id = :after)", params
 
 
 def _filters(status: TaskStatus | None, model: str | None) -> tuple[str, dict[str, Any]]:
