@@ -93,7 +93,7 @@ def test_expires_after_sets_expires_at_on_uploads_and_outputs(gw: Gateway) -> No
     assert f.expires_at == f.created_at + 7200
     assert client.files.retrieve(f.id).expires_at == f.created_at + 7200
     assert client.files.create(file=("in.jsonl", data), purpose="batch").expires_at is None
-    with pytest.raises(openai.BadRequestError, match="expires_after.seconds must be"):
+    with pytest.raises(openai.BadRequestError, match=r"expires_after\.seconds must be"):
         client.files.create(
             file=("in.jsonl", data),
             purpose="batch",
