@@ -456,3 +456,36 @@ def test_interactive_tasks_run_before_batch_tasks_of_any_model(url: str) -> None
     assert [e[0] for e in work[4:]] == ["cover"] * 6
     assert all(q.result(t, timeout=10) for t in [*batch, urgent, *more])
     q.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_every_task_knows_its_attempt_claimed_ahead_or_not(url: str, kind: str) -> None:
+    # Short tasks are claimed ahead and started later, by a commit or a claim; the handler,
+    # the backoff and `last_attempt` must see the attempt the start counted.
+    config = corral.Config.model_validate({"models": {"m": {"load_s": 0, "concurrency": 2}}})
+    q = corral.Queue(url, config=config)
+    seen: dict[int, list[tuple[int, bool]]] = {}
+    q.model("m")
+
+    def record(p: int) -> None:
+        ctx = corral.current_task()
+        seen.setdefault(p, []).append((ctx.attempt, ctx.last_attempt))
+        if p % 10 == 0 and ctx.attempt == 1:
+            raise RuntimeError("first try fails")
+
+    if kind == "sync":
+        q.handler("t", model="m")(record)
+    else:
+
+        @q.handler("t", model="m")
+        async def t(p: int) -> None:
+            record(p)
+
+    q.submit_many("t", list(range(200)), max_attempts=2)
+    q.run_worker(until_idle=True, settings=dataclasses.replace(FAST, retry_base_s=0.01))
+    assert len(seen) == 200
+    for p, tries in seen.items():  # before: 0 for most tasks claimed ahead
+        expected = [(1, False), (2, True)] if p % 10 == 0 else [(1, False)]
+        assert tries == expected, (p, tries)
+    assert q.store.counts() == {"m": {TaskStatus.SUCCEEDED: 200}}
+    q.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -360,7 +361,9 @@ class Worker:
         reserved = [(a.task.id, a.task.lease_token or "") for a in taken if a.state == "reserved"]
         if reserved:
             started = set(await asyncio.to_thread(self.store.start, reserved))
-            tasks += [a.task for a in taken if a.state == "reserved" and a.task.id in started]
+            tasks += [
+                _counted(a.task) for a in taken if a.state == "reserved" and a.task.id in started
+            ]
         need = n - len(tasks)
         if need and claim:
             got = await asyncio.to_thread(
@@ -513,6 +516,7 @@ class Worker:
             raise
         if nxt is not None:
             with self._ahead_lock:
+                nxt.task = _counted(nxt.task)
                 nxt.state = "started"
             if nxt.drop:
                 store.release(nxt.task.id, nxt.task.lease_token or "")
@@ -621,6 +625,12 @@ async def _maybe_await(hook: object) -> None:
         await hook()
     else:
         await asyncio.to_thread(hook)  # type: ignore[arg-type]
+
+
+def _counted(task: Task) -> Task:
+    """A task claimed ahead, as its start mark left it: the start counted its attempt, which the
+    copy read at the claim does not show (the handler's `attempt`, backoff, `last_attempt`)."""
+    return dataclasses.replace(task, attempts=task.attempts + 1)
 
 
 def _describe(exc: BaseException) -> str:
