@@ -489,3 +489,30 @@ def test_every_task_knows_its_attempt_claimed_ahead_or_not(url: str, kind: str) 
         assert tries == expected, (p, tries)
     assert q.store.counts() == {"m": {TaskStatus.SUCCEEDED: 200}}
     q.close()
+
+
+def test_an_async_handler_that_blocks_the_loop_keeps_its_lease_and_is_named(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = corral.Queue(url)
+    q.model("m")
+    runs: list[int] = []
+
+    @q.handler("blocks_the_loop", model="m")
+    async def blocks(p: int) -> int:
+        runs.append(p)
+        time.sleep(3)  # the mistake under test: it blocks the worker's loop
+        return p
+
+    task_id = q.submit("blocks_the_loop", 7)
+    with caplog.at_level("WARNING", logger="corral.worker"):
+        q.run_worker(until_idle=True, settings=dataclasses.replace(FAST, lease_s=1.0))
+    # before: heartbeats ran on the blocked loop, the lease lapsed, the task ran three times
+    # and ended failed, every result dropped ("lease lost before commit")
+    assert runs == [7]
+    t = q.get(task_id)
+    assert (t.status, t.result, t.attempts) == (TaskStatus.SUCCEEDED, 7, 1)
+    assert "'blocks_the_loop'" in caplog.text
+    assert "event loop has not run" in caplog.text
+    assert "lease lost" not in caplog.text
+    q.close()

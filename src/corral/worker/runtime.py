@@ -34,7 +34,8 @@ from typing import Any
 from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
-from corral.store import Lease, Level, Store, Task, TaskStatus
+from corral.store import Level, Store, Task, TaskStatus
+from corral.worker.heartbeats import Heartbeats
 from corral.worker.registry import Fail, Handler, Registry, TaskContext, _current
 from corral.worker.split import run_split, run_split_async
 
@@ -129,6 +130,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler | None = None
         self._attached = False
+        self._beats: Heartbeats  # set by `run`
 
     # --- sharing a scheduler ------------------------------------------------------------------
     def attach(self, scheduler: Scheduler) -> None:
@@ -198,6 +200,7 @@ class Worker:
                 loop.call_soon_threadsafe(self._wake.set)
 
         unsubscribe = self.store.subscribe(wake)
+        self._beats = Heartbeats(self.store, self.settings.lease_s, loop)
         poll_s = (
             self.settings.idle_poll_s if self.store.wakes_other_processes else self.settings.poll_s
         )
@@ -222,7 +225,10 @@ class Worker:
                 await asyncio.sleep(max(0.0, 9 * scan_s - (time.monotonic() - scan_started)))
         finally:
             unsubscribe()
-            await self._shutdown()
+            try:
+                await self._shutdown()
+            finally:
+                self._beats.stop()
 
     def _timed_ready_counts(self) -> tuple[dict[str, dict[Level, int]], float]:
         """The store's ready counts and the seconds the store took: timed inside the thread, so
@@ -427,7 +433,7 @@ class Worker:
                         return run_split(inner, items)
 
             work = asyncio.ensure_future(self._execute(fn, spec.is_async, task, token, ctx))
-            beat = asyncio.ensure_future(self._heartbeat(task, token, work, ctx))
+            self._beats.add(task, token, ctx, work, spec.is_async)
             try:
                 await work
             except asyncio.CancelledError:
@@ -435,7 +441,7 @@ class Worker:
                 await asyncio.shield(asyncio.to_thread(self.store.release, task.id, token))
                 raise
             finally:
-                beat.cancel()
+                self._beats.remove(task.id)
         finally:
             self._running.pop(task.id, None)
             if proxy.state is RequestState.RUNNING:
@@ -520,27 +526,6 @@ class Worker:
                 nxt.state = "started"
             if nxt.drop:
                 store.release(nxt.task.id, nxt.task.lease_token or "")
-
-    async def _heartbeat(
-        self, task: Task, token: str, work: asyncio.Future[Any], ctx: TaskContext
-    ) -> None:
-        # At most 1 s apart, so a cancellation reaches the handler within a second.
-        every = min(self.settings.lease_s / 3, 1.0)
-        while not work.done():
-            await asyncio.sleep(every)
-            state = await asyncio.to_thread(
-                self.store.heartbeat, task.id, token, self.settings.lease_s
-            )
-            if state is Lease.CANCEL:
-                ctx._cancel()  # sync handlers poll it; async ones are cancelled
-                if (
-                    task.kind in self.registry.handlers
-                    and self.registry.handlers[task.kind].is_async
-                ):
-                    work.cancel()
-            elif state is Lease.LOST:
-                log.warning("task %s: lease lost (another worker may run it)", task.id)
-                return
 
     def _backoff(self, task: Task) -> float | None:
         if task.attempts >= task.max_attempts:
