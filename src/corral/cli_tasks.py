@@ -173,7 +173,11 @@ def _with_store(db: str, op: Callable[[Store], TaskStatus]) -> TaskStatus:
 def tasks_cancel(task_id: str, db: DbOption = DEFAULT_DB) -> None:
     """Cancel a task: a queued one never starts; a running one is told to stop."""
     status = _with_store(db, lambda s: s.cancel(task_id))
-    note = {TaskStatus.RUNNING: " (its worker stops it within a second)"}.get(status, "")
+    note = {
+        TaskStatus.RUNNING: " (its worker tells the handler within a second: async handlers "
+        "and sync ones with timeout_s are stopped; other sync handlers stop when they check "
+        "current_task().cancelled, or run to their end and their result is dropped)"
+    }.get(status, "")
     out.print(f"{task_id}: {status.value}{note}")
 
 

@@ -62,8 +62,21 @@ class Queue:
             self._store = open_store(self.url)
         return self._store
 
-    def handler(self, kind: str, *, model: str, split_on_failure: bool = False) -> Callable[[F], F]:
+    def handler(
+        self,
+        kind: str,
+        *,
+        model: str,
+        split_on_failure: bool = False,
+        timeout_s: float | None = None,
+    ) -> Callable[[F], F]:
         """Register the function that runs tasks of `kind` on `model` (sync or async).
+
+        `timeout_s`: an attempt running longer is stopped and counts as failed (retried while
+        attempts remain). An async handler is cancelled; a sync one runs in a child process
+        that is killed, so it must be defined at module level and its payload and result
+        picklable. Such a sync handler is also stopped at once when its task is cancelled;
+        other sync handlers must check `current_task().cancelled`.
 
         `split_on_failure`: the payload is a list processed in one call and the function
         returns one result per item. If a call fails, the list is split in halves and each half
@@ -72,7 +85,7 @@ class Queue:
         the task fails (and may retry) only if every item failed."""
 
         def register(fn: F) -> F:
-            self.registry.add_handler(kind, model, fn, split_on_failure)
+            self.registry.add_handler(kind, model, fn, split_on_failure, timeout_s)
             return fn
 
         return register

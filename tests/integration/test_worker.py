@@ -516,3 +516,75 @@ def test_an_async_handler_that_blocks_the_loop_keeps_its_lease_and_is_named(
     assert "event loop has not run" in caplog.text
     assert "lease lost" not in caplog.text
     q.close()
+
+
+def sleeps(p: dict[str, Any]) -> str:
+    """A sync handler that ignores cancellation (module level: `timeout_s` runs it in a child
+    process); it leaves a mark if it ever gets past its sleep."""
+    Path(p["dir"], f"started-{corral.current_task().attempt}").touch()
+    time.sleep(p["sleep_s"])
+    Path(p["dir"], "finished").touch()
+    return "woke"
+
+
+def test_timeout_s_stops_a_sync_handler_and_an_async_one(url: str, tmp_path: Path) -> None:
+    q = corral.Queue(url)
+    q.model("m")
+    q.handler("sync_sleeps", model="m", timeout_s=0.5)(sleeps)
+
+    @q.handler("async_sleeps", model="m", timeout_s=0.5)
+    async def async_sleeps(p: dict[str, Any]) -> str:
+        await asyncio.sleep(p["sleep_s"])
+        return "woke"
+
+    payload = {"dir": str(tmp_path), "sleep_s": 30}
+    ids = [q.submit(k, payload, max_attempts=2) for k in ("sync_sleeps", "async_sleeps")]
+    began = time.monotonic()
+    q.run_worker(until_idle=True, settings=FAST)
+    assert time.monotonic() - began < 15  # before: 30 s a try, nothing stopped them
+    for task_id in ids:
+        t = q.get(task_id)
+        assert (t.status, t.attempts) == (TaskStatus.FAILED, 2)
+        assert [e["error"] for e in t.errors] == [
+            "HandlerTimeout: the handler ran past its timeout_s of 0.5 s"
+        ] * 2
+    assert (tmp_path / "started-2").exists()  # the sync one ran (twice) in its process ...
+    assert not (tmp_path / "finished").exists()  # ... and was killed mid-sleep
+    q.close()
+
+
+def test_cancel_stops_a_sync_handler_that_never_checks_when_it_has_timeout_s(
+    url: str, tmp_path: Path
+) -> None:
+    q = corral.Queue(url)
+    q.model("m")
+    q.handler("sync_sleeps", model="m", timeout_s=600)(sleeps)
+    tid = q.submit("sync_sleeps", {"dir": str(tmp_path), "sleep_s": 20})
+    runner = threading.Thread(target=q.run_worker, kwargs={"until_idle": True, "settings": FAST})
+    runner.start()
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "started-1").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    cancelled_at = time.monotonic()
+    assert q.cancel(tid) is TaskStatus.RUNNING
+    with pytest.raises(corral.TaskCancelled):
+        q.result(tid, timeout=10)
+    assert time.monotonic() - cancelled_at < 2.5  # before: it ran its full 20 s
+    runner.join(10)
+    assert not runner.is_alive()
+    assert not (tmp_path / "finished").exists()
+    q.close()
+
+
+def test_timeout_s_on_a_sync_handler_it_cannot_stop_is_refused_at_once(url: str) -> None:
+    q = corral.Queue(url)
+
+    def local(p: Any) -> None:
+        pass
+
+    with pytest.raises(ValueError, match="defined at module level; .*local is not"):
+        q.handler("local", model="m", timeout_s=1)(local)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        q.handler("zero", model="m", timeout_s=0)(sleeps)
+    q.close()

@@ -20,6 +20,7 @@ class HandlerSpec:
     fn: Handler
     is_async: bool
     split_on_failure: bool = False  # payload is a list; fn returns one result per item
+    timeout_s: float | None = None  # stopped past this (a sync one runs in a child process)
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,27 @@ class Registry:
     models: dict[str, ModelHooks] = field(default_factory=dict)
 
     def add_handler(
-        self, kind: str, model: str, fn: Handler, split_on_failure: bool = False
+        self,
+        kind: str,
+        model: str,
+        fn: Handler,
+        split_on_failure: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         if kind in self.handlers:
             raise ValueError(f"a handler for {kind!r} is already registered")
-        self.handlers[kind] = HandlerSpec(
-            kind, model, fn, inspect.iscoroutinefunction(fn), split_on_failure
-        )
+        is_async = inspect.iscoroutinefunction(fn)
+        if timeout_s is not None:
+            if not timeout_s > 0:
+                raise ValueError(f"handler {kind!r}: timeout_s must be > 0; got {timeout_s!r}")
+            name = getattr(fn, "__qualname__", "")
+            if not is_async and ("<locals>" in name or "<lambda>" in name):
+                raise ValueError(
+                    f"handler {kind!r} has timeout_s, so it runs in a child process the worker "
+                    f"can stop, which needs a function defined at module level; {name} is not "
+                    "(move it to the module's top level, or make it async)"
+                )
+        self.handlers[kind] = HandlerSpec(kind, model, fn, is_async, split_on_failure, timeout_s)
 
     def add_model(self, hooks: ModelHooks) -> None:
         self.models[hooks.name] = hooks

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -35,8 +36,9 @@ from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
 from corral.store import Level, Store, Task, TaskStatus
+from corral.worker import isolate
 from corral.worker.heartbeats import Heartbeats
-from corral.worker.registry import Fail, Handler, Registry, TaskContext, _current
+from corral.worker.registry import Fail, Handler, HandlerSpec, Registry, TaskContext, _current
 from corral.worker.split import run_split, run_split_async
 
 log = logging.getLogger("corral.worker")
@@ -428,11 +430,9 @@ class Worker:
                     async def fn(items: Any) -> Any:
                         return await run_split_async(inner, items)
                 else:
+                    fn = functools.partial(run_split, inner)  # picklable, for `isolate`
 
-                    def fn(items: Any) -> Any:
-                        return run_split(inner, items)
-
-            work = asyncio.ensure_future(self._execute(fn, spec.is_async, task, token, ctx))
+            work = asyncio.ensure_future(self._execute(fn, spec, task, token, ctx))
             self._beats.add(task, token, ctx, work, spec.is_async)
             try:
                 await work
@@ -448,31 +448,48 @@ class Worker:
                 self._sched().on_request_finished(proxy)
 
     async def _execute(
-        self, fn: Handler, is_async: bool, task: Task, token: str, ctx: TaskContext
+        self, fn: Handler, spec: HandlerSpec, task: Task, token: str, ctx: TaskContext
     ) -> None:
         """Run the handler and commit its outcome: one thread hop for a sync handler (it and
         the commit run in the same thread), the loop then one hop for an async one."""
         reset = _current.set(ctx)  # to_thread copies the context: sync handlers see it too
         try:
-            if not is_async:
-                await asyncio.to_thread(self._execute_sync, fn, task, token, ctx)
+            if not spec.is_async:
+                await asyncio.to_thread(self._execute_sync, fn, spec, task, token, ctx)
                 return
             result: Any = None
             error: BaseException | None = None
             try:
-                result = await fn(task.payload)
+                async with asyncio.timeout(spec.timeout_s) as limit:
+                    result = await fn(task.payload)
             except asyncio.CancelledError:
                 if not ctx.cancelled:
                     raise  # shutdown, not a cancellation of this task
+            except TimeoutError as exc:
+                error = (
+                    isolate.HandlerTimeout(
+                        f"the handler ran past its timeout_s of {spec.timeout_s:g} s"
+                    )
+                    if limit.expired()
+                    else exc
+                )
             except Exception as exc:  # the handler failed: record it, maybe retry
                 error = exc
         finally:
             _current.reset(reset)
         await asyncio.to_thread(self._commit, task, token, ctx, result, error)
 
-    def _execute_sync(self, fn: Handler, task: Task, token: str, ctx: TaskContext) -> None:
+    def _execute_sync(
+        self, fn: Handler, spec: HandlerSpec, task: Task, token: str, ctx: TaskContext
+    ) -> None:
         try:
-            result = fn(task.payload)
+            if spec.timeout_s is None:
+                result = fn(task.payload)
+            else:  # in a child process, so that it can be stopped
+                result = isolate.run(fn, task.payload, ctx, spec.timeout_s)
+        except isolate.HandlerCancelled:
+            self._commit(task, token, ctx, None, None)  # ctx.cancelled: acknowledged
+            return
         except Exception as exc:  # the handler failed: record it, maybe retry
             self._commit(task, token, ctx, None, exc)
             return
