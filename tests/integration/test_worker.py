@@ -583,7 +583,7 @@ def test_timeout_s_on_a_sync_handler_it_cannot_stop_is_refused_at_once(url: str)
     def local(p: Any) -> None:
         pass
 
-    with pytest.raises(ValueError, match="defined at module level; .*local is not"):
+    with pytest.raises(ValueError, match=r"defined at module level; .*local is not"):
         q.handler("local", model="m", timeout_s=1)(local)
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         q.handler("zero", model="m", timeout_s=0)(sleeps)
