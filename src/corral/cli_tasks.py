@@ -88,15 +88,17 @@ def tasks_list(
     """Tasks, newest first, with per-model counts."""
     store = _open(db, read_only=True)
     try:
-        rows = store.list(status=status, model=model, limit=limit)
+        rows = store.list(status=status, model=model, limit=limit, full=False)
         counts = store.counts()
     except StoreError as exc:
         raise _fail(exc) from None
     finally:
         store.close()
-    if as_json:
+    if as_json:  # without payload and result, which may be large: `corral tasks show ID`
         for t in rows:
-            print(json.dumps(_json(t)))
+            d = _json(t)
+            del d["payload"], d["result"]
+            print(json.dumps(d))
         return
     table = Table(title=f"tasks in {db}", title_justify="left")
     for col in ("id", "kind", "model", "status", "priority", "attempts", "created", "error"):

@@ -20,7 +20,16 @@ from typing import Any, TypeVar
 
 from corral.config import Config, ModelConfig, load_config
 from corral.errors import CorralError
-from corral.store import BadTask, NewTask, Store, Task, TaskStatus, open_store
+from corral.store import (
+    MAX_PAYLOAD_BYTES,
+    BadTask,
+    NewTask,
+    Store,
+    Task,
+    TaskStatus,
+    open_store,
+    payload_text,
+)
 from corral.worker.registry import Hook, ModelHooks, Registry
 from corral.worker.runtime import Worker, WorkerSettings
 
@@ -49,11 +58,20 @@ class Queue:
     """Submit tasks, wait for results, run workers. Thread-safe for submitting."""
 
     def __init__(
-        self, url: str = "sqlite:///corral.db", config: Config | str | Path | None = None
+        self,
+        url: str = "sqlite:///corral.db",
+        config: Config | str | Path | None = None,
+        *,
+        max_payload_mb: float = MAX_PAYLOAD_BYTES / 1048576,
     ) -> None:
+        """`max_payload_mb`: the largest payload (as JSON) `submit` accepts; a larger one is a
+        `BadTask` (keep large data elsewhere and pass a reference)."""
+        if not max_payload_mb > 0:
+            raise ValueError(f"max_payload_mb must be > 0; got {max_payload_mb!r}")
         self.url = url
         self._store: Store | None = None
         self._config = config
+        self.max_payload_bytes = int(max_payload_mb * 1048576)
         self.registry = Registry()
 
     @property
@@ -117,8 +135,17 @@ class Queue:
                 f"a {kind!r} task splits on failure, so its payload must be a non-empty list; "
                 f"got {type(payload).__name__}"
             )
+        text = payload_text(kind, payload, self.max_payload_bytes)
         return NewTask(
-            kind, spec.model, payload, priority, serial_key, max_attempts, batch_id, interactive
+            kind,
+            spec.model,
+            payload,
+            priority,
+            serial_key,
+            max_attempts,
+            batch_id,
+            interactive,
+            payload_raw=text,
         )
 
     def submit(
@@ -152,13 +179,16 @@ class Queue:
         interactive: bool = False,
     ) -> list[str]:
         """Queue many tasks of one kind in one transaction (all or none); `interactive` as in
-        `submit`."""
-        return self.store.enqueue_many(
-            [
-                self._new(kind, p, priority, None, max_attempts, batch_id, interactive)
-                for p in payloads
-            ]
-        )
+        `submit`. A bad payload is a `BadTask` naming its index, and nothing is queued."""
+        tasks = []
+        for i, p in enumerate(payloads):
+            try:
+                tasks.append(
+                    self._new(kind, p, priority, None, max_attempts, batch_id, interactive)
+                )
+            except BadTask as exc:
+                raise BadTask(f"payloads[{i}]: {exc}") from None
+        return self.store.enqueue_many(tasks)
 
     def get(self, task_id: str) -> Task:
         return self.store.get(task_id)

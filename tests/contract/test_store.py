@@ -311,6 +311,11 @@ def test_list_filters_and_counts(store: Store) -> None:
     store.claim("m", "w", limit=1, lease_s=30)
     assert len(store.list()) == 5
     assert len(store.list(status=TaskStatus.QUEUED, model="m")) == 2
+    light, full = store.list(full=False), store.list()
+    assert [t.id for t in light] == [t.id for t in full]
+    assert {t.payload for t in light} == {None}  # not read at all
+    assert [t.payload for t in full] != [None] * 5
+    assert [dataclasses.replace(t, payload=None, result=None) for t in full] == light
     assert [t.seq for t in store.list(limit=2)] == sorted(
         (t.seq for t in store.list()), reverse=True
     )[:2]

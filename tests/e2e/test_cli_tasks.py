@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,38 @@ def test_an_old_schema_is_read_after_an_upgrade_only(tmp_path: Path) -> None:
     assert "run `corral db upgrade` first" in " ".join(r.stderr.split())
     corral("db", "upgrade", "--db", f"sqlite:///{path}")
     assert corral("tasks", "list", "--db", f"sqlite:///{path}").returncode == 0
+
+
+def peak_rss_mb(*args: str) -> float:
+    """`corral ARGS` in a child process that reports its own peak RSS (Linux: KB)."""
+    code = (
+        "import resource, sys\n"
+        "from corral.cli import main\n"
+        f"sys.argv = ['corral', *{list(args)!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    return int(done.stderr.strip().splitlines()[-1]) / 1024
+
+
+def test_tasks_list_never_reads_payloads_or_results(tmp_path: Path) -> None:
+    small, big = f"sqlite:///{tmp_path / 'small.db'}", f"sqlite:///{tmp_path / 'big.db'}"
+    for url, size in ((small, 10), (big, 10 * 1048576)):
+        store = open_store(url)
+        store.enqueue_many([NewTask("k", "m", {"blob": "x" * size}) for _ in range(10)])
+        store.close()
+    baseline = peak_rss_mb("tasks", "list", "--db", small)
+    listed = peak_rss_mb("tasks", "list", "--db", big)
+    # before: +250 MB for 100 MB of payloads (each read, parsed and copied)
+    assert listed - baseline < 30, (baseline, listed)
+    rows = [
+        json.loads(x) for x in corral("tasks", "list", "--db", big, "--json").stdout.splitlines()
+    ]
+    assert len(rows) == 10
+    assert "payload" not in rows[0]
+    assert "result" not in rows[0]
+    shown = corral("tasks", "show", rows[0]["id"], "--db", big).stdout
+    assert "xxxxxxxx" in shown  # `show` still has it all

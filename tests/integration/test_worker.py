@@ -185,6 +185,31 @@ def test_bad_input_is_refused_with_what_and_where(url: str) -> None:
     q.close()
 
 
+def test_payloads_json_would_change_or_too_large_are_refused_naming_the_item(url: str) -> None:
+    q = corral.Queue(url, max_payload_mb=1)
+    q.handler("known", model="m")(lambda p: p)
+    with pytest.raises(BadTask, match=r"payload\['ids'\] of a 'known' task is a tuple"):
+        q.submit("known", {"ids": (1, 2)})
+    with pytest.raises(BadTask, match=r"has the key 1 \(int\); .* come back as \"1\""):
+        q.submit("known", {"a": [{1: "x"}]})
+    with pytest.raises(BadTask, match=r"is 2\.0 MB of JSON; the limit is 1 MB \(max_payload_mb\)"):
+        q.submit("known", "x" * (2 * 1048576))
+    with pytest.raises(BadTask, match=r"^payloads\[2\]: payload of a 'known' task is a tuple"):
+        q.submit_many("known", [{"ok": 1}, {"ok": 2}, ("bad",), {"ok": 4}])
+    assert q.store.counts() == {}  # all or none: nothing was queued
+    task_id = q.submit("known", {"ids": [1, 2], "nested": {"k": None}})
+    assert q.get(task_id).payload == {"ids": [1, 2], "nested": {"k": None}}
+    q.close()
+
+
+def test_the_default_payload_limit_is_16_mb(url: str) -> None:
+    q = corral.Queue(url)
+    q.handler("known", model="m")(lambda p: p)
+    with pytest.raises(BadTask, match=r"the limit is 16 MB"):
+        q.submit("known", "x" * (17 * 1048576))
+    q.close()
+
+
 def test_a_handler_model_missing_from_the_config_is_a_clear_error(url: str) -> None:
     q = corral.Queue(url, config=corral.parse_config("models: {other: {}}"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.store.base import (
+    MAX_PAYLOAD_BYTES,
     BadTask,
     Batch,
     BatchNotFound,
@@ -21,10 +22,12 @@ from corral.store.base import (
     TaskNotFound,
     TaskStatus,
     Wakeups,
+    payload_text,
 )
 from corral.store.memory import MemoryStore
 
 __all__ = [
+    "MAX_PAYLOAD_BYTES",
     "BadTask",
     "Batch",
     "BatchNotFound",
@@ -43,6 +46,7 @@ __all__ = [
     "TaskStatus",
     "Wakeups",
     "open_store",
+    "payload_text",
 ]
 
 

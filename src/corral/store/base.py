@@ -103,12 +103,50 @@ class NewTask:
             )
         if self.payload_raw is not None:
             return self.payload_raw
-        try:
-            return json.dumps(self.payload, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise BadTask(
-                f"payload of a {self.kind!r} task is not JSON-serialisable: {exc}"
-            ) from None
+        return payload_text(self.kind, self.payload, MAX_PAYLOAD_BYTES)
+
+
+MAX_PAYLOAD_BYTES = (
+    16 * 1024 * 1024
+)  # the default limit on a payload's JSON (Queue: max_payload_mb)
+
+
+def payload_text(kind: str, payload: Any, max_bytes: int) -> str:
+    """`payload` as JSON text, or `BadTask` saying what is wrong: not JSON, larger than
+    `max_bytes`, or a value JSON would silently change (a tuple comes back as a list, a dict key
+    that is not a string comes back as one)."""
+    _faithful(kind, payload, "payload")
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadTask(f"payload of a {kind!r} task is not JSON-serialisable: {exc}") from None
+    if len(text) > max_bytes:  # characters: bytes or more
+        raise BadTask(
+            f"payload of a {kind!r} task is {len(text) / 1048576:.1f} MB of JSON; the limit is "
+            f"{max_bytes / 1048576:g} MB (max_payload_mb): keep large data elsewhere and pass "
+            "its path or URL"
+        )
+    return text
+
+
+def _faithful(kind: str, x: Any, path: str) -> None:
+    t = type(x)
+    if t is dict:
+        for k, v in x.items():
+            if type(k) is not str:
+                raise BadTask(
+                    f"{path} of a {kind!r} task has the key {k!r} ({type(k).__name__}); JSON keys "
+                    f"are strings, so it would come back as {json.dumps(str(k))}: use string keys"
+                )
+            _faithful(kind, v, f"{path}[{k!r}]")
+    elif t is list:
+        for i, v in enumerate(x):
+            _faithful(kind, v, f"{path}[{i}]")
+    elif t is tuple:
+        raise BadTask(
+            f"{path} of a {kind!r} task is a tuple, which JSON keeps as a list (it would come "
+            "back as one): pass a list"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,9 +320,14 @@ class Store(Protocol):
         ...
 
     def list(
-        self, status: TaskStatus | None = None, model: str | None = None, limit: int = 100
+        self,
+        status: TaskStatus | None = None,
+        model: str | None = None,
+        limit: int = 100,
+        full: bool = True,
     ) -> builtins.list[Task]:
-        """Tasks, newest first, optionally filtered."""
+        """Tasks, newest first, optionally filtered; `full=False`: without their payloads and
+        results (None), which are then never read, however large."""
         ...
 
     def counts(self) -> dict[str, dict[TaskStatus, int]]:

@@ -463,7 +463,11 @@ class MemoryStore:
             return copy.deepcopy(self._get(task_id))
 
     def list(
-        self, status: TaskStatus | None = None, model: str | None = None, limit: int = 100
+        self,
+        status: TaskStatus | None = None,
+        model: str | None = None,
+        limit: int = 100,
+        full: bool = True,
     ) -> list[Task]:
         with self._lock:
             rows = [
@@ -472,6 +476,8 @@ class MemoryStore:
                 if (status is None or t.status is status) and (model is None or t.model == model)
             ]
             rows.sort(key=lambda t: -t.seq)
+            if not full:
+                return [dataclasses.replace(t, payload=None, result=None) for t in rows[:limit]]
             return copy.deepcopy(rows[:limit])
 
     def counts(self) -> dict[str, dict[TaskStatus, int]]:

@@ -35,6 +35,8 @@ _COLUMNS = (
     "created_at, run_after, lease_token, lease_expires_at, worker_id, started_at, finished_at, "
     "result, error, errors, cancel_requested, batch_id, interactive"
 )
+# The same columns without the payload and the result (`list(full=False)`).
+_LIGHT = _COLUMNS.replace("payload,", "'null' AS payload,").replace("result,", "NULL AS result,")
 _QUALIFIED = ", ".join(f"corral_tasks.{c.strip()}" for c in _COLUMNS.split(","))
 
 
@@ -756,13 +758,18 @@ RETURNING {_QUALIFIED}"""
         return _task(rows[0])
 
     def list(
-        self, status: TaskStatus | None = None, model: str | None = None, limit: int = 100
+        self,
+        status: TaskStatus | None = None,
+        model: str | None = None,
+        limit: int = 100,
+        full: bool = True,
     ) -> builtins.list[Task]:
         where, params = _filters(status, model)
         params["limit"] = limit
+        columns = _COLUMNS if full else _LIGHT
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
-                f"SELECT {_COLUMNS} FROM corral_tasks{where} ORDER BY seq DESC LIMIT :limit", params
+                f"SELECT {columns} FROM corral_tasks{where} ORDER BY seq DESC LIMIT :limit", params
             )
         return [_task(r) for r in rows]
 
