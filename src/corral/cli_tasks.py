@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,6 +19,7 @@ from rich.text import Text
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
 from corral.errors import CorralError
+from corral.limits import PRESENCE_S
 from corral.store import Store, StoreError, Task, TaskStatus, open_store
 from corral.store.sql import SqlStore
 
@@ -90,10 +92,26 @@ def tasks_list(
     try:
         rows = store.list(status=status, model=model, limit=limit, full=False)
         counts = store.counts()
+        workers = store.workers(time.time() - PRESENCE_S)
     except StoreError as exc:
         raise _fail(exc) from None
     finally:
         store.close()
+    served = set().union(*workers.values())
+    unserved = {
+        m: c[TaskStatus.QUEUED]
+        for m, c in sorted(counts.items())
+        if c.get(TaskStatus.QUEUED) and m not in served
+    }
+    if unserved:
+        running = "; ".join(f"{w} serves {', '.join(ms) or 'nothing'}" for w, ms in workers.items())
+        err.print(
+            "[yellow]warning[/yellow]: queued for models no running worker serves: "
+            + ", ".join(f"{m} ({n})" for m, n in unserved.items())
+            + f" ({running or f'no worker seen in the last {PRESENCE_S:g} s'}); "
+            "they wait until a worker with handlers for them runs",
+            highlight=False,
+        )
     if as_json:  # without payload and result, which may be large: `corral tasks show ID`
         for t in rows:
             d = _json(t)
@@ -247,6 +265,13 @@ def worker_cmd(
             f"corral worker: {app} on {queue.url} "
             f"(models: {', '.join(queue.registry.model_names()) or 'none'})"
         )
-        queue.run_worker(until_idle=until_idle, settings=settings)
+        worker = queue.run_worker(until_idle=until_idle, settings=settings)
     except CorralError as exc:
         raise _fail(exc) from None
+    if worker.unserved:
+        left = ", ".join(f"{m} ({n})" for m, n in worker.unserved.items())
+        err.print(
+            f"[yellow]warning[/yellow]: tasks left queued for models no running worker serves: "
+            f"{left}; run a worker whose app has handlers for them",
+            highlight=False,
+        )

@@ -665,3 +665,17 @@ def test_cancel_batch_cancels_queued_lines_and_flags_running_ones(store: Store) 
     assert store.batch_counts("batch-1") == {TaskStatus.CANCELLED: 3, TaskStatus.RUNNING: 1}
     assert store.heartbeat(running.id, running.lease_token or "", 30.0) is Lease.CANCEL
     assert store.counts()["other"] == {TaskStatus.QUEUED: 2}
+
+
+def test_workers_are_seen_refreshed_and_forgotten(store: Store, clock: Clock) -> None:
+    assert store.workers(0) == {}
+    store.worker_seen("w1", ["a", "b"])
+    clock.t += 10
+    store.worker_seen("w2", ["c"])
+    assert store.workers(clock.t - 60) == {"w1": ["a", "b"], "w2": ["c"]}
+    assert store.workers(clock.t - 5) == {"w2": ["c"]}  # w1 not seen for 10 s
+    store.worker_seen("w1", ["a"])  # seen again, now serving fewer models
+    assert store.workers(clock.t - 5) == {"w1": ["a"], "w2": ["c"]}
+    store.worker_gone("w2")
+    store.worker_gone("w2")  # idempotent
+    assert store.workers(0) == {"w1": ["a"]}

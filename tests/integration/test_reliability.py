@@ -222,3 +222,49 @@ def test_sqlite_locked_by_another_process_is_retryable_and_loses_nothing(tmp_pat
     claimed = store.claim("m", "w", limit=5, lease_s=30)
     assert sorted(t.payload["i"] for t in claimed) == [0, 1]  # nothing lost, nothing doubled
     store.close()
+
+
+def test_tasks_nobody_serves_are_reported_by_the_worker_and_tasks_list(
+    app: tuple[Path, dict[str, str]], url: str
+) -> None:
+    folder, env = app
+    enqueue(url, 3)
+    store = open_store(url)
+    store.enqueue_many([NewTask("summarise", "ghost", {"i": i}) for i in range(2)])
+    store.close()
+    done = subprocess.run(
+        [CORRAL, *WORKER, "--until-idle"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    # before: silence, and the two tasks queued for good
+    assert "2 task(s) queued for model 'ghost', which no running worker serves" in done.stderr
+    assert "tasks left queued for models no running worker serves: ghost (2)" in done.stderr
+    listed = subprocess.run(
+        [CORRAL, "tasks", "list", "--db", url], capture_output=True, text=True, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "queued for models no running worker serves: ghost (2)" in listed.stderr
+    assert "no worker seen in the last 60 s" in listed.stderr  # the worker said goodbye
+    # a worker that serves `m` only, still running: it is named, and `m` is not reported
+    worker = subprocess.Popen(
+        [CORRAL, *WORKER], cwd=folder, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            listed = subprocess.run(
+                [CORRAL, "tasks", "list", "--db", url], capture_output=True, text=True, timeout=60
+            )
+            if "serves m)" in listed.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert "ghost (2)" in listed.stderr
+        assert "serves m)" in listed.stderr
+    finally:
+        worker.terminate()
+        worker.communicate(timeout=30)

@@ -315,6 +315,18 @@ class Store(Protocol):
         """Return running tasks whose lease expired to the queue; returns how many moved."""
         ...
 
+    def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
+        """Record that worker `worker_id` is alive and serves `models` (now)."""
+        ...
+
+    def worker_gone(self, worker_id: str) -> None:
+        """Forget the worker (it stopped cleanly)."""
+        ...
+
+    def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
+        """Workers seen after `seen_after` (epoch seconds), each with the models it serves."""
+        ...
+
     def get(self, task_id: str) -> Task:
         """The task, or `TaskNotFound`."""
         ...

@@ -38,6 +38,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._wakeups = Wakeups()
         self._files: dict[str, tuple[int, StoredFile]] = {}
+        self._workers: dict[str, tuple[list[str], float]] = {}
         self._batches: dict[str, Batch] = {}
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
@@ -461,6 +462,22 @@ class MemoryStore:
     def get(self, task_id: str) -> Task:
         with self._lock:
             return copy.deepcopy(self._get(task_id))
+
+    def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
+        with self._lock:
+            self._workers[worker_id] = (list(models), self._clock())
+
+    def worker_gone(self, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    def workers(self, seen_after: float) -> dict[str, list[str]]:
+        with self._lock:
+            return {
+                w: list(models)
+                for w, (models, seen_at) in sorted(self._workers.items())
+                if seen_at > seen_after
+            }
 
     def list(
         self,

@@ -143,6 +143,17 @@ CREATE INDEX corral_tasks_queued ON corral_tasks (model, interactive DESC, prior
             # Files that expire (the Batch API's `expires_after`).
             f"ALTER TABLE corral_files ADD COLUMN expires_at {d.real};",
         ),
+        (
+            6,
+            # Live workers and the models they serve, so that work nobody serves is reported.
+            f"""
+CREATE TABLE corral_workers (
+    id TEXT PRIMARY KEY,
+    models TEXT NOT NULL,
+    seen_at {d.real} NOT NULL
+);
+""",
+        ),
     ]
 
 
@@ -756,6 +767,27 @@ RETURNING {_QUALIFIED}"""
         if not rows:
             raise TaskNotFound(f"no task with id {task_id!r}")
         return _task(rows[0])
+
+    def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
+        with self._tx(write=True, single=True) as tx:
+            tx.run(
+                "INSERT INTO corral_workers (id, models, seen_at) VALUES (:id, :models, :now) "
+                "ON CONFLICT (id) DO UPDATE SET models = excluded.models, "
+                "seen_at = excluded.seen_at",
+                {"id": worker_id, "models": json.dumps(list(models)), "now": self._clock()},
+            )
+
+    def worker_gone(self, worker_id: str) -> None:
+        with self._tx(write=True, single=True) as tx:
+            tx.run("DELETE FROM corral_workers WHERE id = :id", {"id": worker_id})
+
+    def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                "SELECT id, models FROM corral_workers WHERE seen_at > :t ORDER BY id",
+                {"t": seen_after},
+            )
+        return {r["id"]: json.loads(r["models"]) for r in rows}
 
     def list(
         self,

@@ -35,6 +35,7 @@ from typing import Any
 from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
+from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import isolate
 from corral.worker.heartbeats import Heartbeats
@@ -133,6 +134,8 @@ class Worker:
         self.scheduler: Scheduler | None = None
         self._attached = False
         self._beats: Heartbeats  # set by `run`
+        # Models with queued tasks no live worker serves, with how many (updated each lease/2).
+        self.unserved: dict[str, int] = {}
 
     # --- sharing a scheduler ------------------------------------------------------------------
     def attach(self, scheduler: Scheduler) -> None:
@@ -213,12 +216,14 @@ class Worker:
                 now = time.monotonic()
                 if now >= next_reclaim:
                     await asyncio.to_thread(self.store.reclaim_expired)
+                    self._report_unserved(await asyncio.to_thread(self._presence))
                     next_reclaim = now + self.settings.lease_s / 2
                 scan_started = time.monotonic()
                 seen = self._moves_seen()
                 ready, scan_s = await asyncio.to_thread(self._timed_ready_counts)
                 self._reconcile(ready, seen)
                 if until_idle and self._idle(ready) and await self._drained():
+                    self._report_unserved(await asyncio.to_thread(self._presence))
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(poll_s, next_reclaim - now))
@@ -231,6 +236,36 @@ class Worker:
                 await self._shutdown()
             finally:
                 self._beats.stop()
+                with contextlib.suppress(Exception):  # a store already gone: it ages out
+                    await asyncio.to_thread(self.store.worker_gone, self.worker_id)
+
+    def _presence(self) -> dict[str, int]:
+        """Say this worker is alive (in a thread); returns the models with queued tasks that no
+        live worker serves, with how many."""
+        self.store.worker_seen(self.worker_id, self.models)
+        window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
+        live = self.store.workers(time.time() - window_s)
+        served = set(self.models).union(*live.values())
+        counts = self.store.counts()
+        return {
+            m: c[TaskStatus.QUEUED]
+            for m, c in sorted(counts.items())
+            if c.get(TaskStatus.QUEUED) and m not in served
+        }
+
+    def _report_unserved(self, unserved: dict[str, int]) -> None:
+        """Log each model that nobody serves once (again if it was served meanwhile)."""
+        for model, n in unserved.items():
+            if model not in self.unserved:
+                log.warning(
+                    "%d task(s) queued for model %r, which no running worker serves (this one "
+                    "serves %s): they wait until a worker with a handler for %r runs",
+                    n,
+                    model,
+                    ", ".join(self.models) or "nothing",
+                    model,
+                )
+        self.unserved = unserved
 
     def _timed_ready_counts(self) -> tuple[dict[str, dict[Level, int]], float]:
         """The store's ready counts and the seconds the store took: timed inside the thread, so
