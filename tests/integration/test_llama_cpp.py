@@ -4,6 +4,7 @@ extra; without it these tests fail, on purpose: the product must be shown on a r
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,14 @@ from openai.types.chat import ChatCompletionMessageParam
 from tests.e2e.test_gateway import Gateway, run_agents, serve, swaps_from_metrics
 
 SERVER = Path(sys.executable).parent / "llama-cpp-server"
+FLAGS = "--alias ${MODEL_ID} --no-jinja --chat-template gemma --no-repack"  # as the example
+EXAMPLE = Path(__file__).parents[2] / "examples" / "llama-cpp.yaml"
+# A few-shot conversation: a 270M base model answers it through the Gemma chat template.
+CAPITALS: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of Italy?"},
+    {"role": "assistant", "content": "Rome."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +43,7 @@ def config(gguf: Path, models: dict[str, int], policy: str = "cost") -> str:
         lines += [
             f"  {name}:",
             "    load_s: 30  # an estimate; the measured load replaces it",
-            f"    cmd: {SERVER} -m {gguf} --port ${{PORT}} --ctx-size {ctx} -- --no-repack",
+            f"    cmd: {SERVER} -m {gguf} --port ${{PORT}} --ctx-size {ctx} -- {FLAGS}",
         ]
     lines += [f"scheduler: {{policy: {policy}, max_wait_s: 60}}", "server: {log_dir: LOG_DIR}"]
     return "\n".join(lines) + "\n"
@@ -49,11 +58,14 @@ def llama(gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
 
 def test_chat_plain_and_streaming_on_a_real_server(llama: Gateway) -> None:
     client = llama.client(max_retries=0, timeout=120)
-    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name three colors."}]
-    out = client.chat.completions.create(model="gemma-chat", messages=messages, max_tokens=8)
+    messages = CAPITALS
+    out = client.chat.completions.create(
+        model="gemma-chat", messages=messages, max_tokens=8, temperature=0
+    )
     assert out.usage is not None
     assert out.usage.completion_tokens > 0
-    assert out.choices[0].message.content
+    assert (out.choices[0].message.content or "").strip().startswith("Paris")
+    assert out.model == "gemma-chat"
     chunks = [
         c.choices[0].delta.content or ""
         for c in client.chat.completions.create(
@@ -68,6 +80,24 @@ def test_chat_plain_and_streaming_on_a_real_server(llama: Gateway) -> None:
     gemma = llama.status()["models"]["gemma-chat"]
     assert gemma["state"] == "ready"
     assert 0 < gemma["load_s_estimate"] < 30  # the measured load time replaced the estimate
+
+
+def test_the_example_file_as_is_gives_a_real_chat_answer_under_the_model_asked_for(
+    gguf: Path, tmp_path: Path
+) -> None:
+    env = {"PATH": f"{SERVER.parent}:{os.environ['PATH']}", "GEMMA_GGUF": str(gguf)}
+    with serve(tmp_path, EXAMPLE.read_text(), env=env) as gw:
+        client = gw.client(max_retries=0, timeout=120)
+        for model in ("gemma-chat", "chat"):  # the alias answers as the model it names
+            out = client.chat.completions.create(
+                model=model, messages=CAPITALS, max_tokens=3, temperature=0
+            )
+            text = out.choices[0].message.content or ""
+            # before: "What is the capital of France?<|im_end|>\n<|im_start|>assistant..."
+            assert text.strip().startswith("Paris"), text
+            assert "<|im_" not in text
+            assert "capital" not in text
+            assert out.model == "gemma-chat"  # before: the GGUF's path
 
 
 def test_a_swap_between_two_real_servers(llama: Gateway) -> None:
