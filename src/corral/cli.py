@@ -75,7 +75,7 @@ def config_check(
             err_console.print(f"  ignored  {key}: {why}", highlight=False)
     err_console.print(
         f"[green]ok[/green]: {file} is valid "
-        f"({len(config.models)} models, {len(config.devices)} devices, "
+        f"({_count(len(config.models), 'model')}, {_count(len(config.devices), 'device')}, "
         f"policy {config.scheduler.policy})"
     )
     unserved = config.unserved()
@@ -419,6 +419,10 @@ def sim_backend_cmd(
     )
     settings = SimSettings(model, load_s, tokens_per_s, parallel, max_tokens, unload_s=unload_s)
     serve(settings, host, port)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_config_check_prints_the_resolved_config(files: tuple[Path, Path]) -> None:
     p = corral("config", "check", files[0])
-    assert "is valid (2 models, 1 devices, policy cost)" in p.stderr
+    assert "is valid (2 models, 1 device, policy cost)" in p.stderr
     assert "concurrency: 1" in p.stdout  # defaults filled in
     data = json.loads(corral("config", "check", files[0], "--json").stdout)
     assert data["models"]["b"]["load_s"] == 12
