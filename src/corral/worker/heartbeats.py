@@ -58,6 +58,8 @@ class Heartbeats:
             self._beats[task.id] = _Beat(task, token, ctx, work, is_async)
 
     def remove(self, task_id: str) -> None:
+        """Stop beating for the task (idempotent): call it before its commit, so a heartbeat
+        that finds the lease gone after the commit is not mistaken for a lost lease."""
         with self._lock:
             self._beats.pop(task_id, None)
 
@@ -82,7 +84,10 @@ class Heartbeats:
                         self._on_loop(b.work.cancel)
                 elif state is Lease.LOST:
                     b.lost = True
-                    log.warning("task %s: lease lost (another worker may run it)", b.task.id)
+                    with self._lock:  # removed meanwhile: its commit ended the lease, not a loss
+                        still = self._beats.get(b.task.id) is b
+                    if still:
+                        log.warning("task %s: lease lost (another worker may run it)", b.task.id)
 
     def _check_loop(self) -> None:
         """Warn, once per stall, when the loop has not run our callback for two rounds."""

@@ -537,6 +537,7 @@ class Worker:
         same transaction starts the model's next task claimed ahead, so a buffered task's
         attempt counts before its handler runs without a write of its own."""
         store = self.store
+        self._beats.remove(task.id)  # before the commit ends the lease (see `remove`)
         nxt = self._next_to_start(task.model)
         then_start = [(nxt.task.id, nxt.task.lease_token or "")] if nxt is not None else []
         try:
