@@ -94,7 +94,9 @@ class ModelConfig(_Strict):
         "to use instead of starting `cmd`.",
     )
     upstream_model: str | None = Field(
-        default=None, description="The model's name on the upstream server (default: its id)."
+        default=None,
+        description="The model's name in requests to its server, `cmd` or `upstream` (default: "
+        "its id).",
     )
     load_hook: HookConfig | None = Field(
         default=None, description="Called on the upstream when the model is loaded."
@@ -328,7 +330,7 @@ class Config(_Strict):
 _Path = tuple[str | int, ...]
 
 
-def _node_lines(
+def node_lines(
     node: yaml.Node, path: _Path, lines: dict[_Path, int], dupes: list[Problem], source: str
 ) -> None:
     lines[path] = node.start_mark.line + 1
@@ -346,11 +348,11 @@ def _node_lines(
                     )
                 )
             seen.add(key)
-            _node_lines(value_node, (*path, key), lines, dupes, source)
+            node_lines(value_node, (*path, key), lines, dupes, source)
             lines[(*path, key)] = key_node.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _node_lines(item, (*path, i), lines, dupes, source)
+            node_lines(item, (*path, i), lines, dupes, source)
 
 
 def _allowed_keys(loc: _Path) -> list[str]:
@@ -409,7 +411,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         )
     lines: dict[_Path, int] = {}
     problems: list[Problem] = []
-    _node_lines(root, (), lines, problems, source)
+    node_lines(root, (), lines, problems, source)
     if not isinstance(data, dict):
         raise ConfigError(
             [Problem(source, 1, "", "the top level must be a mapping (models:, ...)")]

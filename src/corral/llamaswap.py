@@ -5,6 +5,7 @@ with the reason (`corral config check` prints both).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from corral.config import Config, parse_config, read_config_text
+from corral.config import Config, node_lines, parse_config, read_config_text
 from corral.errors import ConfigError, Problem
 
 # Keys only llama-swap's format has: one of them marks a file as llama-swap's.
@@ -42,6 +43,40 @@ _MODEL_ONLY = {
 }
 _RESERVED = {"PORT", "MODEL_ID", "PID"}
 _MACRO = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_-]*)\}")
+_ENV = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
+_DEFAULT_CONCURRENCY = 10  # llama-swap's in-flight limit when concurrencyLimit is 0 or absent
+
+# Keys llama-swap documents that Corral does not take, with why; any other key is reported too.
+_TOP_IGNORED = {
+    "logLevel": "Corral logs at INFO; per-model server output goes to server.log_dir",
+    "logTimeFormat": "Corral's log lines carry their own timestamps",
+    "logToStdout": "Corral logs to stderr; each server's output goes to its log file",
+    "includeAliasesInList": "/v1/models lists model ids only",
+    "metricsMaxInMemory": "Corral exports Prometheus metrics at /metrics",
+    "captureBuffer": "request capture is not supported",
+    "logRequests": "not supported",
+    "startPort": "Corral gives each ${PORT} a port the OS reports free",
+    "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
+    "peers": "forwarding to peer servers is not supported yet: add each as a model with "
+    "`upstream:` in Corral's format",
+    "matrix": "not supported yet: list the models that may run together as Corral devices",
+    "routing": "not supported yet: map router groups onto Corral devices",
+    "profiles": "not supported",
+    "selectors": "not supported",
+    "ui": "Corral's dashboard is at /ui",
+    "performance": "not supported",
+    "unloadTimeout": "Corral stops a server with SIGTERM, then SIGKILL after stop_grace_s",
+}
+_MODEL_IGNORED = {
+    "name": "display only",
+    "description": "display only",
+    "filters": "request rewriting is not supported yet",
+    "metadata": "not listed in /v1/models yet",
+    "capabilities": "not listed in /v1/models yet",
+    "timeouts": "Corral's proxy has no per-model timeouts (request_timeout_s bounds the wait)",
+    "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
+    "compat": "not supported",
+}
 
 
 @dataclass
@@ -60,8 +95,78 @@ def looks_like_llama_swap(data: object) -> bool:
         return True
     models = data.get("models")
     if isinstance(models, dict):
-        return any(isinstance(m, dict) and _MODEL_ONLY & set(m) for m in models.values())
+        return any(isinstance(m, dict) and _llama_swap_model(m) for m in models.values())
     return False
+
+
+def _llama_swap_model(m: dict[str, Any]) -> bool:
+    """A model entry only llama-swap writes: its own keys, `env` as a list of K=V, aliases as
+    objects, or a `cmd` with comment lines."""
+    return bool(
+        _MODEL_ONLY & set(m)
+        or isinstance(m.get("env"), list)
+        or any(isinstance(a, dict) for a in m.get("aliases") or [])
+        or any(x.strip().startswith("#") for x in str(m.get("cmd", "")).splitlines())
+    )
+
+
+def _scalar(value: Any) -> str:
+    """A macro's value as llama-swap writes it into text (YAML's spelling: true, not True)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _strip_comments(cmd: str) -> str:
+    """llama-swap drops `#` comment lines from a multi-line `cmd`."""
+    return "\n".join(x for x in cmd.splitlines() if not x.strip().startswith("#"))
+
+
+def _expand_env(value: Any, path: tuple[str | int, ...], problems: list[Problem]) -> Any:
+    """`${env.NAME}` replaced everywhere in the document, as llama-swap does before anything
+    else; an unset variable is an error naming it (never a literal `${env.NAME}`, which as an
+    API key would be a working key anyone could guess)."""
+    if isinstance(value, dict):
+        return {k: _expand_env(v, (*path, str(k)), problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, (*path, i), problems) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${env." not in value:
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            where = ".".join(map(str, path))
+            problems.append(
+                Problem(
+                    "", None, where, f"environment variable {name} is not set (${{env.{name}}})"
+                )
+            )
+            return m.group(0)
+        return os.environ[name]
+
+    return _ENV.sub(one, value)
+
+
+def _expand_typed(
+    value: Any, macros: dict[str, Any], where: str, problems: list[Problem], model: str
+) -> Any:
+    """Macros in a structured value (metadata): a string that is one macro keeps the macro's
+    type (a number stays a number); other strings are expanded as text."""
+    if isinstance(value, dict):
+        return {k: _expand_typed(v, macros, where, problems, model) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_typed(v, macros, where, problems, model) for v in value]
+    if not isinstance(value, str):
+        return value
+    whole = _MACRO.fullmatch(value)
+    if whole and whole.group(1) in macros:
+        return macros[whole.group(1)]
+    return _expand(value, {**_texts(macros), "MODEL_ID": model}, where, problems)
+
+
+def _texts(macros: dict[str, Any]) -> dict[str, str]:
+    return {k: _scalar(v) for k, v in macros.items()}
 
 
 def _expand(text: str, macros: dict[str, str], where: str, problems: list[Problem]) -> str:
@@ -70,6 +175,8 @@ def _expand(text: str, macros: dict[str, str], where: str, problems: list[Proble
 
         def one(m: re.Match[str]) -> str:
             name = m.group(1)
+            if name in macros:
+                return macros[name]
             if name in _RESERVED or name.startswith("env."):
                 return m.group(0)
             if name not in macros:
@@ -85,40 +192,84 @@ def _expand(text: str, macros: dict[str, str], where: str, problems: list[Proble
     return text
 
 
-def convert(data: dict[str, Any], source: str) -> tuple[Config, Mapping]:
-    """A llama-swap document as a Corral `Config`, and what was mapped or ignored."""
+_TOP_MAPPED = {"models", "macros", "healthCheckTimeout", "globalTTL", "apiKeys", "groups", "hooks"}
+
+_MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
+    "cmd": "cmd (comment lines dropped, macros expanded)",
+    "cmdStop": "cmd_stop",
+    "proxy": "proxy",
+    "env": "env",
+    "checkEndpoint": "check_endpoint",
+    "healthCheckTimeout": "health_timeout_s (at least 15 s, as llama-swap)",
+    "aliases": "aliases (their ids)",
+    "unlisted": "unlisted",
+    "ttl": "ttl_s (-1: globalTTL; 0: never)",
+    "concurrencyLimit": "concurrency: in flight at once (0: llama-swap's 10)",
+    "useModelName": "upstream_model",
+    "macros": "expanded where llama-swap expands them",
+}
+
+
+def convert(
+    data: dict[str, Any], source: str, lines: dict[str, int] | None = None
+) -> tuple[Config, Mapping]:
+    """A llama-swap document as a Corral `Config`, and what was mapped or ignored: every key is
+    one or the other. `lines`: each key path's line (`a.b.c`), for the errors."""
     out = Mapping()
     problems: list[Problem] = []
-    macros = {str(k): str(v) for k, v in (data.get("macros") or {}).items()}
+    # llama-swap drops comment lines from `cmd` and expands ${env.*} before anything else.
+    for m in (data.get("models") or {}).values():
+        if isinstance(m, dict) and isinstance(m.get("cmd"), str):
+            m["cmd"] = _strip_comments(m["cmd"])
+    data = _expand_env(data, (), problems)
+    macros: dict[str, Any] = {}
+    for k, v in (data.get("macros") or {}).items():  # may use the macros defined before them
+        macros[str(k)] = (
+            v if not isinstance(v, str) else _expand(v, _texts(macros), f"macros.{k}", problems)
+        )
     if macros:
-        out.mapped.append(("macros", "substituted into cmd, cmdStop, proxy and env"))
+        out.mapped.append(
+            (
+                "macros",
+                "substituted into cmd, cmdStop, proxy, env, checkEndpoint "
+                "and aliases (typed in metadata)",
+            )
+        )
     health_timeout = data.get("healthCheckTimeout")
     if health_timeout is not None:
         out.mapped.append(("healthCheckTimeout", "models.*.health_timeout_s"))
-    if "startPort" in data:
-        out.ignored.append(("startPort", "Corral gives each ${PORT} a port the OS reports free"))
-    for key, why in (
-        ("logLevel", "Corral logs at INFO; per-model server output goes to server.log_dir"),
-        ("includeAliasesInList", "/v1/models lists model ids only"),
-        ("metricsMaxInMemory", "Corral exports Prometheus metrics at /metrics"),
-        ("logRequests", "not supported"),
-    ):
-        if key in data:
-            out.ignored.append((key, why))
+    for key in data:
+        if key in _TOP_MAPPED:
+            continue
+        why = _TOP_IGNORED.get(str(key), "not a key Corral knows of llama-swap's format")
+        out.ignored.append((str(key), why))
     global_ttl = data.get("globalTTL")
     if global_ttl is not None:
         out.mapped.append(("globalTTL", "models.*.ttl_s (where a model sets no ttl)"))
     server: dict[str, Any] = {}
     if data.get("apiKeys"):
         server["api_keys"] = [str(k) for k in data["apiKeys"]]
-        out.mapped.append(("apiKeys", "server.api_keys"))
+        out.mapped.append(("apiKeys", "server.api_keys (${env.*} expanded)"))
     models: dict[str, dict[str, Any]] = {}
     for name, m in (data.get("models") or {}).items():
         if not isinstance(m, dict):
             problems.append(Problem(source, None, f"models.{name}", "must be a mapping"))
             continue
         where = f"models.{name}"
-        own = {**macros, **{str(k): str(v) for k, v in (m.get("macros") or {}).items()}}
+        typed = dict(macros)
+        for k, v in (m.get("macros") or {}).items():
+            typed[str(k)] = (
+                v
+                if not isinstance(v, str)
+                else _expand(v, _texts(typed), f"{where}.macros.{k}", problems)
+            )
+        own = _texts(typed)
+        for key in m:
+            if key in _MODEL_MAPPED:
+                out.mapped.append((f"{where}.{key}", _MODEL_MAPPED[str(key)]))
+            else:
+                why = _MODEL_IGNORED.get(str(key), "not a key Corral knows of llama-swap's format")
+                out.ignored.append((f"{where}.{key}", why))
         model: dict[str, Any] = {}
         if "cmd" in m:
             model["cmd"] = " ".join(_expand(str(m["cmd"]), own, f"{where}.cmd", problems).split())
@@ -138,17 +289,28 @@ def convert(data: dict[str, Any], source: str) -> tuple[Config, Mapping]:
                 pairs[k] = _expand(v, own, f"{where}.env.{k}", problems)
             model["env"] = pairs
         if "checkEndpoint" in m:
-            model["check_endpoint"] = str(m["checkEndpoint"])
-        if health_timeout is not None:
-            model["health_timeout_s"] = float(health_timeout)
-        if m.get("aliases"):
-            model["aliases"] = [str(a) for a in m["aliases"]]
+            model["check_endpoint"] = _expand(
+                str(m["checkEndpoint"]), own, f"{where}.checkEndpoint", problems
+            )
+        timeout = m.get("healthCheckTimeout", health_timeout)
+        if timeout is not None:
+            # llama-swap raises anything under 15 s to 15 s.
+            model["health_timeout_s"] = max(15.0, float(timeout))
+        if "useModelName" in m:
+            model["upstream_model"] = str(m["useModelName"])
+        aliases = []
+        for a in m.get("aliases") or []:
+            alias = a.get("id") if isinstance(a, dict) else a
+            if alias is not None:
+                with_id = {**own, "MODEL_ID": str(name)}
+                aliases.append(_expand(_scalar(alias), with_id, f"{where}.aliases", problems))
+        if aliases:
+            model["aliases"] = aliases
         if "unlisted" in m:
             model["unlisted"] = m["unlisted"] is True
-            out.mapped.append((f"{where}.unlisted", f"{where}.unlisted"))
-        ttl = m.get("ttl", global_ttl)
-        if "ttl" in m:
-            out.mapped.append((f"{where}.ttl", f"{where}.ttl_s"))
+        ttl = m.get("ttl", -1)
+        if ttl == -1:  # llama-swap's default: use globalTTL
+            ttl = global_ttl
         if ttl is not None:
             try:
                 seconds = float(ttl)
@@ -157,17 +319,17 @@ def convert(data: dict[str, Any], source: str) -> tuple[Config, Mapping]:
             else:
                 if seconds > 0:  # llama-swap's 0 (and negative) means never
                     model["ttl_s"] = seconds
-        if "concurrencyLimit" in m:
-            model["max_queue"] = int(m["concurrencyLimit"])
-            out.mapped.append((f"{where}.concurrencyLimit", f"{where}.max_queue"))
-        for key, why in (
-            ("name", "display only"),
-            ("description", "display only"),
-            ("filters", "request rewriting is not supported"),
-            ("useModelName", "the backend receives Corral's model id"),
-        ):
-            if key in m:
-                out.ignored.append((f"{where}.{key}", why))
+        # llama-swap lets up to concurrencyLimit requests (0 or absent: 10) reach the server at
+        # once: Corral's `concurrency`. Beyond it Corral queues them (llama-swap answers 429).
+        limit = m.get("concurrencyLimit", 0)
+        try:
+            limit = int(limit)
+        except (TypeError, ValueError):
+            problems.append(
+                Problem(source, None, f"{where}.concurrencyLimit", f"{limit!r} is not a number")
+            )
+            limit = 0
+        model["concurrency"] = limit if limit > 0 else _DEFAULT_CONCURRENCY
         models[str(name)] = model
     devices = _map_groups(data.get("groups") or {}, models, source, out, problems)
     hooks = data.get("hooks") or {}
@@ -182,7 +344,9 @@ def convert(data: dict[str, Any], source: str) -> tuple[Config, Mapping]:
         if key != "on_startup":
             out.ignored.append((f"hooks.{key}", "not supported"))
     if problems:
-        raise ConfigError([Problem(source, p.line, p.where, p.message) for p in problems])
+        raise ConfigError(
+            [Problem(source, p.line or _line(lines, p.where), p.where, p.message) for p in problems]
+        )
     doc: dict[str, Any] = {"models": models}
     if devices:
         doc["devices"] = devices
@@ -264,6 +428,23 @@ def _map_groups(
     return devices
 
 
+def _line(lines: dict[str, int] | None, where: str) -> int | None:
+    """The line of `where` (a dotted key path), or of the nearest enclosing key."""
+    while lines and where:
+        if where in lines:
+            return lines[where]
+        where = where.rpartition(".")[0]
+    return None
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    paths: dict[tuple[str | int, ...], int] = {}
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        node_lines(root, (), paths, [], "")
+    return {".".join(map(str, path)): line for path, line in paths.items()}
+
+
 def load_any(text: str, source: str) -> tuple[Config, Mapping | None]:
     """Corral's format or llama-swap's, whichever `text` is."""
     try:
@@ -272,7 +453,7 @@ def load_any(text: str, source: str) -> tuple[Config, Mapping | None]:
         data = None  # parse_config reports it with its line
     if looks_like_llama_swap(data):
         assert isinstance(data, dict)
-        return convert(data, source)
+        return convert(data, source, _key_lines(text))
     return parse_config(text, source), None
 
 

@@ -536,7 +536,7 @@ def test_a_llama_swap_config_serves_as_is(tmp_path: Path, monkeypatch: pytest.Mo
     )
     assert check.returncode == 0, check.stderr
     assert "in llama-swap's format" in check.stderr
-    assert "mapped   models.qwen-coder.ttl -> models.qwen-coder.ttl_s" in check.stderr
+    assert "mapped   models.qwen-coder.ttl -> ttl_s" in check.stderr
     assert "mapped   hooks.on_startup.preload -> server.preload" in check.stderr
     with serve(tmp_path, LLAMA_SWAP) as gw:
         wait_for(lambda: gw.status()["models"]["embed"]["state"] == "ready")  # preloaded
@@ -562,6 +562,42 @@ def test_a_llama_swap_config_serves_as_is(tmp_path: Path, monkeypatch: pytest.Mo
         }
         assert status["models"]["qwen-coder"]["ttl_s"] == 300
         assert (tmp_path / "data" / "corral" / "logs" / "qwen-coder.log").exists()
+
+
+def test_a_llama_swap_file_keeps_its_in_flight_limit_and_its_keys_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    config = f"""
+apiKeys: ["${{env.CORRAL_E2E_KEY}}"]
+models:
+  four:
+    cmd: |
+      # four at once, 200 tokens/s: 100 tokens take 0.5 s
+      {SIM} --load-s 0.2 --tokens-per-s 200 --parallel 4
+"""
+    with serve(tmp_path, config, env={"CORRAL_E2E_KEY": KEY}) as gw:
+        literal = openai.OpenAI(
+            base_url=f"{gw.url}/v1", api_key="${env.CORRAL_E2E_KEY}", max_retries=0
+        )
+        with pytest.raises(openai.AuthenticationError):  # before: the literal was a key
+            literal.models.list()
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
+        client.completions.create(model="four", prompt="x", max_tokens=1)  # loaded
+        began = time.monotonic()
+        threads = [
+            threading.Thread(
+                target=client.completions.create,
+                kwargs={"model": "four", "prompt": "x", "max_tokens": 100},
+            )
+            for _ in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        # llama-swap's default in-flight limit (10) lets all 8 reach the 4-slot server: two
+        # rounds of 0.5 s (before: one at a time, 4 s)
+        assert time.monotonic() - began < 2.5
 
 
 OPERATED = f"""

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.errors import ConfigError
-from corral.llamaswap import load_any, load_config_file, looks_like_llama_swap
+from corral.llamaswap import Mapping, load_any, load_config_file, looks_like_llama_swap
 from tests.helpers import Clock, RecordedEffects
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "llama-swap"
@@ -24,7 +26,8 @@ def test_groups_macros_hooks_and_api_keys() -> None:
     )
     assert coder.aliases == ["coder", "gpt-4o-mini"]
     assert coder.env == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert coder.max_queue == 4
+    assert coder.concurrency == 4  # llama-swap's in-flight limit
+    assert config.models["llama-3.1-8b"].concurrency == 10  # its default
     assert coder.health_timeout_s == 90
     assert coder.proxy == "http://127.0.0.1:${PORT}"
     llama = config.models["llama-3.1-8b"]
@@ -41,8 +44,8 @@ def test_groups_macros_hooks_and_api_keys() -> None:
     assert coder.devices == llama.devices == ["shared"]
     assert config.models["nomic-embed"].devices == ["group-always-on"]
     assert "request rewriting" in ignored["models.nomic-embed.filters"]
-    assert ("models.qwen-coder-7b.concurrencyLimit", "models.qwen-coder-7b.max_queue") in (
-        mapping.mapped
+    assert dict(mapping.mapped)["models.qwen-coder-7b.concurrencyLimit"].startswith(
+        "concurrency: in flight"
     )
 
 
@@ -131,3 +134,94 @@ def test_the_mapped_groups_schedule_as_llama_swap_would() -> None:
     assert [c[:2] for c in fx.take()] == [("load", n) for n in config.server.preload]
     s.on_request(Request("r1", "qwen2.5-32b"))
     assert fx.take() == [("load", "qwen2.5-32b", ("bge-small", "gemma-2b", "qwen2.5-0.5b"))]
+
+
+EVERY = FIXTURES / "every-key.yaml"
+
+
+def every_key(monkeypatch: pytest.MonkeyPatch) -> tuple[Config, Mapping]:
+    monkeypatch.setenv("CORRAL_TEST_WEIGHTS", "/models")
+    monkeypatch.setenv("CORRAL_TEST_KEY", "sk-from-env")
+    config, mapping = load_config_file(EVERY)
+    assert mapping is not None
+    return config, mapping
+
+
+def test_every_documented_key_is_mapped_or_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, mapping = every_key(monkeypatch)
+    said = {key for key, _ in mapping.mapped} | {key for key, _ in mapping.ignored}
+    doc = yaml.safe_load(EVERY.read_text())
+    keys = [str(k) for k in doc] + [
+        f"models.{name}.{k}" for name, m in doc["models"].items() for k in m
+    ]
+    silent = [
+        k for k in keys if k != "models" and not any(s == k or s.startswith(f"{k}.") for s in said)
+    ]
+    assert not silent, silent
+    ignored = dict(mapping.ignored)
+    assert "peer" in ignored["peers"]
+    assert "devices" in ignored["matrix"]
+
+
+def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config, _ = every_key(monkeypatch)
+    # ${env.*} is expanded in apiKeys: the literal text is never a key
+    assert config.server.api_keys == ["sk-literal", "sk-from-env"]
+    big = config.models["big-thinker"]
+    assert big.cmd == (
+        "/opt/llama/llama-server --port ${PORT} --model /models/gguf/big.gguf "
+        "--ctx-size 32768 --temp 0.6 --flash-attn true"  # comments gone; true, not True
+    )
+    assert config.models["small-fast"].cmd == (
+        "/opt/llama/llama-server --port ${PORT} --model /models/gguf/small.gguf --ctx-size 8192"
+    )
+    assert big.check_endpoint == "/health?model=${MODEL_ID}"
+    assert big.aliases == ["thinker-32768", "plain-alias"]
+    assert big.upstream_model == "vendor/big-thinker"
+    assert big.ttl_s == 120  # -1: globalTTL
+    assert big.health_timeout_s == 15  # llama-swap's minimum
+    assert big.concurrency == 10  # 0: llama-swap's default in-flight limit
+    assert big.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    small = config.models["small-fast"]
+    assert small.ttl_s is None  # 0: never unload
+    assert small.concurrency == 3
+    assert small.health_timeout_s == 200
+    assert small.cmd_stop == "kill -TERM ${PID}"
+    assert config.resolve("thinker-32768") == "big-thinker"
+
+
+def test_an_unset_environment_variable_is_an_error_naming_it_and_its_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CORRAL_TEST_WEIGHTS", "/models")
+    monkeypatch.delenv("CORRAL_TEST_KEY", raising=False)
+    with pytest.raises(ConfigError) as err:
+        load_config_file(EVERY)
+    text = str(err.value)
+    assert "apiKeys.1: environment variable CORRAL_TEST_KEY is not set" in text
+    assert "every-key.yaml:23: apiKeys.1:" in text  # the line of that key
+    assert "${env.CORRAL_TEST_KEY}" not in str(  # never kept as a working key
+        [p for p in err.value.problems if "apiKeys" in p.where]
+    ).replace("(${env.CORRAL_TEST_KEY})", "")
+
+
+def test_a_minimal_llama_swap_file_is_read_as_one() -> None:
+    text = """
+models:
+  tiny:
+    cmd: |
+      # comment lines are dropped
+      llama-server --port ${PORT} -m tiny.gguf
+    proxy: http://127.0.0.1:${PORT}
+    env: ["OMP_NUM_THREADS=2"]
+    aliases: [t]
+"""
+    config, mapping = load_any(text, "minimal.yaml")
+    assert mapping is not None
+    tiny = config.models["tiny"]
+    assert tiny.cmd == "llama-server --port ${PORT} -m tiny.gguf"
+    assert tiny.env == {"OMP_NUM_THREADS": "2"}
+    assert config.resolve("t") == "tiny"
+    assert tiny.concurrency == 10

@@ -48,6 +48,7 @@ class ProcessSpec:
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
     cmd_stop: str | None = None  # run instead of SIGTERM; ${PID} is the server's pid
     poll_s: float = 0.01
+    served_name: str | None = None  # the model's name in requests to it (default: `model`)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -118,7 +119,7 @@ class ProcessBackend:
         self._fixed_port = port
         self.port: int | None = None
         self.proxy_url = ""
-        self.served_name = spec.model
+        self.served_name = spec.served_name or spec.model
         self._proc: asyncio.subprocess.Process | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False

@@ -46,6 +46,7 @@ def process_spec(name: str, m: ModelConfig) -> ProcessSpec:
         health_timeout_s=m.health_timeout_s,
         stop_grace_s=m.stop_grace_s,
         cmd_stop=m.cmd_stop,
+        served_name=m.upstream_model,
     )
 
 
