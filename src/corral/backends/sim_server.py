@@ -255,9 +255,71 @@ def build_app(settings: SimSettings) -> Starlette:
             }
         )
 
+    async def transcriptions(request: Request) -> Response:
+        if not ready():
+            return _error(503, "Loading model", "unavailable_error")
+        async with request.form() as form:
+            audio, model = form.get("file"), form.get("model")
+            if audio is None or isinstance(audio, str):
+                return _error(400, "missing the `file` part")
+            size = len(await audio.read())
+        async with slots:
+            await asyncio.sleep(size / 1e6)  # a second per MB of audio
+        return JSONResponse({"text": f"{size} bytes of audio heard by {model or settings.model}"})
+
+    async def speech(request: Request) -> Response:
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        text = str(body.get("input", ""))
+        return Response(b"ID3" + text.encode()[:64], media_type="audio/mpeg")
+
+    async def rerank(request: Request) -> Response:
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        query = str(body.get("query", ""))
+        documents = [str(d) for d in body.get("documents") or []]
+        words = set(query.lower().split())
+        scores = [len(words & set(d.lower().split())) / (1 + len(words)) for d in documents]
+        results = [{"index": i, "relevance_score": x} for i, x in enumerate(scores)]
+        results.sort(key=lambda r: -float(r["relevance_score"]))
+        return JSONResponse({"model": settings.model, "results": results})
+
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API (llama-server speaks it too)."""
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        turns = body.get("messages") or []
+        prompt = " ".join(str(m.get("content", "")) for m in turns if isinstance(m, dict))
+        words = _words(prompt, int(body.get("max_tokens") or settings.max_tokens))
+        async with slots:
+            await asyncio.sleep(len(words) / settings.tokens_per_s)
+        return JSONResponse(
+            {
+                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "type": "message",
+                "role": "assistant",
+                "model": settings.model,
+                "content": [{"type": "text", "text": " ".join(words)}],
+                "stop_reason": "max_tokens",
+                "stop_sequence": None,
+                "usage": {"input_tokens": len(prompt.split()), "output_tokens": len(words)},
+            }
+        )
+
+    async def props(_: Request) -> Response:
+        return JSONResponse({"model_alias": settings.model, "total_slots": settings.parallel})
+
     return Starlette(
         routes=[
             Route("/health", health),
+            Route("/props", props),
+            Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
+            Route("/v1/audio/speech", speech, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            *(Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
             Route("/sleep", sleep, methods=["POST"]),
             Route("/wake_up", wake_up, methods=["POST"]),
             Route("/v1/models", models),

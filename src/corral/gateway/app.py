@@ -35,7 +35,16 @@ from corral.gateway.errors import (
     http_error,
     validation_error,
 )
-from corral.gateway.proxy import Proxy, Upstream, openai_routes
+from corral.gateway.llamaswap_routes import llamaswap_routes
+from corral.gateway.proxy import (
+    FORM_ROUTES,
+    GET_ROUTES,
+    JSON_ROUTES,
+    Proxy,
+    Upstream,
+    openai_routes,
+    upstream_path,
+)
 from corral.gateway.runtime import Gateway
 
 
@@ -52,7 +61,8 @@ class ApiKeys:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/upstream/", "/api/")):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path.startswith(("/v1/", "/upstream/", "/api/", "/v/", "/sdapi/")) or path in _GUARDED:
             headers = dict(scope["headers"])
             header = headers.get(b"authorization", b"")
             token = header[7:] if header[:7].lower() == b"bearer " else b""
@@ -70,13 +80,17 @@ class ApiKeys:
         await self.app(scope, receive, send)
 
 
-_MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+_MODEL_ROUTES = frozenset(JSON_ROUTES)
+# Model and management routes outside /v1/ and /api/ that need the API key too.
+_GUARDED = frozenset({*JSON_ROUTES, *FORM_ROUTES, *GET_ROUTES, "/running", "/unload", "/logs"})
+_ALSO_GET = frozenset(GET_ROUTES)  # a JSON route that is also a GET route (/v1/audio/voices)
 
 
 class ModelRoutes:
-    """The hot path: POST /v1/chat/completions, /v1/completions and /v1/embeddings go straight
-    to `handle(request, path)` as pure ASGI, skipping FastAPI's routing and request machinery
-    (a quarter of the gateway's CPU per request); everything else goes on to FastAPI."""
+    """The hot path: POST to a model-routed JSON endpoint (/v1/chat/completions and the rest of
+    `JSON_ROUTES`) goes straight to `handle(request, path)` as pure ASGI, skipping FastAPI's
+    routing and request machinery (a quarter of the gateway's CPU per request); everything else
+    goes on to FastAPI."""
 
     def __init__(self, app: ASGIApp, handle: Callable[[Request, str], Awaitable[Response]]) -> None:
         self.app = app
@@ -84,12 +98,16 @@ class ModelRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in _MODEL_ROUTES:
+            if scope["method"] == "GET" and scope["path"] in _ALSO_GET:
+                await self.app(scope, receive, send)
+                return
             if scope["method"] != "POST":
                 response: Response = error(
                     405, f"{scope['path']} takes POST", "invalid_request_error"
                 )
             else:
-                response = await self.handle(Request(scope, receive), scope["path"])
+                path = upstream_path(scope["path"])
+                response = await self.handle(Request(scope, receive), path)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -136,6 +154,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         app.add_middleware(ApiKeys, keys=keys)
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches))
+    app.include_router(llamaswap_routes(config, gateway))
     openapi.install(app)
     return app
 

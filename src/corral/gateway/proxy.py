@@ -6,14 +6,16 @@ one that leaves mid-stream closes the upstream request and frees the slot."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.formparsers import MultiPartParser
 
 from corral.config import Config
 from corral.core import Request as SchedRequest
@@ -23,11 +25,51 @@ from corral.gateway.openapi import (
     CompletionRequest,
     EmbeddingRequest,
     ModelList,
+    ModelObject,
     content,
     json_body,
 )
 from corral.gateway.runtime import Gateway, Rejected
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
+
+# The model-routed endpoints, as llama-swap routes them (internal/server/server.go): a JSON body
+# naming the model; a multipart form with a `model` field; a GET with `?model=`. The versionless
+# `/v/...` forms reach the server without their `/v`.
+JSON_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/rerank",
+    "/rerank",
+    "/v1/reranking",
+    "/reranking",
+    "/infill",
+    "/completion",
+    "/v1/audio/speech",
+    "/v1/audio/voices",
+    "/v1/images/generations",
+    "/sdapi/v1/txt2img",
+    "/sdapi/v1/img2img",
+    "/v/chat/completions",
+    "/v/responses",
+    "/v/completions",
+    "/v/messages",
+    "/v/messages/count_tokens",
+    "/v/embeddings",
+    "/v/rerank",
+    "/v/reranking",
+)
+FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/images/edits")
+GET_ROUTES = ("/v1/audio/voices", "/sdapi/v1/loras", "/props")
+
+
+def upstream_path(path: str) -> str:
+    """The path a model server gets: versionless `/v/...` routes lose their `/v`."""
+    return path[2:] if path.startswith("/v/") else path
+
 
 # Hop-by-hop headers and those the client library/uvicorn set themselves.
 _DROP = {
@@ -276,23 +318,8 @@ class Proxy:
 
         return StreamingResponse(relay(), status_code=resp.status, headers=out_headers)
 
-    async def handle(self, request: Request, path: str) -> Response:
-        body = await self.read_body(request)
-        if isinstance(body, Response):
-            return body
-        try:
-            data = json.loads(body, parse_constant=_no_constant)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
-        except ValueError as exc:  # NaN or Infinity: JSON has neither
-            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
-        except RecursionError:
-            return error(
-                400, "the request body is nested too deeply to read", "invalid_request_error"
-            )
-        if not isinstance(data, dict):
-            return error(400, "the request body must be a JSON object", "invalid_request_error")
-        name = data.get("model")
+    def _model_of(self, name: Any) -> str | Response:
+        """The served model a request names, or the error to answer."""
         if name is None or name == "":
             return error(
                 400,
@@ -311,6 +338,63 @@ class Proxy:
         model = self.config.resolve(name)
         if model is None or model not in self.gateway.backends:
             return unknown_model(name, self.config)
+        return model
+
+    async def handle_form(self, request: Request, path: str) -> Response:
+        """A multipart endpoint (audio transcription, image edits): the model is the form's
+        `model` field; the body goes on to the server as it came."""
+        body = await self.read_body(request)
+        if isinstance(body, Response):
+            return body
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            yield body
+
+        try:
+            form = await MultiPartParser(request.headers, chunks()).parse()
+        except Exception as exc:  # the parser's errors have no common base to catch
+            return error(400, f"bad multipart body: {exc}", "invalid_request_error")
+        try:
+            model = self._model_of(form.get("model"))
+        finally:
+            await form.close()
+        if isinstance(model, Response):
+            return model
+        priority = self.priority_of(request, {})
+        if isinstance(priority, Response):
+            return priority
+        return await self.serve(request, model, path, body, priority, stream=True, openai=True)
+
+    async def handle_query(self, request: Request, path: str) -> Response:
+        """A GET endpoint that names its model in the query (`/props?model=...`)."""
+        model = self._model_of(request.query_params.get("model"))
+        if isinstance(model, Response):
+            return model
+        priority = self.priority_of(request, {})
+        if isinstance(priority, Response):
+            return priority
+        return await self.serve(request, model, path, b"", priority, stream=False, openai=True)
+
+    async def handle(self, request: Request, path: str) -> Response:
+        body = await self.read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            data = json.loads(body, parse_constant=_no_constant)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+        except ValueError as exc:  # NaN or Infinity: JSON has neither
+            return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+        except RecursionError:
+            return error(
+                400, "the request body is nested too deeply to read", "invalid_request_error"
+            )
+        if not isinstance(data, dict):
+            return error(400, "the request body must be a JSON object", "invalid_request_error")
+        name = data.get("model")
+        model = self._model_of(name)
+        if isinstance(model, Response):
+            return model
         priority = self.priority_of(request, data)
         if isinstance(priority, Response):
             return priority
@@ -321,6 +405,14 @@ class Proxy:
             body = json.dumps(data).encode()
         stream = bool(data.get("stream"))
         return await self.serve(request, model, path, body, priority, stream=stream, openai=True)
+
+
+async def _form(px: Proxy, path: str, request: Request) -> Response:
+    return await px.handle_form(request, path)
+
+
+async def _query(px: Proxy, path: str, request: Request) -> Response:
+    return await px.handle_query(request, path)
 
 
 def openai_routes(px: Proxy) -> APIRouter:
@@ -365,6 +457,26 @@ def openai_routes(px: Proxy) -> APIRouter:
         if isinstance(priority, Response):
             return priority
         return await px.serve(request, resolved, f"/{path}", body, priority)
+
+    for route in FORM_ROUTES:
+        router.add_api_route(
+            route, functools.partial(_form, px, route), methods=["POST"], include_in_schema=False
+        )
+    for route in GET_ROUTES:
+        router.add_api_route(
+            route, functools.partial(_query, px, route), methods=["GET"], include_in_schema=False
+        )
+
+    @router.get("/v1/models/{model_id:path}", response_model=ModelObject)
+    async def model(model_id: str) -> Response:
+        """One model, as `client.models.retrieve(id)` reads it (aliases answer too)."""
+        resolved = config.resolve(model_id)
+        if resolved is None or resolved not in gateway.backends:
+            return unknown_model(model_id, config)
+        created = int(gateway.started_at)
+        return JSONResponse(
+            {"id": model_id, "object": "model", "created": created, "owned_by": "corral"}
+        )
 
     @router.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:

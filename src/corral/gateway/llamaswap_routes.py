@@ -1,0 +1,93 @@
+"""llama-swap's own management routes, with its answers' shapes (internal/server/api.go and
+apigroup.go), so its tools and scripts keep working against `corral serve`:
+
+- `GET /running`: `{"running": [{"model", "state", "cmd", "proxy", "ttl", "name",
+  "description"}]}` for every model not unloaded, sorted by model;
+- `GET /unload` and `POST /api/models/unload`: unload every idle model (`OK`, `{"msg": "ok"}`);
+- `POST /api/models/unload/{model}`: unload one (`OK`; 404 for an unknown model);
+- `GET /logs`: the tail of every model server's log, each line prefixed with its model;
+- `GET /api/version`: `{"version", "commit", "build_date"}`.
+
+Unlike llama-swap, a model with queued or running requests is not stopped under them: the unload
+routes skip it (and say so in the log), as Corral's own unload API does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from corral import __version__
+from corral.config import Config
+from corral.gateway.proxy import unknown_model
+from corral.gateway.runtime import Gateway
+
+log = logging.getLogger("corral.gateway")
+
+
+def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    def unload(models: list[str]) -> None:
+        sched = gateway.scheduler
+        assert sched is not None
+        for model in models:
+            reason = sched.on_unload_requested(model)
+            if reason is not None:
+                log.info("unload %s skipped: %s", model, reason)
+
+    @router.get("/running")
+    async def running() -> Response:
+        sched = gateway.scheduler
+        assert sched is not None
+        out = []
+        for name in sorted(gateway.backends):
+            state = sched.models[name].state.value
+            if state == "unloaded":
+                continue
+            m = config.models[name]
+            out.append(
+                {
+                    "model": name,
+                    "state": state,
+                    "cmd": m.cmd or "",
+                    "proxy": gateway.backends[name].proxy_url,
+                    "ttl": int(m.ttl_s or 0),
+                    "name": "",
+                    "description": "",
+                }
+            )
+        return JSONResponse({"running": out})
+
+    @router.get("/unload")
+    async def unload_all() -> Response:
+        unload(list(gateway.backends))
+        return PlainTextResponse("OK")
+
+    @router.post("/api/models/unload")
+    async def api_unload_all() -> Response:
+        unload(list(gateway.backends))
+        return JSONResponse({"msg": "ok"})
+
+    @router.post("/api/models/unload/{model:path}")
+    async def api_unload(model: str) -> Response:
+        resolved = config.resolve(model)
+        if resolved is None or resolved not in gateway.backends:
+            return unknown_model(model, config)
+        unload([resolved])
+        return PlainTextResponse("OK")
+
+    @router.get("/logs")
+    async def logs() -> Response:
+        lines = []
+        for name, backend in sorted(gateway.backends.items()):
+            lines += [f"[{name}] {line}" for line in backend.log_tail(200).splitlines()]
+        return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
+
+    @router.get("/api/version")
+    async def version() -> Response:
+        return JSONResponse({"version": __version__, "commit": "", "build_date": ""})
+
+    return router

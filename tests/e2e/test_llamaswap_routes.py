@@ -1,0 +1,132 @@
+"""The endpoints llama-swap's users call, through `corral serve` to sim backends: model-routed
+JSON routes beyond chat (rerank, messages, speech, versionless /v/...), multipart audio, GET
+routes with `?model=`, `models.retrieve`, streamed legacy completions under the official client's
+strict validation, and llama-swap's management routes with its answer shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
+
+pytestmark = pytest.mark.e2e
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    config = f"""
+models:
+  alpha:
+    load_s: 0.2
+    aliases: [a]
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000 --parallel 2
+  beta:
+    load_s: 0.2
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+"""
+    folder: Path = tmp_path_factory.mktemp("llamaswap-routes")
+    with serve(folder, config) as g:
+        yield g
+
+
+def client(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0, _strict_response_validation=True
+    )
+
+
+def test_models_retrieve_and_streamed_legacy_completions_with_the_official_client(
+    gw: Gateway,
+) -> None:
+    c = client(gw)
+    assert c.models.retrieve("alpha").id == "alpha"  # before: 404
+    assert c.models.retrieve("a").id == "a"  # an alias answers under its own name
+    with pytest.raises(openai.NotFoundError, match="model 'nope' not found"):
+        c.models.retrieve("nope")
+    # Streamed legacy completions: the client's strict mode rejects `finish_reason: null` in
+    # the chunks before the last, which OpenAI's API and llama-server send too; read them as
+    # the client does by default.
+    loose = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
+    pieces = [
+        chunk.choices[0].text
+        for chunk in loose.completions.create(model="alpha", prompt="x", max_tokens=4, stream=True)
+        if chunk.choices
+    ]
+    assert len("".join(pieces).split()) == 4
+
+
+def test_multipart_audio_speech_and_json_routes_are_routed_by_model(gw: Gateway) -> None:
+    c = client(gw)
+    heard = c.audio.transcriptions.create(model="beta", file=("a.wav", b"\0" * 3000))
+    assert heard.text == "3000 bytes of audio heard by beta"
+    spoken = c.audio.speech.create(model="alpha", voice="alloy", input="hello")
+    assert spoken.content.startswith(b"ID3")
+    for path in ("/v1/rerank", "/rerank", "/v/rerank"):
+        r = httpx.post(
+            f"{gw.url}{path}",
+            headers=AUTH,
+            json={"model": "a", "query": "red fox", "documents": ["blue sea", "a red fox"]},
+        )
+        assert r.status_code == 200, (path, r.text)
+        assert r.json()["results"][0]["index"] == 1
+        assert r.json()["model"] == "alpha"
+    r = httpx.post(
+        f"{gw.url}/v1/messages",
+        headers=AUTH,
+        json={"model": "beta", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message"
+    assert len(r.json()["content"][0]["text"].split()) == 3
+
+
+def test_get_routes_take_the_model_from_the_query(gw: Gateway) -> None:
+    r = httpx.get(f"{gw.url}/props", params={"model": "alpha"}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"model_alias": "alpha", "total_slots": 2}
+    missing = httpx.get(f"{gw.url}/props", headers=AUTH)
+    assert missing.status_code == 400
+    assert missing.json()["error"]["param"] == "model"
+
+
+def test_llama_swaps_management_routes_answer_in_its_shapes(gw: Gateway) -> None:
+    c = client(gw)
+    c.completions.create(model="alpha", prompt="x", max_tokens=1)
+    running = httpx.get(f"{gw.url}/running", headers=AUTH).json()["running"]
+    assert [(r["model"], r["state"]) for r in running] == [("alpha", "ready")]
+    assert set(running[0]) == {"model", "state", "cmd", "proxy", "ttl", "name", "description"}
+    assert "[alpha]" in httpx.get(f"{gw.url}/logs", headers=AUTH).text
+    version = httpx.get(f"{gw.url}/api/version", headers=AUTH).json()
+    assert set(version) == {"version", "commit", "build_date"}
+    r = httpx.post(f"{gw.url}/api/models/unload/alpha", headers=AUTH)
+    assert (r.status_code, r.text) == (200, "OK")
+    assert httpx.get(f"{gw.url}/running", headers=AUTH).json() == {"running": []}
+    c.completions.create(model="beta", prompt="x", max_tokens=1)
+    assert httpx.get(f"{gw.url}/unload", headers=AUTH).text == "OK"
+    assert httpx.get(f"{gw.url}/running", headers=AUTH).json() == {"running": []}
+    assert httpx.post(f"{gw.url}/api/models/unload", headers=AUTH).json() == {"msg": "ok"}
+    assert httpx.post(f"{gw.url}/api/models/unload/nope", headers=AUTH).status_code == 404
+
+
+def test_the_new_routes_need_the_api_key(gw: Gateway) -> None:
+    for method, path in [
+        ("POST", "/rerank"),
+        ("POST", "/v/chat/completions"),
+        ("POST", "/v1/audio/transcriptions"),
+        ("GET", "/props?model=alpha"),
+        ("GET", "/running"),
+        ("GET", "/unload"),
+        ("GET", "/logs"),
+    ]:
+        r = httpx.request(method, f"{gw.url}{path}", json={"model": "alpha"})
+        assert r.status_code == 401, path
