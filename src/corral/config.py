@@ -41,6 +41,22 @@ class HookConfig(_Strict):
     json_body: Any = Field(default=None, alias="json", description="JSON body to send.")
 
 
+class FiltersConfig(_Strict):
+    """Rewrites of a model's JSON requests before they reach its server (llama-swap's
+    `filters`). `model` is never removed or overridden."""
+
+    strip_params: list[str] = Field(
+        default_factory=list, description="Body keys removed from every request."
+    )
+    set_params: dict[str, Any] = Field(
+        default_factory=dict, description="Body keys set (overriding) in every request."
+    )
+    set_params_by_id: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Body keys set when the request names this id; each id is also an alias.",
+    )
+
+
 class ModelConfig(_Strict):
     """One model: its swap costs, size, parallelism and importance."""
 
@@ -108,6 +124,15 @@ class ModelConfig(_Strict):
     unlisted: bool = Field(
         default=False, description="Left out of GET /v1/models (still served by name)."
     )
+    name: str | None = Field(default=None, description="Display name, in GET /v1/models.")
+    description: str | None = Field(default=None, description="Shown in GET /v1/models.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Listed in GET /v1/models under meta.llamaswap (as llama-swap does).",
+    )
+    filters: FiltersConfig | None = Field(
+        default=None, description="Request rewriting: strip_params, set_params, set_params_by_id."
+    )
     max_queue: int = Field(
         default=512, ge=1, description="Requests waiting for this model beyond this get 429."
     )
@@ -173,6 +198,10 @@ class ServerConfig(_Strict):
         default=None,
         description="Uploaded and result files (default: $XDG_DATA_HOME/corral or "
         "~/.local/share/corral).",
+    )
+    list_aliases: bool = Field(
+        default=False,
+        description="List each alias in GET /v1/models too (llama-swap's includeAliasesInList).",
     )
     preload: list[str] = Field(
         default_factory=list,
@@ -317,7 +346,15 @@ class Config(_Strict):
         """The model a client's name refers to (a model name or an alias), or None."""
         if name in self.models:
             return name
-        return next((m for m, c in self.models.items() if name in c.aliases), None)
+        return next(
+            (
+                m
+                for m, c in self.models.items()
+                if name in c.aliases
+                or (c.filters is not None and name in c.filters.set_params_by_id)
+            ),
+            None,
+        )
 
     def with_policy(self, policy: PolicyName) -> Config:
         """A copy of this configuration that runs `policy`."""

@@ -51,7 +51,6 @@ _TOP_IGNORED = {
     "logLevel": "Corral logs at INFO; per-model server output goes to server.log_dir",
     "logTimeFormat": "Corral's log lines carry their own timestamps",
     "logToStdout": "Corral logs to stderr; each server's output goes to its log file",
-    "includeAliasesInList": "/v1/models lists model ids only",
     "metricsMaxInMemory": "Corral exports Prometheus metrics at /metrics",
     "captureBuffer": "request capture is not supported",
     "logRequests": "not supported",
@@ -68,10 +67,6 @@ _TOP_IGNORED = {
     "unloadTimeout": "Corral stops a server with SIGTERM, then SIGKILL after stop_grace_s",
 }
 _MODEL_IGNORED = {
-    "name": "display only",
-    "description": "display only",
-    "filters": "request rewriting is not supported yet",
-    "metadata": "not listed in /v1/models yet",
     "capabilities": "not listed in /v1/models yet",
     "timeouts": "Corral's proxy has no per-model timeouts (request_timeout_s bounds the wait)",
     "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
@@ -165,6 +160,34 @@ def _expand_typed(
     return _expand(value, {**_texts(macros), "MODEL_ID": model}, where, problems)
 
 
+def _filters(
+    f: dict[str, Any], macros: dict[str, str], model: str, where: str, problems: list[Problem]
+) -> dict[str, Any]:
+    """llama-swap's `filters` as Corral's: stripParams is a comma-separated string (macros
+    expanded); setParamsByID's keys take ${MODEL_ID}."""
+    out: dict[str, Any] = {}
+    for key in f:
+        if key not in ("stripParams", "setParams", "setParamsByID", "strip_params"):
+            problems.append(Problem("", None, f"{where}.filters.{key}", "unknown filter"))
+    strip = f.get("stripParams", f.get("strip_params"))
+    if strip:
+        text = _expand(str(strip), macros, f"{where}.filters.stripParams", problems)
+        out["strip_params"] = [
+            p.strip() for p in text.split(",") if p.strip() != "model" and p.strip()
+        ]
+    if isinstance(f.get("setParams"), dict):
+        out["set_params"] = {k: v for k, v in f["setParams"].items() if k != "model"}
+    if isinstance(f.get("setParamsByID"), dict):
+        ids = {**macros, "MODEL_ID": model}
+        out["set_params_by_id"] = {
+            _expand(str(k), ids, f"{where}.filters.setParamsByID", problems): {
+                p: v for p, v in (params or {}).items() if p != "model"
+            }
+            for k, params in f["setParamsByID"].items()
+        }
+    return out
+
+
 def _texts(macros: dict[str, Any]) -> dict[str, str]:
     return {k: _scalar(v) for k, v in macros.items()}
 
@@ -192,7 +215,16 @@ def _expand(text: str, macros: dict[str, str], where: str, problems: list[Proble
     return text
 
 
-_TOP_MAPPED = {"models", "macros", "healthCheckTimeout", "globalTTL", "apiKeys", "groups", "hooks"}
+_TOP_MAPPED = {
+    "models",
+    "macros",
+    "healthCheckTimeout",
+    "globalTTL",
+    "apiKeys",
+    "groups",
+    "hooks",
+    "includeAliasesInList",
+}
 
 _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
     "cmd": "cmd (comment lines dropped, macros expanded)",
@@ -207,6 +239,10 @@ _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
     "concurrencyLimit": "concurrency: in flight at once (0: llama-swap's 10)",
     "useModelName": "upstream_model",
     "macros": "expanded where llama-swap expands them",
+    "name": "name (in /v1/models)",
+    "description": "description (in /v1/models)",
+    "metadata": "metadata (in /v1/models under meta.llamaswap; macros keep their types)",
+    "filters": "filters (strip_params, set_params, set_params_by_id: ids become aliases)",
 }
 
 
@@ -247,6 +283,9 @@ def convert(
     if global_ttl is not None:
         out.mapped.append(("globalTTL", "models.*.ttl_s (where a model sets no ttl)"))
     server: dict[str, Any] = {}
+    if "includeAliasesInList" in data:
+        server["list_aliases"] = data["includeAliasesInList"] is True
+        out.mapped.append(("includeAliasesInList", "server.list_aliases"))
     if data.get("apiKeys"):
         server["api_keys"] = [str(k) for k in data["apiKeys"]]
         out.mapped.append(("apiKeys", "server.api_keys (${env.*} expanded)"))
@@ -306,6 +345,17 @@ def convert(
                 aliases.append(_expand(_scalar(alias), with_id, f"{where}.aliases", problems))
         if aliases:
             model["aliases"] = aliases
+        for key in ("name", "description"):
+            if m.get(key):
+                model[key] = str(m[key])
+        if isinstance(m.get("metadata"), dict):
+            model["metadata"] = _expand_typed(
+                m["metadata"], typed, f"{where}.metadata", problems, str(name)
+            )
+        if isinstance(m.get("filters"), dict):
+            model["filters"] = _filters(m["filters"], own, str(name), where, problems)
+            by_id = model["filters"].get("set_params_by_id", {})
+            model["aliases"] = [*aliases, *(i for i in by_id if i != name and i not in aliases)]
         if "unlisted" in m:
             model["unlisted"] = m["unlisted"] is True
         ttl = m.get("ttl", -1)

@@ -130,3 +130,42 @@ def test_the_new_routes_need_the_api_key(gw: Gateway) -> None:
     ]:
         r = httpx.request(method, f"{gw.url}{path}", json={"model": "alpha"})
         assert r.status_code == 401, path
+
+
+def test_a_llama_swap_files_filters_names_and_metadata_work_through_the_gateway(
+    tmp_path: Path,
+) -> None:
+    config = f"""
+includeAliasesInList: true
+macros:
+  short: 2
+models:
+  writer:
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+    name: "Writer"
+    description: "writes"
+    aliases: [w]
+    metadata:
+      tokens: ${{short}}
+    filters:
+      stripParams: "temperature"
+      setParams:
+        max_tokens: 2
+      setParamsByID:
+        "${{MODEL_ID}}:long":
+          max_tokens: 6
+"""
+    with serve(tmp_path, config) as gw:
+        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+
+        def words(model: str) -> int:
+            out = c.completions.create(model=model, prompt="x", max_tokens=50, temperature=2)
+            return len(out.choices[0].text.split())
+
+        assert words("writer") == 2  # setParams overrides the request's max_tokens
+        assert words("writer:long") == 6  # the id's own params, and the id is an alias
+        listed = httpx.get(f"{gw.url}/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == ["writer", "w", "writer:long"]
+        first = listed[0]
+        assert (first["name"], first["description"]) == ("Writer", "writes")
+        assert first["meta"] == {"llamaswap": {"tokens": 2}}  # the macro kept its type

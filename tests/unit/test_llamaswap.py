@@ -43,7 +43,9 @@ def test_groups_macros_hooks_and_api_keys() -> None:
     assert [d.name for d in config.devices] == ["shared", "group-always-on"]
     assert coder.devices == llama.devices == ["shared"]
     assert config.models["nomic-embed"].devices == ["group-always-on"]
-    assert "request rewriting" in ignored["models.nomic-embed.filters"]
+    embed_filters = config.models["nomic-embed"].filters
+    assert embed_filters is not None
+    assert embed_filters.strip_params == ["temperature", "top_p"]
     assert dict(mapping.mapped)["models.qwen-coder-7b.concurrencyLimit"].startswith(
         "concurrency: in flight"
     )
@@ -178,7 +180,7 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
         "/opt/llama/llama-server --port ${PORT} --model /models/gguf/small.gguf --ctx-size 8192"
     )
     assert big.check_endpoint == "/health?model=${MODEL_ID}"
-    assert big.aliases == ["thinker-32768", "plain-alias"]
+    assert big.aliases == ["thinker-32768", "plain-alias", "big-thinker:fast"]
     assert big.upstream_model == "vendor/big-thinker"
     assert big.ttl_s == 120  # -1: globalTTL
     assert big.health_timeout_s == 15  # llama-swap's minimum
@@ -190,6 +192,15 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
     assert small.health_timeout_s == 200
     assert small.cmd_stop == "kill -TERM ${PID}"
     assert config.resolve("thinker-32768") == "big-thinker"
+    assert big.filters is not None
+    assert big.filters.strip_params == ["top_k"]
+    assert big.filters.set_params == {"temperature": 0.6}
+    assert big.filters.set_params_by_id == {"big-thinker:fast": {"reasoning_effort": "low"}}
+    assert config.resolve("big-thinker:fast") == "big-thinker"  # each id is an alias
+    assert (big.name, big.description) == ("Big thinker", "a reasoning model")
+    # typed macros in metadata: a number stays a number; ${PORT} is known only at start
+    assert big.metadata == {"port": "${PORT}", "temperature": 0.6, "note": "big-thinker at 32768"}
+    assert config.server.list_aliases
 
 
 def test_an_unset_environment_variable_is_an_error_naming_it_and_its_line(

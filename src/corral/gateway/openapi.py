@@ -140,6 +140,8 @@ class BatchList(BaseModel):
 
 
 class ModelObject(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, description, meta (llama-swap's)
+
     id: str
     object: Literal["model"]
     created: int

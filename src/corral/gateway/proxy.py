@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.formparsers import MultiPartParser
 
-from corral.config import Config
+from corral.config import Config, FiltersConfig
 from corral.core import Request as SchedRequest
 from corral.gateway.errors import error, stream_error, upstream_body
 from corral.gateway.openapi import (
@@ -399,8 +399,11 @@ class Proxy:
         if isinstance(priority, Response):
             return priority
         served = self.gateway.backends[model].served_name
-        if name != served or "priority" in data:  # the backend sees its own name, no extension
-            data.pop("priority", None)
+        filters = self.config.models[model].filters
+        if name != served or "priority" in data or filters is not None:
+            data.pop("priority", None)  # the backend sees its own name, no extension
+            if filters is not None:
+                _rewrite(data, filters, str(name))
             data["model"] = served
             body = json.dumps(data).encode()
         stream = bool(data.get("stream"))
@@ -479,16 +482,23 @@ def openai_routes(px: Proxy) -> APIRouter:
         )
 
     @router.get("/v1/models", response_model=ModelList)
-    async def models() -> dict[str, Any]:
+    async def models() -> Response:
         created = int(gateway.started_at)
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "corral"}
-                for name in gateway.backends
-                if not config.models[name].unlisted
-            ],
-        }
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    _listed(listed, name, config, created)
+                    for name in gateway.backends
+                    if not config.models[name].unlisted
+                    for listed in (
+                        [name, *config.models[name].aliases]
+                        if config.server.list_aliases
+                        else [name]
+                    )
+                ],
+            }
+        )
 
     return router
 
@@ -503,6 +513,28 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _listed(listed: str, name: str, config: Config, created: int) -> dict[str, Any]:
+    """A /v1/models record: OpenAI's fields, and llama-swap's name, description and metadata."""
+    m = config.models[name]
+    record: dict[str, Any] = {"id": listed, "object": "model", "created": created}
+    record["owned_by"] = "corral"
+    if m.name:
+        record["name"] = m.name
+    if m.description:
+        record["description"] = m.description
+    if m.metadata:
+        record["meta"] = {"llamaswap": m.metadata}
+    return record
+
+
+def _rewrite(data: dict[str, Any], filters: FiltersConfig, name: str) -> None:
+    """llama-swap's filters, in its order: strip, set, then set by the requested id."""
+    for key in filters.strip_params:
+        data.pop(key, None)
+    data.update(filters.set_params)
+    data.update(filters.set_params_by_id.get(name, {}))
 
 
 def unknown_model(name: str, config: Config) -> JSONResponse:
