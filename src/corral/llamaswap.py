@@ -64,7 +64,7 @@ _TOP_IGNORED = {
     "selectors": "not supported",
     "ui": "Corral's dashboard is at /ui",
     "performance": "not supported",
-    "unloadTimeout": "Corral stops a server with SIGTERM, then SIGKILL after stop_grace_s",
+    "upstream": "Corral's /upstream/{model}/... always loads its model (no ignorePaths)",
 }
 _MODEL_IGNORED = {
     "capabilities": "not listed in /v1/models yet",
@@ -224,6 +224,7 @@ _TOP_MAPPED = {
     "groups",
     "hooks",
     "includeAliasesInList",
+    "unloadTimeout",
 }
 
 _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
@@ -243,6 +244,7 @@ _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
     "description": "description (in /v1/models)",
     "metadata": "metadata (in /v1/models under meta.llamaswap; macros keep their types)",
     "filters": "filters (strip_params, set_params, set_params_by_id: ids become aliases)",
+    "unloadTimeout": "stop_grace_s (SIGTERM, then SIGKILL after it)",
 }
 
 
@@ -279,6 +281,8 @@ def convert(
             continue
         why = _TOP_IGNORED.get(str(key), "not a key Corral knows of llama-swap's format")
         out.ignored.append((str(key), why))
+    if "unloadTimeout" in data:
+        out.mapped.append(("unloadTimeout", "models.*.stop_grace_s"))
     global_ttl = data.get("globalTTL")
     if global_ttl is not None:
         out.mapped.append(("globalTTL", "models.*.ttl_s (where a model sets no ttl)"))
@@ -335,6 +339,14 @@ def convert(
         if timeout is not None:
             # llama-swap raises anything under 15 s to 15 s.
             model["health_timeout_s"] = max(15.0, float(timeout))
+        grace = m.get("unloadTimeout", data.get("unloadTimeout"))
+        if grace is not None:
+            try:
+                model["stop_grace_s"] = float(grace)
+            except (TypeError, ValueError):
+                problems.append(
+                    Problem(source, None, f"{where}.unloadTimeout", f"{grace!r} is not seconds")
+                )
         if "useModelName" in m:
             model["upstream_model"] = str(m["useModelName"])
         aliases = []
@@ -387,8 +399,15 @@ def convert(
         startup = value if key == "on_startup" and isinstance(value, dict) else {}
         for hook, what in startup.items():
             if hook == "preload":
-                server["preload"] = [str(x) for x in what or []]
+                names = [str(x) for x in what or []]
+                known = [n for n in names if n in models or _alias_of(n, models)]
+                server["preload"] = known
                 out.mapped.append(("hooks.on_startup.preload", "server.preload"))
+                for n in names:
+                    if n not in known:  # llama-swap logs it and starts anyway
+                        out.ignored.append(
+                            (f"hooks.on_startup.preload.{n}", "no such model: not preloaded")
+                        )
             else:
                 out.ignored.append((f"hooks.on_startup.{hook}", "not supported"))
         if key != "on_startup":
@@ -406,6 +425,10 @@ def convert(
 
 
 _SHARED = "shared"
+
+
+def _alias_of(name: str, models: dict[str, dict[str, Any]]) -> bool:
+    return any(name in m.get("aliases", []) for m in models.values())
 
 
 def _map_groups(

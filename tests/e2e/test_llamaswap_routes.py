@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
 
@@ -169,3 +170,29 @@ models:
         first = listed[0]
         assert (first["name"], first["description"]) == ("Writer", "writes")
         assert first["meta"] == {"llamaswap": {"tokens": 2}}  # the macro kept its type
+
+
+def test_the_every_key_fixture_serves_with_its_commands_swapped_for_sim_backends(
+    tmp_path: Path,
+) -> None:
+    fixture = Path(__file__).parents[1] / "fixtures" / "llama-swap" / "every-key.yaml"
+    doc = yaml.safe_load(fixture.read_text())
+    for m in doc["models"].values():
+        m["cmd"] = f"{SIM} --load-s 0.2 --tokens-per-s 2000"
+        m.pop("cmdStop", None)  # the fixture's `kill -TERM ${PID}` would do; SIGTERM is simpler
+    env = {"CORRAL_TEST_WEIGHTS": "/models", "CORRAL_TEST_KEY": KEY}
+    with serve(tmp_path, yaml.safe_dump(doc), env=env) as gw:
+        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
+        for model in ("big-thinker", "thinker-32768", "big-thinker:fast", "small-fast"):
+            out = c.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            assert out.choices[0].message.content
+        assert [m.id for m in c.models.list()] == [
+            "big-thinker",
+            "thinker-32768",
+            "plain-alias",
+            "big-thinker:fast",
+        ]  # includeAliasesInList; small-fast is unlisted
+        literal = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-literal", max_retries=0)
+        assert literal.models.list().data

@@ -163,6 +163,7 @@ def test_every_documented_key_is_mapped_or_reported(monkeypatch: pytest.MonkeyPa
     ignored = dict(mapping.ignored)
     assert "peer" in ignored["peers"]
     assert "devices" in ignored["matrix"]
+    assert ignored["hooks.on_startup.preload.not-a-model"] == "no such model: not preloaded"
 
 
 def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
@@ -201,6 +202,8 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
     # typed macros in metadata: a number stays a number; ${PORT} is known only at start
     assert big.metadata == {"port": "${PORT}", "temperature": 0.6, "note": "big-thinker at 32768"}
     assert config.server.list_aliases
+    assert (big.stop_grace_s, small.stop_grace_s) == (2, 4)  # unloadTimeout, per model or global
+    assert config.server.preload == ["small-fast"]  # an unknown name is reported, not fatal
 
 
 def test_an_unset_environment_variable_is_an_error_naming_it_and_its_line(
@@ -212,7 +215,7 @@ def test_an_unset_environment_variable_is_an_error_naming_it_and_its_line(
         load_config_file(EVERY)
     text = str(err.value)
     assert "apiKeys.1: environment variable CORRAL_TEST_KEY is not set" in text
-    assert "every-key.yaml:23: apiKeys.1:" in text  # the line of that key
+    assert "every-key.yaml:26: apiKeys.1:" in text  # the line of that key
     assert "${env.CORRAL_TEST_KEY}" not in str(  # never kept as a working key
         [p for p in err.value.problems if "apiKeys" in p.where]
     ).replace("(${env.CORRAL_TEST_KEY})", "")
