@@ -10,7 +10,7 @@ import yaml
 from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.errors import ConfigError
-from corral.llamaswap import Mapping, load_any, load_config_file, looks_like_llama_swap
+from corral.llamaswap import Mapping, convert, load_any, load_config_file, looks_like_llama_swap
 from tests.helpers import Clock, RecordedEffects
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "llama-swap"
@@ -239,3 +239,57 @@ models:
     assert tiny.env == {"OMP_NUM_THREADS": "2"}
     assert config.resolve("t") == "tiny"
     assert tiny.concurrency == 10
+
+
+DOCS = Path(__file__).parents[2] / "docs" / "llama-swap.md"
+
+
+def _table_keys(section: str) -> dict[str, str]:
+    text = DOCS.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `")]
+    return {key.strip().strip("`"): what.strip() for key, what in rows}
+
+
+def test_the_docs_table_matches_the_converter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each documented key, alone in a file, comes out mapped or reported, as the table says."""
+    monkeypatch.setenv("CORRAL_TEST_WEIGHTS", "/models")
+    monkeypatch.setenv("CORRAL_TEST_KEY", "k")
+    every = yaml.safe_load(EVERY.read_text())
+    sample_model = every["models"]["big-thinker"]
+    values: dict[str, object] = {
+        **every,
+        "routing": {"groups": {}},
+        "groups": {"g": {"members": ["m"]}},
+        "selectors": {},
+        "profiles": {},
+        "ui": {},
+        "performance": {},
+    }
+    top = _table_keys("Top-level keys")
+    assert len(top) >= 24
+    for key, what in top.items():
+        if key == "models":
+            continue
+        doc = {key: values.get(key, 1), "models": {"m": {"cmd": "server --port ${PORT}"}}}
+        if key == "hooks":
+            doc[key] = {"on_startup": {"preload": ["m"]}}
+        _, mapping = convert(doc, "t.yaml")
+        said = dict(mapping.mapped) if what.startswith("mapped") else dict(mapping.ignored)
+        assert any(k == key or k.startswith(f"{key}.") for k in said), (key, mapping)
+    model_keys = _table_keys("Model keys")
+    assert len(model_keys) >= 21
+    for key, what in model_keys.items():
+        entry = {"cmd": "server --port ${PORT}", key: sample_model.get(key, 1)}
+        simple: dict[str, object] = {
+            "cmd": "server --port ${PORT}",
+            "env": ["A=1"],
+            "macros": {"x": 1},
+            "aliases": ["x"],
+            "metadata": {"a": 1},
+            "filters": {"stripParams": "top_k"},
+        }
+        if key in simple:
+            entry[key] = simple[key]
+        _, mapping = convert({"models": {"m": entry}}, "t.yaml")
+        said = dict(mapping.mapped) if what.startswith("mapped") else dict(mapping.ignored)
+        assert f"models.m.{key}" in said, (key, mapping)
