@@ -114,6 +114,10 @@ class ModelConfig(_Strict):
         description="The model's name in requests to its server, `cmd` or `upstream` (default: "
         "its id).",
     )
+    upstream_api_key: str | None = Field(
+        default=None,
+        description="Sent to the upstream as Authorization: Bearer KEY and x-api-key: KEY.",
+    )
     load_hook: HookConfig | None = Field(
         default=None, description="Called on the upstream when the model is loaded."
     )

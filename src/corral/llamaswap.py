@@ -56,8 +56,6 @@ _TOP_IGNORED = {
     "logRequests": "not supported",
     "startPort": "Corral gives each ${PORT} a port the OS reports free",
     "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
-    "peers": "forwarding to peer servers is not supported yet: add each as a model with "
-    "`upstream:` in Corral's format",
     "matrix": "not supported yet: list the models that may run together as Corral devices",
     "routing": "not supported yet: map router groups onto Corral devices",
     "profiles": "not supported",
@@ -225,6 +223,7 @@ _TOP_MAPPED = {
     "hooks",
     "includeAliasesInList",
     "unloadTimeout",
+    "peers",
 }
 
 _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
@@ -394,6 +393,9 @@ def convert(
         model["concurrency"] = limit if limit > 0 else _DEFAULT_CONCURRENCY
         models[str(name)] = model
     devices = _map_groups(data.get("groups") or {}, models, source, out, problems)
+    peers = data.get("peers") or {}
+    if isinstance(peers, dict) and peers:
+        devices = _map_peers(peers, models, devices, out, problems)
     hooks = data.get("hooks") or {}
     for key, value in hooks.items() if isinstance(hooks, dict) else ():
         startup = value if key == "on_startup" and isinstance(value, dict) else {}
@@ -425,6 +427,64 @@ def convert(
 
 
 _SHARED = "shared"
+
+
+_PEER_CONCURRENCY = 64  # a peer is another server's business: Corral does not hold its requests
+
+
+def _map_peers(
+    peers: dict[str, Any],
+    models: dict[str, dict[str, Any]],
+    devices: list[dict[str, Any]],
+    out: Mapping,
+    problems: list[Problem],
+) -> list[dict[str, Any]]:
+    """Each peer's models as Corral models with `upstream:` (its proxy, with its API key), on a
+    device of the peer's own where they all fit at once: requests for them are forwarded, never
+    scheduled against the local models. Local models keep their devices (or get `shared`)."""
+    if not devices:
+        devices = [{"name": _SHARED}]
+        for local in models.values():
+            local.setdefault("devices", [_SHARED])
+    for pid, peer in peers.items():
+        where = f"peers.{pid}"
+        if not isinstance(peer, dict) or not peer.get("proxy"):
+            problems.append(Problem("", None, where, "needs `proxy` (the peer's base URL)"))
+            continue
+        names = [str(m) for m in peer.get("models") or []]
+        if not names:
+            problems.append(Problem("", None, f"{where}.models", "list the peer's models"))
+            continue
+        device = f"peer-{pid}"
+        devices.append({"name": device, "memory_gb": float(len(names))})
+        filters = peer.get("filters")
+        for name in names:
+            if name in models:
+                problems.append(Problem("", None, f"{where}.models", f"{name!r} is also a model"))
+                continue
+            model: dict[str, Any] = {
+                "upstream": str(peer["proxy"]).rstrip("/"),
+                "upstream_model": name,
+                "devices": [device],
+                "memory_gb": 1.0,
+                "load_s": 0.0,
+                "unload_s": 0.0,
+                "concurrency": _PEER_CONCURRENCY,
+            }
+            if peer.get("apiKey"):
+                model["upstream_api_key"] = str(peer["apiKey"])
+            if isinstance(filters, dict):
+                model["filters"] = _filters(filters, {}, name, f"{where}.filters", problems)
+            models[name] = model
+        out.mapped.append(
+            (where, f"models {', '.join(names)} forwarded to {peer['proxy']} (device {device!r})")
+        )
+        for key in peer:
+            if key == "timeouts":
+                out.ignored.append((f"{where}.timeouts", "no per-peer proxy timeouts"))
+            elif key not in ("proxy", "apiKey", "models", "filters"):
+                out.ignored.append((f"{where}.{key}", "not a key Corral knows of a peer"))
+    return devices
 
 
 def _alias_of(name: str, models: dict[str, dict[str, Any]]) -> bool:

@@ -5,8 +5,11 @@ strict validation, and llama-swap's management routes with its answer shapes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import openai
@@ -14,6 +17,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
+from tests.e2e.test_gateway_errors import http_server
 
 pytestmark = pytest.mark.e2e
 
@@ -181,18 +185,65 @@ def test_the_every_key_fixture_serves_with_its_commands_swapped_for_sim_backends
         m["cmd"] = f"{SIM} --load-s 0.2 --tokens-per-s 2000"
         m.pop("cmdStop", None)  # the fixture's `kill -TERM ${PID}` would do; SIGTERM is simpler
     env = {"CORRAL_TEST_WEIGHTS": "/models", "CORRAL_TEST_KEY": KEY}
-    with serve(tmp_path, yaml.safe_dump(doc), env=env) as gw:
-        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
-        for model in ("big-thinker", "thinker-32768", "big-thinker:fast", "small-fast"):
-            out = c.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
-            )
-            assert out.choices[0].message.content
-        assert [m.id for m in c.models.list()] == [
-            "big-thinker",
-            "thinker-32768",
-            "plain-alias",
-            "big-thinker:fast",
-        ]  # includeAliasesInList; small-fast is unlisted
-        literal = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-literal", max_retries=0)
-        assert literal.models.list().data
+    with http_server(_Peer) as peer:
+        doc["peers"]["other-box"]["proxy"] = peer  # a local stand-in for the remote box
+        with serve(tmp_path, yaml.safe_dump(doc), env=env) as gw:
+            _every_key_serves(gw)
+    # the peer got the request under its own model name, with the peer's key (from the env)
+    assert _Peer.seen == [("/v1/chat/completions", f"Bearer {KEY}", KEY, "remote-model")]
+
+
+class _Peer(BaseHTTPRequestHandler):
+    """A peer server: answers chat completions and records what it was sent."""
+
+    seen: ClassVar[list[tuple[str, str, str, str]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        auth, key = self.headers.get("authorization", ""), self.headers.get("x-api-key", "")
+        _Peer.seen.append((self.path, auth, key, body["model"]))
+        answer = json.dumps(
+            {
+                "id": "chatcmpl-peer",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "from the peer"},
+                    }
+                ],
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def _every_key_serves(gw: Gateway) -> None:
+    c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
+    for model in ("big-thinker", "thinker-32768", "big-thinker:fast", "small-fast"):
+        out = c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert out.choices[0].message.content
+    assert [m.id for m in c.models.list()] == [
+        "big-thinker",
+        "thinker-32768",
+        "plain-alias",
+        "big-thinker:fast",
+        "remote-model",
+    ]  # includeAliasesInList; small-fast is unlisted
+    literal = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-literal", max_retries=0)
+    assert literal.models.list().data
+    remote = c.chat.completions.create(
+        model="remote-model", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert remote.choices[0].message.content == "from the peer"

@@ -161,7 +161,7 @@ def test_every_documented_key_is_mapped_or_reported(monkeypatch: pytest.MonkeyPa
     ]
     assert not silent, silent
     ignored = dict(mapping.ignored)
-    assert "peer" in ignored["peers"]
+    assert "forwarded to http://192.0.2.10:8080" in dict(mapping.mapped)["peers.other-box"]
     assert "devices" in ignored["matrix"]
     assert ignored["hooks.on_startup.preload.not-a-model"] == "no such model: not preloaded"
 
@@ -202,6 +202,11 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
     # typed macros in metadata: a number stays a number; ${PORT} is known only at start
     assert big.metadata == {"port": "${PORT}", "temperature": 0.6, "note": "big-thinker at 32768"}
     assert config.server.list_aliases
+    remote = config.models["remote-model"]  # a peer's model, forwarded with the peer's key
+    assert (remote.upstream, remote.upstream_model) == ("http://192.0.2.10:8080", "remote-model")
+    assert remote.upstream_api_key == "sk-from-env"
+    assert remote.devices == ["peer-other-box"]
+    assert big.devices == small.devices == ["shared"]  # local models stay off the peer's device
     assert (big.stop_grace_s, small.stop_grace_s) == (2, 4)  # unloadTimeout, per model or global
     assert config.server.preload == ["small-fast"]  # an unknown name is reported, not fatal
 

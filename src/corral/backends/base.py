@@ -11,6 +11,7 @@ class Backend(Protocol):
 
     proxy_url: str
     served_name: str
+    headers: dict[str, str]  # added to every proxied request (an upstream's API key)
 
     @property
     def running(self) -> bool: ...

@@ -120,6 +120,7 @@ class ProcessBackend:
         self.port: int | None = None
         self.proxy_url = ""
         self.served_name = spec.served_name or spec.model
+        self.headers: dict[str, str] = {}
         self._proc: asyncio.subprocess.Process | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False

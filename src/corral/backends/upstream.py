@@ -34,8 +34,13 @@ class UpstreamBackend:
         unload: Hook | None = None,
         check_endpoint: str | None = None,
         timeout_s: float = 120.0,
+        api_key: str | None = None,
     ) -> None:
         self.model = model
+        # llama-swap sends a peer's key both ways: OpenAI's header and Anthropic's.
+        self.headers = (
+            {} if not api_key else {"Authorization": f"Bearer {api_key}", "x-api-key": api_key}
+        )
         self.proxy_url = url.rstrip("/")
         self.served_name = served_name or model
         self._load, self._unload = load, unload

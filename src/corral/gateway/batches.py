@@ -67,7 +67,8 @@ def line_runner(
         backend = gateway.backends[model]
         body["model"] = backend.served_name
         body.pop("priority", None)
-        async with session().post(f"{backend.proxy_url}{line['url']}", json=body) as resp:
+        url = f"{backend.proxy_url}{line['url']}"
+        async with session().post(url, json=body, headers=backend.headers) as resp:
             raw = await resp.read()
             request_id = resp.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
         try:

@@ -227,6 +227,7 @@ class Proxy:
         whose error answers reach the client in OpenAI's shape whatever the server sent."""
         backend = self.gateway.backends[model]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        headers.update(backend.headers)
         url = f"{backend.proxy_url}{path}"
         query = request.scope["query_string"]
         if query:

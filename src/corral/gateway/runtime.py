@@ -66,6 +66,7 @@ def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
         hook(m.unload_hook),
         None if check is None or check.lower() == "none" else check,
         m.health_timeout_s,
+        m.upstream_api_key,
     )
 
 
