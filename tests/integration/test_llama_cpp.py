@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -121,3 +122,22 @@ def test_agent_pattern_on_real_servers_swaps_less_under_cost(gguf: Path, tmp_pat
             assert run_agents(gw, rounds=4) == 16  # every request answered
             swaps[policy] = swaps_from_metrics(gw.url)
     assert swaps["cost"] < swaps["fifo"], swaps
+
+
+def test_anthropics_client_through_the_gateway_to_a_real_llama_server(llama: Gateway) -> None:
+    """/v1/messages (Anthropic's API, which llama-server speaks) is routed by the body's model
+    and passed through, so Anthropic's official client works against `corral serve`."""
+    client = anthropic.Anthropic(base_url=llama.url, api_key="unused", max_retries=0, timeout=120)
+    turns: list[anthropic.types.MessageParam] = [
+        {"role": "user", "content": "What is the capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    out = client.messages.create(
+        model="gemma-chat", max_tokens=3, messages=turns, extra_body={"temperature": 0}
+    )
+    block = out.content[0]
+    assert block.type == "text"
+    assert block.text.strip().startswith("Paris")
+    assert out.model == "gemma-chat"
+    assert out.usage.output_tokens > 0
