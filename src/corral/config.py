@@ -57,6 +57,50 @@ class FiltersConfig(_Strict):
     )
 
 
+Modality = Literal["text", "audio", "image"]
+
+
+class CapabilitiesConfig(_Strict):
+    """What a model takes and gives, listed in GET /v1/models as llama-swap lists it."""
+
+    inputs: list[Modality] = Field(default_factory=list, description="Modalities it reads.")
+    outputs: list[Modality] = Field(default_factory=list, description="Modalities it writes.")
+    tools: bool = Field(default=False, description="It supports function calling.")
+    reranker: bool = Field(default=False, description="It serves /v1/rerank.")
+    context: int = Field(default=0, ge=0, description="Its context length in tokens (0: unsaid).")
+
+    def listing(self) -> dict[str, Any]:
+        """The /v1/models fields: architecture, capabilities, supported_parameters,
+        context_length (each only when there is something to say)."""
+        out: dict[str, Any] = {}
+        ins, outs = self.inputs, self.outputs
+        arch: dict[str, Any] = {}
+        if ins:
+            arch["input_modalities"] = ins
+        if outs:
+            arch["output_modalities"] = outs
+        if ins and outs:
+            arch["modality"] = f"{'+'.join(ins)}->{'+'.join(outs)}"
+        caps = {
+            "vision": "image" in ins,
+            "audio_transcriptions": "audio" in ins and "text" in outs,
+            "audio_speech": "text" in ins and "audio" in outs,
+            "image_generation": "text" in ins and "image" in outs,
+            "image_to_image": "image" in ins and "image" in outs,
+            "function_calling": self.tools,
+            "reranker": self.reranker,
+        }
+        if arch:
+            out["architecture"] = arch
+        if any(caps.values()):
+            out["capabilities"] = {k: True for k, v in caps.items() if v}
+        if self.tools:
+            out["supported_parameters"] = ["tools", "tool_choice"]
+        if self.context:
+            out["context_length"] = self.context
+        return out
+
+
 class ModelConfig(_Strict):
     """One model: its swap costs, size, parallelism and importance."""
 
@@ -133,6 +177,9 @@ class ModelConfig(_Strict):
     metadata: dict[str, Any] = Field(
         default_factory=dict,
         description="Listed in GET /v1/models under meta.llamaswap (as llama-swap does).",
+    )
+    capabilities: CapabilitiesConfig | None = Field(
+        default=None, description="What it takes and gives, listed in GET /v1/models."
     )
     filters: FiltersConfig | None = Field(
         default=None, description="Request rewriting: strip_params, set_params, set_params_by_id."

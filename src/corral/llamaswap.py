@@ -65,7 +65,6 @@ _TOP_IGNORED = {
     "upstream": "Corral's /upstream/{model}/... always loads its model (no ignorePaths)",
 }
 _MODEL_IGNORED = {
-    "capabilities": "not listed in /v1/models yet",
     "timeouts": "Corral's proxy has no per-model timeouts (request_timeout_s bounds the wait)",
     "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
     "compat": "not supported",
@@ -244,6 +243,7 @@ _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
     "metadata": "metadata (in /v1/models under meta.llamaswap; macros keep their types)",
     "filters": "filters (strip_params, set_params, set_params_by_id: ids become aliases)",
     "unloadTimeout": "stop_grace_s (SIGTERM, then SIGKILL after it)",
+    "capabilities": "capabilities (in /v1/models: architecture, capabilities, context_length)",
 }
 
 
@@ -363,6 +363,17 @@ def convert(
             model["metadata"] = _expand_typed(
                 m["metadata"], typed, f"{where}.metadata", problems, str(name)
             )
+        caps = m.get("capabilities")
+        if isinstance(caps, dict):
+            model["capabilities"] = {
+                "inputs": caps.get("in") or [],
+                "outputs": caps.get("out") or [],
+                "tools": caps.get("tools") is True,
+                "reranker": caps.get("reranker") is True,
+                "context": caps.get("context") or 0,
+            }
+        elif caps is not None:
+            out.ignored.append((f"{where}.capabilities", "must be a mapping (in, out, ...)"))
         if isinstance(m.get("filters"), dict):
             model["filters"] = _filters(m["filters"], own, str(name), where, problems)
             by_id = model["filters"].get("set_params_by_id", {})

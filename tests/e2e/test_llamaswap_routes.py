@@ -241,6 +241,15 @@ def _every_key_serves(gw: Gateway) -> None:
         "big-thinker:fast",
         "remote-model",
     ]  # includeAliasesInList; small-fast is unlisted
+    big = httpx.get(f"{gw.url}/v1/models", headers=AUTH).json()["data"][0]
+    assert big["architecture"] == {
+        "input_modalities": ["text", "image"],
+        "output_modalities": ["text"],
+        "modality": "text+image->text",
+    }
+    assert big["capabilities"] == {"vision": True, "function_calling": True}
+    assert (big["supported_parameters"], big["context_length"]) == (["tools", "tool_choice"], 32768)
+    assert big["meta"]["llamaswap"]["temperature"] == 0.6
     literal = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sk-literal", max_retries=0)
     assert literal.models.list().data
     remote = c.chat.completions.create(

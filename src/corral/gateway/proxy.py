@@ -525,8 +525,14 @@ def _listed(listed: str, name: str, config: Config, created: int) -> dict[str, A
         record["name"] = m.name
     if m.description:
         record["description"] = m.description
-    if m.metadata:
-        record["meta"] = {"llamaswap": m.metadata}
+    listing = m.capabilities.listing() if m.capabilities is not None else {}
+    record.update(listing)
+    # As llama-swap: the capabilities' fields win over metadata keys of the same names.
+    meta = {k: v for k, v in m.metadata.items() if k not in listing}
+    if meta:
+        record["meta"] = {"llamaswap": meta}
+    if listing.get("context_length"):
+        record.setdefault("meta", {})["n_ctx"] = listing["context_length"]
     return record
 
 
