@@ -29,6 +29,17 @@ _TOP_ONLY = {
     "includeAliasesInList",
     "metricsMaxInMemory",
     "logRequests",
+    "logTimeFormat",
+    "logToStdout",
+    "captureBuffer",
+    "sendLoadingState",
+    "unloadTimeout",
+    "routing",
+    "peers",
+    "matrix",
+    "profiles",
+    "selectors",
+    "performance",
 }
 _MODEL_ONLY = {
     "cmdStop",
@@ -57,7 +68,6 @@ _TOP_IGNORED = {
     "startPort": "Corral gives each ${PORT} a port the OS reports free",
     "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
     "matrix": "not supported yet: list the models that may run together as Corral devices",
-    "routing": "not supported yet: map router groups onto Corral devices",
     "profiles": "not supported",
     "selectors": "not supported",
     "ui": "Corral's dashboard is at /ui",
@@ -223,6 +233,7 @@ _TOP_MAPPED = {
     "includeAliasesInList",
     "unloadTimeout",
     "peers",
+    "routing",
 }
 
 _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
@@ -404,6 +415,9 @@ def convert(
         model["concurrency"] = limit if limit > 0 else _DEFAULT_CONCURRENCY
         models[str(name)] = model
     devices = _map_groups(data.get("groups") or {}, models, source, out, problems)
+    routing = data.get("routing")
+    if isinstance(routing, dict):
+        devices = devices or _map_routing(routing, models, source, out, problems)
     peers = data.get("peers") or {}
     if isinstance(peers, dict) and peers:
         devices = _map_peers(peers, models, devices, out, problems)
@@ -440,6 +454,51 @@ def convert(
 _SHARED = "shared"
 
 
+def _map_routing(
+    routing: dict[str, Any],
+    models: dict[str, dict[str, Any]],
+    source: str,
+    out: Mapping,
+    problems: list[Problem],
+) -> list[dict[str, Any]]:
+    """llama-swap's `routing`: the group router's groups become devices as the legacy `groups`
+    do; the fifo scheduler's priorities become the models' priorities. The matrix router is
+    reported (its solver has no Corral equivalent yet)."""
+    devices: list[dict[str, Any]] = []
+    router = routing.get("router") or {}
+    use = router.get("use", "group") if isinstance(router, dict) else "group"
+    settings = (router.get("settings") or {}) if isinstance(router, dict) else {}
+    for key in routing:
+        if key not in ("router", "scheduler"):
+            out.ignored.append((f"routing.{key}", "not a key Corral knows of llama-swap's routing"))
+    if use == "group":
+        groups = settings.get("groups") or {}
+        prefix = "routing.router.settings.groups"
+        devices = _map_groups(groups, models, source, out, problems, prefix, lenient=True)
+        if "matrix" in settings:
+            why = "unused: the router uses groups"
+            out.ignored.append(("routing.router.settings.matrix", why))
+    else:
+        out.ignored.append(
+            (f"routing.router.use: {use}", "the matrix solver is not supported yet; use groups")
+        )
+    scheduler = routing.get("scheduler") or {}
+    if isinstance(scheduler, dict):
+        fifo = ((scheduler.get("settings") or {}).get("fifo") or {}) if scheduler else {}
+        for name, priority in (fifo.get("priority") or {}).items():
+            if str(name) in models:
+                models[str(name)]["priority"] = int(priority)
+            else:
+                out.ignored.append(
+                    (f"routing.scheduler.settings.fifo.priority.{name}", "no such model")
+                )
+        if scheduler:
+            out.mapped.append(
+                ("routing.scheduler", "model priorities (Corral's policy orders by them)")
+            )
+    return devices
+
+
 _PEER_CONCURRENCY = 64  # a peer is another server's business: Corral does not hold its requests
 
 
@@ -457,6 +516,13 @@ def _map_peers(
         devices = [{"name": _SHARED}]
         for local in models.values():
             local.setdefault("devices", [_SHARED])
+    # As llama-swap: a peer model is always `<peer>/<model>`; the bare name also works when
+    # exactly one peer has it and no local model or alias takes it.
+    offered: dict[str, int] = {}
+    for peer in peers.values():
+        for name in (peer or {}).get("models") or [] if isinstance(peer, dict) else []:
+            offered[str(name)] = offered.get(str(name), 0) + 1
+    local_names = set(models) | {a for m in models.values() for a in m.get("aliases", [])}
     for pid, peer in peers.items():
         where = f"peers.{pid}"
         if not isinstance(peer, dict) or not peer.get("proxy"):
@@ -470,9 +536,6 @@ def _map_peers(
         devices.append({"name": device, "memory_gb": float(len(names))})
         filters = peer.get("filters")
         for name in names:
-            if name in models:
-                problems.append(Problem("", None, f"{where}.models", f"{name!r} is also a model"))
-                continue
             model: dict[str, Any] = {
                 "upstream": str(peer["proxy"]).rstrip("/"),
                 "upstream_model": name,
@@ -486,7 +549,9 @@ def _map_peers(
                 model["upstream_api_key"] = str(peer["apiKey"])
             if isinstance(filters, dict):
                 model["filters"] = _filters(filters, {}, name, f"{where}.filters", problems)
-            models[name] = model
+            if offered[name] == 1 and name not in local_names:
+                model["aliases"] = [name]
+            models[f"{pid}/{name}"] = model
         out.mapped.append(
             (where, f"models {', '.join(names)} forwarded to {peer['proxy']} (device {device!r})")
         )
@@ -508,6 +573,8 @@ def _map_groups(
     source: str,
     out: Mapping,
     problems: list[Problem],
+    prefix: str = "groups",
+    lenient: bool = False,
 ) -> list[dict[str, Any]]:
     """llama-swap's groups as Corral devices; returns the devices (none without groups).
 
@@ -522,11 +589,16 @@ def _map_groups(
     sizes: dict[str, dict[str, float]] = {}  # device -> member -> size, None for "fills it"
     capacity: dict[str, float] = {_SHARED: 1.0}
     for gname, g in groups.items():
-        where = f"groups.{gname}"
+        where = f"{prefix}.{gname}"
         if not isinstance(g, dict):
             problems.append(Problem(source, None, where, "must be a mapping"))
             continue
         members = [str(m) for m in g.get("members") or []]
+        if lenient:  # routing groups: llama-swap's own example names models it does not define
+            for member in members:
+                if member not in models:
+                    out.ignored.append((f"{where}.members.{member}", "no such model"))
+            members = [m for m in members if m in models]
         for member in members:
             if member not in models:
                 problems.append(Problem(source, None, where, f"member {member!r} is no model"))

@@ -239,8 +239,9 @@ def _every_key_serves(gw: Gateway) -> None:
         "thinker-32768",
         "plain-alias",
         "big-thinker:fast",
+        "other-box/remote-model",
         "remote-model",
-    ]  # includeAliasesInList; small-fast is unlisted
+    ]  # includeAliasesInList; small-fast is unlisted; a peer's model by both its names
     big = httpx.get(f"{gw.url}/v1/models", headers=AUTH).json()["data"][0]
     assert big["architecture"] == {
         "input_modalities": ["text", "image"],

@@ -202,7 +202,8 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
     # typed macros in metadata: a number stays a number; ${PORT} is known only at start
     assert big.metadata == {"port": "${PORT}", "temperature": 0.6, "note": "big-thinker at 32768"}
     assert config.server.list_aliases
-    remote = config.models["remote-model"]  # a peer's model, forwarded with the peer's key
+    remote = config.models["other-box/remote-model"]  # a peer's model, with the peer's key
+    assert config.resolve("remote-model") == "other-box/remote-model"  # one peer has it
     assert (remote.upstream, remote.upstream_model) == ("http://192.0.2.10:8080", "remote-model")
     assert remote.upstream_api_key == "sk-from-env"
     assert remote.devices == ["peer-other-box"]
@@ -224,6 +225,53 @@ def test_an_unset_environment_variable_is_an_error_naming_it_and_its_line(
     assert "${env.CORRAL_TEST_KEY}" not in str(  # never kept as a working key
         [p for p in err.value.problems if "apiKeys" in p.where]
     ).replace("(${env.CORRAL_TEST_KEY})", "")
+
+
+def test_routing_groups_and_scheduler_priorities_map_as_the_legacy_groups_do() -> None:
+    text = """
+models:
+  chat: {cmd: "server --port ${PORT}"}
+  coder: {cmd: "server --port ${PORT}"}
+  embed: {cmd: "server --port ${PORT}"}
+routing:
+  router:
+    use: group
+    settings:
+      groups:
+        swapping: {swap: true, members: [chat, coder, ghost]}
+        always: {persistent: true, swap: false, exclusive: false, members: [embed]}
+      matrix: {sets: {all: "chat & coder"}}
+  scheduler:
+    use: fifo
+    settings: {fifo: {priority: {coder: 10, nobody: 3}}}
+"""
+    config, mapping = load_any(text, "routing.yaml")
+    assert mapping is not None
+    assert [d.name for d in config.devices] == ["shared", "group-always"]
+    assert config.models["chat"].devices == config.models["coder"].devices == ["shared"]
+    assert config.models["embed"].devices == ["group-always"]
+    assert (config.models["coder"].priority, config.models["chat"].priority) == (10, 0)
+    ignored = dict(mapping.ignored)
+    assert ignored["routing.router.settings.groups.swapping.members.ghost"] == "no such model"
+    assert "unused" in ignored["routing.router.settings.matrix"]
+    assert ignored["routing.scheduler.settings.fifo.priority.nobody"] == "no such model"
+
+
+def test_peers_models_by_qualified_name_and_by_bare_name_when_unambiguous() -> None:
+    text = """
+models:
+  local: {cmd: "server --port ${PORT}"}
+peers:
+  one: {proxy: "http://127.0.0.1:1", models: [shared-name, only-one, local]}
+  two: {proxy: "http://127.0.0.1:2", apiKey: k, models: [shared-name]}
+"""
+    config, _ = load_any(text, "peers.yaml")
+    assert config.resolve("only-one") == "one/only-one"
+    assert config.resolve("shared-name") is None  # two peers have it: qualify it
+    assert config.resolve("two/shared-name") == "two/shared-name"
+    assert config.resolve("local") == "local"  # the local model wins
+    assert config.resolve("one/local") == "one/local"
+    assert config.models["two/shared-name"].upstream_api_key == "k"
 
 
 def test_a_minimal_llama_swap_file_is_read_as_one() -> None:
@@ -263,7 +311,7 @@ def test_the_docs_table_matches_the_converter(monkeypatch: pytest.MonkeyPatch) -
     sample_model = every["models"]["big-thinker"]
     values: dict[str, object] = {
         **every,
-        "routing": {"groups": {}},
+        "routing": {"router": {"use": "group", "settings": {"groups": {"g": {"members": ["m"]}}}}},
         "groups": {"g": {"members": ["m"]}},
         "selectors": {},
         "profiles": {},
