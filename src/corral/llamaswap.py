@@ -67,7 +67,6 @@ _TOP_IGNORED = {
     "logRequests": "not supported",
     "startPort": "Corral gives each ${PORT} a port the OS reports free",
     "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
-    "matrix": "not supported yet: list the models that may run together as Corral devices",
     "profiles": "not supported",
     "selectors": "not supported",
     "ui": "Corral's dashboard is at /ui",
@@ -234,6 +233,7 @@ _TOP_MAPPED = {
     "unloadTimeout",
     "peers",
     "routing",
+    "matrix",
 }
 
 _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
@@ -418,6 +418,8 @@ def convert(
     routing = data.get("routing")
     if isinstance(routing, dict):
         devices = devices or _map_routing(routing, models, source, out, problems)
+    elif isinstance(data.get("matrix"), dict):  # before `routing`, llama-swap had it on top
+        devices = devices or _map_matrix(data["matrix"], models, out, problems, "matrix")
     peers = data.get("peers") or {}
     if isinstance(peers, dict) and peers:
         devices = _map_peers(peers, models, devices, out, problems)
@@ -471,7 +473,11 @@ def _map_routing(
     for key in routing:
         if key not in ("router", "scheduler"):
             out.ignored.append((f"routing.{key}", "not a key Corral knows of llama-swap's routing"))
-    if use == "group":
+    if use == "matrix":
+        devices = _map_matrix(settings.get("matrix") or {}, models, out, problems)
+        if "groups" in settings:
+            out.ignored.append(("routing.router.settings.groups", "unused: the router uses matrix"))
+    elif use == "group":
         groups = settings.get("groups") or {}
         prefix = "routing.router.settings.groups"
         devices = _map_groups(groups, models, source, out, problems, prefix, lenient=True)
@@ -479,8 +485,8 @@ def _map_routing(
             why = "unused: the router uses groups"
             out.ignored.append(("routing.router.settings.matrix", why))
     else:
-        out.ignored.append(
-            (f"routing.router.use: {use}", "the matrix solver is not supported yet; use groups")
+        problems.append(
+            Problem(source, None, "routing.router.use", f"must be group or matrix; got {use!r}")
         )
     scheduler = routing.get("scheduler") or {}
     if isinstance(scheduler, dict):
@@ -497,6 +503,106 @@ def _map_routing(
                 ("routing.scheduler", "model priorities (Corral's policy orders by them)")
             )
     return devices
+
+
+_MATRIX = "matrix"
+
+
+def _map_matrix(
+    matrix: dict[str, Any],
+    models: dict[str, dict[str, Any]],
+    out: Mapping,
+    problems: list[Problem],
+    where: str = "routing.router.settings.matrix",
+) -> list[dict[str, Any]]:
+    """The matrix router's sets on one device, "matrix", sized by its largest set: each model
+    in a set takes one slot, so up to that many of them run together; a model in no set fills
+    the device (llama-swap runs it alone). An approximation, reported as such: Corral lets any
+    members share the device up to the largest set's size, where llama-swap allows exactly the
+    listed combinations."""
+    names = {str(k): str(v) for k, v in (matrix.get("vars") or {}).items()}
+    expressions = {str(k): str(v) for k, v in (matrix.get("sets") or {}).items()}
+    sets: list[frozenset[str]] = []
+    for sname, expr in expressions.items():
+        try:
+            combos = _expand_set(expr, expressions, set())
+        except ValueError as exc:
+            problems.append(Problem("", None, f"{where}.sets.{sname}", str(exc)))
+            continue
+        for combo in combos:
+            members = frozenset(names.get(x, x) for x in combo)
+            unknown = sorted(m for m in members if m not in models)
+            for m in unknown:
+                out.ignored.append((f"{where}.sets.{sname}.{m}", "no such model"))
+            members = frozenset(m for m in members if m in models)
+            if members:
+                sets.append(members)
+    if not sets:
+        return []
+    slots = float(max(len(x) for x in sets))
+    together = set().union(*sets)
+    for name, model in models.items():
+        model["devices"] = [_MATRIX]
+        model["memory_gb"] = 1.0 if name in together else slots
+    out.mapped.append(
+        (
+            where,
+            f"device {_MATRIX!r} with {slots:g} slots: up to {slots:g} of the sets' models run "
+            "together, others alone (approximates the listed combinations)",
+        )
+    )
+    if matrix.get("evict_costs"):
+        out.ignored.append((f"{where}.evict_costs", "Corral weighs measured load times"))
+    return [{"name": _MATRIX, "memory_gb": slots}]
+
+
+def _expand_set(expr: str, sets: dict[str, str], seen: set[str]) -> list[frozenset[str]]:
+    """A matrix set expression (`a & b`, `a | b`, parentheses, `+other`) as its combinations."""
+    tokens = re.findall(r"\+?[A-Za-z0-9_./:-]+|[&|()]", expr)
+    pos = 0
+
+    def atom() -> list[frozenset[str]]:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise ValueError(f"incomplete expression {expr!r}")
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            inner = alternatives()
+            if pos >= len(tokens) or tokens[pos] != ")":
+                raise ValueError(f"unbalanced parentheses in {expr!r}")
+            pos += 1
+            return inner
+        if tok.startswith("+"):
+            ref = tok[1:]
+            if ref not in sets or ref in seen:
+                raise ValueError(f"+{ref} names no set (or refers to itself)")
+            return _expand_set(sets[ref], sets, seen | {ref})
+        if tok in "&|)":
+            raise ValueError(f"unexpected {tok!r} in {expr!r}")
+        return [frozenset({tok})]
+
+    def conjunction() -> list[frozenset[str]]:
+        nonlocal pos
+        result = atom()
+        while pos < len(tokens) and tokens[pos] == "&":
+            pos += 1
+            right = atom()
+            result = [a | b for a in result for b in right]
+        return result
+
+    def alternatives() -> list[frozenset[str]]:
+        nonlocal pos
+        result = conjunction()
+        while pos < len(tokens) and tokens[pos] == "|":
+            pos += 1
+            result = result + conjunction()
+        return result
+
+    combos = alternatives()
+    if pos != len(tokens):
+        raise ValueError(f"unexpected {tokens[pos]!r} in {expr!r}")
+    return combos
 
 
 _PEER_CONCURRENCY = 64  # a peer is another server's business: Corral does not hold its requests

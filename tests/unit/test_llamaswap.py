@@ -162,7 +162,7 @@ def test_every_documented_key_is_mapped_or_reported(monkeypatch: pytest.MonkeyPa
     assert not silent, silent
     ignored = dict(mapping.ignored)
     assert "forwarded to http://192.0.2.10:8080" in dict(mapping.mapped)["peers.other-box"]
-    assert "devices" in ignored["matrix"]
+    assert "approximates" in dict(mapping.mapped)["matrix"]
     assert ignored["hooks.on_startup.preload.not-a-model"] == "no such model: not preloaded"
 
 
@@ -207,7 +207,7 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
     assert (remote.upstream, remote.upstream_model) == ("http://192.0.2.10:8080", "remote-model")
     assert remote.upstream_api_key == "sk-from-env"
     assert remote.devices == ["peer-other-box"]
-    assert big.devices == small.devices == ["shared"]  # local models stay off the peer's device
+    assert big.devices == small.devices == ["matrix"]  # the matrix's; never the peer's device
     assert (big.stop_grace_s, small.stop_grace_s) == (2, 4)  # unloadTimeout, per model or global
     assert config.server.preload == ["small-fast"]  # an unknown name is reported, not fatal
 
@@ -274,6 +274,39 @@ peers:
     assert config.models["two/shared-name"].upstream_api_key == "k"
 
 
+def test_the_matrix_router_expands_its_sets_and_shares_one_device() -> None:
+    text = """
+models:
+  gemma: {cmd: "server --port ${PORT}"}
+  qwen: {cmd: "server --port ${PORT}"}
+  voice: {cmd: "server --port ${PORT}"}
+  rerank: {cmd: "server --port ${PORT}"}
+  big: {cmd: "server --port ${PORT}"}
+routing:
+  router:
+    use: matrix
+    settings:
+      matrix:
+        vars: {g: gemma, q: qwen, v: voice, e: rerank}
+        evict_costs: {v: 50}
+        sets:
+          llms: "g | q"
+          standard: "+llms & v"
+          with_rerank: "(g | q) & v & e"
+          full: "big"
+"""
+    config, mapping = load_any(text, "matrix.yaml")
+    assert mapping is not None
+    assert [(d.name, d.memory_gb) for d in config.devices] == [("matrix", 3.0)]
+    # gemma, qwen, voice and rerank may run three at a time; big is in no multi-model set
+    sizes = {name: m.memory_gb for name, m in config.models.items()}
+    assert sizes == {"gemma": 1.0, "qwen": 1.0, "voice": 1.0, "rerank": 1.0, "big": 1.0}
+    assert "approximates" in dict(mapping.mapped)["routing.router.settings.matrix"]
+    assert "evict_costs" in str(mapping.ignored)
+    with pytest.raises(ConfigError, match=r"unbalanced parentheses"):
+        load_any(text.replace('"big"', '"(big"'), "matrix.yaml")
+
+
 def test_a_minimal_llama_swap_file_is_read_as_one() -> None:
     text = """
 models:
@@ -313,6 +346,7 @@ def test_the_docs_table_matches_the_converter(monkeypatch: pytest.MonkeyPatch) -
         **every,
         "routing": {"router": {"use": "group", "settings": {"groups": {"g": {"members": ["m"]}}}}},
         "groups": {"g": {"members": ["m"]}},
+        "matrix": {"sets": {"alone": "m"}},
         "selectors": {},
         "profiles": {},
         "ui": {},
