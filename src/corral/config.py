@@ -178,6 +178,11 @@ class ModelConfig(_Strict):
         default_factory=dict,
         description="Listed in GET /v1/models under meta.llamaswap (as llama-swap does).",
     )
+    send_loading_state: bool = Field(
+        default=False,
+        description="A streamed chat request that waits for this model gets its stream at once, "
+        "the wait told as reasoning text (llama-swap's sendLoadingState).",
+    )
     capabilities: CapabilitiesConfig | None = Field(
         default=None, description="What it takes and gives, listed in GET /v1/models."
     )

@@ -66,7 +66,6 @@ _TOP_IGNORED = {
     "captureBuffer": "request capture is not supported",
     "logRequests": "not supported",
     "startPort": "Corral gives each ${PORT} a port the OS reports free",
-    "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
     "profiles": "not supported",
     "selectors": "not supported",
     "ui": "Corral's dashboard is at /ui",
@@ -75,7 +74,6 @@ _TOP_IGNORED = {
 }
 _MODEL_IGNORED = {
     "timeouts": "Corral's proxy has no per-model timeouts (request_timeout_s bounds the wait)",
-    "sendLoadingState": "loading progress is not streamed to clients (not supported yet)",
     "compat": "not supported",
 }
 
@@ -234,6 +232,7 @@ _TOP_MAPPED = {
     "peers",
     "routing",
     "matrix",
+    "sendLoadingState",
 }
 
 _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
@@ -255,6 +254,7 @@ _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
     "filters": "filters (strip_params, set_params, set_params_by_id: ids become aliases)",
     "unloadTimeout": "stop_grace_s (SIGTERM, then SIGKILL after it)",
     "capabilities": "capabilities (in /v1/models: architecture, capabilities, context_length)",
+    "sendLoadingState": "send_loading_state (overrides the global sendLoadingState)",
 }
 
 
@@ -293,6 +293,8 @@ def convert(
         out.ignored.append((str(key), why))
     if "unloadTimeout" in data:
         out.mapped.append(("unloadTimeout", "models.*.stop_grace_s"))
+    if "sendLoadingState" in data:
+        out.mapped.append(("sendLoadingState", "models.*.send_loading_state"))
     global_ttl = data.get("globalTTL")
     if global_ttl is not None:
         out.mapped.append(("globalTTL", "models.*.ttl_s (where a model sets no ttl)"))
@@ -349,6 +351,9 @@ def convert(
         if timeout is not None:
             # llama-swap raises anything under 15 s to 15 s.
             model["health_timeout_s"] = max(15.0, float(timeout))
+        loading = m.get("sendLoadingState", data.get("sendLoadingState"))
+        if loading is not None:
+            model["send_loading_state"] = loading is True
         grace = m.get("unloadTimeout", data.get("unloadTimeout"))
         if grace is not None:
             try:

@@ -6,6 +6,7 @@ strict validation, and llama-swap's management routes with its answer shapes."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -257,3 +258,51 @@ def _every_key_serves(gw: Gateway) -> None:
         model="remote-model", messages=[{"role": "user", "content": "hi"}]
     )
     assert remote.choices[0].message.content == "from the peer"
+
+
+def test_send_loading_state_streams_the_wait_then_the_answer(tmp_path: Path) -> None:
+    config = f"""
+sendLoadingState: true
+models:
+  slow-loader:
+    cmd: {SIM} --load-s 2.0 --tokens-per-s 2000
+  quiet:
+    sendLoadingState: false
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+"""
+    with serve(tmp_path, config) as gw:
+        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
+        began = time.monotonic()
+        stream = c.chat.completions.create(
+            model="slow-loader",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+        )
+        thinking, content, first_s = [], [], None
+        for chunk in stream:
+            if first_s is None:
+                first_s = time.monotonic() - began
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            extra = delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                thinking.append(extra["reasoning_content"])
+            if delta.content:
+                content.append(delta.content)
+        assert first_s is not None
+        assert first_s < 1.0  # the stream starts at once, not after the 2 s load
+        told = "".join(thinking)
+        assert "Waiting for model slow-loader to load" in told
+        assert "is ready after" in told
+        assert len("".join(content).split()) == 3  # then the model's own answer
+        # a model that opts out streams only its answer
+        quiet = c.chat.completions.create(
+            model="quiet", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
+        )
+        assert not any(
+            (ch.choices[0].delta.model_extra or {}).get("reasoning_content")
+            for ch in quiet
+            if ch.choices
+        )

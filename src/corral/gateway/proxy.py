@@ -20,6 +20,7 @@ from starlette.formparsers import MultiPartParser
 from corral.config import Config, FiltersConfig
 from corral.core import Request as SchedRequest
 from corral.gateway.errors import error, stream_error, upstream_body
+from corral.gateway.loading import serve_loading
 from corral.gateway.openapi import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -408,6 +409,12 @@ class Proxy:
             data["model"] = served
             body = json.dumps(data).encode()
         stream = bool(data.get("stream"))
+        if (
+            stream
+            and path == "/v1/chat/completions"
+            and self.config.models[model].send_loading_state
+        ):
+            return await serve_loading(self, request, model, path, body, priority)
         return await self.serve(request, model, path, body, priority, stream=stream, openai=True)
 
 
