@@ -6,6 +6,7 @@ strict validation, and llama-swap's management routes with its answer shapes."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -306,3 +307,29 @@ models:
             for ch in quiet
             if ch.choices
         )
+
+
+def test_logs_stream_follows_the_servers_logs(gw: Gateway) -> None:
+    c = client(gw)
+    httpx.post(f"{gw.url}/api/models/unload", headers=AUTH)
+    before = set(httpx.get(f"{gw.url}/logs", headers=AUTH).text.splitlines())
+    seen: list[str] = []
+
+    def new_start(line: str) -> bool:  # each start names its own port: a line not seen before
+        return line.startswith("[beta]") and "corral: starting" in line and line not in before
+
+    with httpx.stream("GET", f"{gw.url}/logs/stream", headers=AUTH, timeout=30) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        loader = threading.Thread(
+            target=c.completions.create, kwargs={"model": "beta", "prompt": "x", "max_tokens": 1}
+        )
+        loader.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = next(lines)
+            seen.append(line)
+            if new_start(line):
+                break
+        loader.join(20)
+    assert any(new_start(x) for x in seen), seen[-5:]

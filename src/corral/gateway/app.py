@@ -82,7 +82,9 @@ class ApiKeys:
 
 _MODEL_ROUTES = frozenset(JSON_ROUTES)
 # Model and management routes outside /v1/ and /api/ that need the API key too.
-_GUARDED = frozenset({*JSON_ROUTES, *FORM_ROUTES, *GET_ROUTES, "/running", "/unload", "/logs"})
+_GUARDED = frozenset(
+    {*JSON_ROUTES, *FORM_ROUTES, *GET_ROUTES, "/running", "/unload", "/logs", "/logs/stream"}
+)
 _ALSO_GET = frozenset(GET_ROUTES)  # a JSON route that is also a GET route (/v1/audio/voices)
 
 

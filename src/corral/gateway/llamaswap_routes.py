@@ -6,6 +6,7 @@ apigroup.go), so its tools and scripts keep working against `corral serve`:
 - `GET /unload` and `POST /api/models/unload`: unload every idle model (`OK`, `{"msg": "ok"}`);
 - `POST /api/models/unload/{model}`: unload one (`OK`; 404 for an unknown model);
 - `GET /logs`: the tail of every model server's log, each line prefixed with its model;
+- `GET /logs/stream`: the same, then every new line as it is written (plain text, chunked);
 - `GET /api/version`: `{"version", "commit", "build_date"}`.
 
 Unlike llama-swap, a model with queued or running requests is not stopped under them: the unload
@@ -14,10 +15,13 @@ routes skip it (and say so in the log), as Corral's own unload API does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from corral import __version__
 from corral.config import Config
@@ -86,8 +90,49 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
             lines += [f"[{name}] {line}" for line in backend.log_tail(200).splitlines()]
         return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
 
+    @router.get("/logs/stream")
+    async def logs_stream() -> Response:
+        files = {
+            name: path
+            for name, b in gateway.backends.items()
+            if (path := getattr(b, "log_path", None)) is not None
+        }
+
+        async def lines() -> AsyncIterator[bytes]:
+            for name, backend in sorted(gateway.backends.items()):
+                for line in backend.log_tail(50).splitlines():
+                    yield f"[{name}] {line}\n".encode()
+            offsets = {n: _size(p) for n, p in files.items()}
+            partial: dict[str, bytes] = {}
+            while True:
+                await asyncio.sleep(0.25)
+                for name, path in files.items():
+                    size = _size(path)
+                    if size < offsets[name]:  # a new server run truncated it
+                        offsets[name] = 0
+                    if size == offsets[name]:
+                        continue
+                    with path.open("rb") as f:
+                        f.seek(offsets[name])
+                        data = partial.pop(name, b"") + f.read(size - offsets[name])
+                    offsets[name] = size
+                    *done, rest = data.split(b"\n")
+                    if rest:
+                        partial[name] = rest
+                    for line in done:
+                        yield b"[" + name.encode() + b"] " + line + b"\n"
+
+        return StreamingResponse(lines(), media_type="text/plain; charset=utf-8")
+
     @router.get("/api/version")
     async def version() -> Response:
         return JSONResponse({"version": __version__, "commit": "", "build_date": ""})
 
     return router
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
