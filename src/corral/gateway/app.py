@@ -36,13 +36,13 @@ from corral.gateway.errors import (
     validation_error,
 )
 from corral.gateway.llamaswap_routes import llamaswap_routes
+from corral.gateway.openai_routes import openai_routes
 from corral.gateway.proxy import (
     FORM_ROUTES,
     GET_ROUTES,
     JSON_ROUTES,
     Proxy,
     Upstream,
-    openai_routes,
     upstream_path,
 )
 from corral.gateway.runtime import Gateway

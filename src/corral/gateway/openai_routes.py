@@ -1,0 +1,136 @@
+"""OpenAI's model routes beyond the fast path, as a router: the multipart and `?model=` routes,
+the documented model routes (what /openapi.json shows), `/v1/models`, `/v1/models/{id}` and the
+raw `/upstream/{model}/{path}`. The requests themselves go through `Proxy`."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from corral.config import Config
+from corral.gateway.openapi import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ModelList,
+    ModelObject,
+    content,
+    json_body,
+)
+from corral.gateway.proxy import FORM_ROUTES, GET_ROUTES, Proxy, unknown_model
+
+
+async def _form(px: Proxy, path: str, request: Request) -> Response:
+    return await px.handle_form(request, path)
+
+
+async def _query(px: Proxy, path: str, request: Request) -> Response:
+    return await px.handle_query(request, path)
+
+
+def openai_routes(px: Proxy) -> APIRouter:
+    """`/v1/models` and the raw pass-through `/upstream/{model}/{path}`."""
+    router = APIRouter()
+    config, gateway = px.config, px.gateway
+    answers = content("application/json", "text/event-stream")
+
+    # The model routes: `ModelRoutes` serves them before FastAPI routes anything; these are
+    # what /openapi.json shows of them, and they serve the same way if it is not installed.
+    @router.post(
+        "/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest), responses=answers
+    )
+    async def chat_completions(request: Request) -> Response:
+        return await px.handle(request, "/v1/chat/completions")
+
+    @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest), responses=answers)
+    async def completions(request: Request) -> Response:
+        return await px.handle(request, "/v1/completions")
+
+    @router.post(
+        "/v1/embeddings",
+        openapi_extra=json_body(EmbeddingRequest),
+        responses=content("application/json"),
+    )
+    async def embeddings(request: Request) -> Response:
+        return await px.handle(request, "/v1/embeddings")
+
+    @router.api_route(
+        "/upstream/{model}/{path:path}",
+        methods=["GET", "POST", "PUT", "DELETE"],
+        responses=content("*/*"),
+    )
+    async def upstream(request: Request, model: str, path: str) -> Response:
+        resolved = config.resolve(model)
+        if resolved is None or resolved not in gateway.backends:
+            return unknown_model(model, config)
+        body = await px.read_body(request)
+        if isinstance(body, Response):
+            return body
+        priority = px.priority_of(request, {})
+        if isinstance(priority, Response):
+            return priority
+        return await px.serve(request, resolved, f"/{path}", body, priority)
+
+    for route in FORM_ROUTES:
+        router.add_api_route(
+            route, functools.partial(_form, px, route), methods=["POST"], include_in_schema=False
+        )
+    for route in GET_ROUTES:
+        router.add_api_route(
+            route, functools.partial(_query, px, route), methods=["GET"], include_in_schema=False
+        )
+
+    @router.get("/v1/models/{model_id:path}", response_model=ModelObject)
+    async def model(model_id: str) -> Response:
+        """One model, as `client.models.retrieve(id)` reads it (aliases answer too)."""
+        resolved = config.resolve(model_id)
+        if resolved is None or resolved not in gateway.backends:
+            return unknown_model(model_id, config)
+        created = int(gateway.started_at)
+        return JSONResponse(
+            {"id": model_id, "object": "model", "created": created, "owned_by": "corral"}
+        )
+
+    @router.get("/v1/models", response_model=ModelList)
+    async def models() -> Response:
+        created = int(gateway.started_at)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    listed_model(listed, name, config, created)
+                    for name in gateway.backends
+                    if not config.models[name].unlisted
+                    for listed in (
+                        [name, *config.models[name].aliases]
+                        if config.server.list_aliases
+                        else [name]
+                    )
+                ],
+            }
+        )
+
+    return router
+
+
+def listed_model(listed: str, name: str, config: Config, created: int) -> dict[str, Any]:
+    """A /v1/models record: OpenAI's fields, and llama-swap's name, description and metadata."""
+    m = config.models[name]
+    record: dict[str, Any] = {"id": listed, "object": "model", "created": created}
+    record["owned_by"] = "corral"
+    if m.name:
+        record["name"] = m.name
+    if m.description:
+        record["description"] = m.description
+    listing = m.capabilities.listing() if m.capabilities is not None else {}
+    record.update(listing)
+    # As llama-swap: the capabilities' fields win over metadata keys of the same names.
+    meta = {k: v for k, v in m.metadata.items() if k not in listing}
+    if meta:
+        record["meta"] = {"llamaswap": meta}
+    if listing.get("context_length"):
+        record.setdefault("meta", {})["n_ctx"] = listing["context_length"]
+    return record
