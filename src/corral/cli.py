@@ -343,6 +343,8 @@ def serve_cmd(
 
             config, mapping = load_config_file(config_path)
             title = str(config_path) + (" (llama-swap format)" if mapping else "")
+            for key, why in mapping.ignored if mapping else ():  # never silently
+                err_console.print(f"[yellow]ignored[/yellow]  {key}: {why}", highlight=False)
         if listen is not None:
             server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
             config = config.model_copy(update={"server": server})

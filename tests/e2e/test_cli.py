@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from corral.backends.process import free_port
+from tests.helpers import wait_http_ok
+
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
 CONFIG = """\
 models:
@@ -193,3 +196,24 @@ def test_serve_refuses_a_config_with_nothing_to_serve_and_check_says_so() -> Non
     r = corral("config", "check", example)
     assert r.returncode == 0
     assert "`corral serve` will not serve cover-writer, research-8b" in " ".join(r.stderr.split())
+
+
+def test_serve_reports_llama_swap_keys_it_ignores_at_start(tmp_path: Path) -> None:
+    config = tmp_path / "ls.yaml"
+    config.write_text(
+        "logLevel: debug\nprofiles: {}\nmodels:\n  m:\n    cmd: server --port ${PORT}\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")},
+    )
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "ignored  logLevel: Corral logs at INFO" in err
+    assert "ignored  profiles: not supported" in err

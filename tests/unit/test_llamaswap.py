@@ -380,3 +380,20 @@ def test_the_docs_table_matches_the_converter(monkeypatch: pytest.MonkeyPatch) -
         _, mapping = convert({"models": {"m": entry}}, "t.yaml")
         said = dict(mapping.mapped) if what.startswith("mapped") else dict(mapping.ignored)
         assert f"models.m.{key}" in said, (key, mapping)
+
+
+def test_an_invalid_converted_value_is_named_by_the_users_key_and_line() -> None:
+    text = """models:
+  m:
+    cmd: server --port ${PORT}
+    capabilities:
+      in: [text, video]
+"""
+    with pytest.raises(ConfigError) as err:
+        load_any(text, "caps.yaml")
+    (problem,) = err.value.problems
+    assert problem.where == "models.m.capabilities.in.1"  # llama-swap's key, not `inputs`
+    assert problem.line == 5
+    assert "video" in problem.message
+    with pytest.raises(ConfigError, match=r"healthCheckTimeout: 'soon' is not seconds"):
+        load_any("healthCheckTimeout: soon\nmodels: {m: {cmd: x}}\n", "t.yaml")

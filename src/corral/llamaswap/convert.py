@@ -106,6 +106,13 @@ def _llama_swap_model(m: dict[str, Any]) -> bool:
         or isinstance(m.get("env"), list)
         or any(isinstance(a, dict) for a in m.get("aliases") or [])
         or any(x.strip().startswith("#") for x in str(m.get("cmd", "")).splitlines())
+        or (
+            isinstance(m.get("capabilities"), dict) and bool({"in", "out"} & set(m["capabilities"]))
+        )
+        or (
+            isinstance(m.get("filters"), dict)
+            and bool({"stripParams", "setParams", "setParamsByID"} & set(m["filters"]))
+        )
     )
 
 
@@ -240,7 +247,12 @@ def convert(
         timeout = m.get("healthCheckTimeout", health_timeout)
         if timeout is not None:
             # llama-swap raises anything under 15 s to 15 s.
-            model["health_timeout_s"] = max(15.0, float(timeout))
+            try:
+                model["health_timeout_s"] = max(15.0, float(timeout))
+            except (TypeError, ValueError):
+                key = "healthCheckTimeout"
+                at = f"{where}.{key}" if key in m else key
+                problems.append(Problem(source, None, at, f"{timeout!r} is not seconds"))
         loading = m.get("sendLoadingState", data.get("sendLoadingState"))
         if loading is not None:
             model["send_loading_state"] = loading is True
@@ -345,7 +357,41 @@ def convert(
         doc["devices"] = devices
     if server:
         doc["server"] = server
-    return parse_config(yaml.safe_dump(doc, sort_keys=False), source), out
+    try:
+        return parse_config(yaml.safe_dump(doc, sort_keys=False), source), out
+    except ConfigError as exc:  # name the user's key and line, not those of the converted file
+        raise ConfigError([_theirs(p, source, lines) for p in exc.problems]) from None
+
+
+# Corral's key -> llama-swap's, to name the user's key in errors about a converted value.
+_THEIRS = {
+    "cmd_stop": "cmdStop",
+    "check_endpoint": "checkEndpoint",
+    "health_timeout_s": "healthCheckTimeout",
+    "ttl_s": "ttl",
+    "concurrency": "concurrencyLimit",
+    "upstream_model": "useModelName",
+    "stop_grace_s": "unloadTimeout",
+    "send_loading_state": "sendLoadingState",
+    "inputs": "in",
+    "outputs": "out",
+    "strip_params": "stripParams",
+    "set_params": "setParams",
+    "set_params_by_id": "setParamsByID",
+    "api_keys": "apiKeys",
+    "preload": "preload",
+}
+_THEIR_TOP = {"server.api_keys": "apiKeys", "server.preload": "hooks.on_startup.preload"}
+
+
+def _theirs(p: Problem, source: str, lines: dict[str, int] | None) -> Problem:
+    where = p.where
+    for ours, theirs in _THEIR_TOP.items():
+        if where.startswith(ours):
+            where = theirs + where[len(ours) :]
+    parts = where.split(".")
+    where = ".".join(_THEIRS.get(x, x) for x in parts)
+    return Problem(source, _line(lines, where), where, p.message)
 
 
 def _line(lines: dict[str, int] | None, where: str) -> int | None:
