@@ -198,7 +198,7 @@ def test_env_comments_typed_macros_ttl_and_concurrency_as_llama_swap_reads_them(
     assert big.filters.set_params == {"temperature": 0.6}
     assert big.filters.set_params_by_id == {"big-thinker:fast": {"reasoning_effort": "low"}}
     assert config.resolve("big-thinker:fast") == "big-thinker"  # each id is an alias
-    assert (big.name, big.description) == ("Big thinker", "a reasoning model")
+    assert (big.name, big.description) == ("Big thinker", "a reasoning model, 32768 tokens")
     # typed macros in metadata: a number stays a number; ${PORT} is known only at start
     assert big.metadata == {"port": "${PORT}", "temperature": 0.6, "note": "big-thinker at 32768"}
     assert config.server.list_aliases

@@ -265,7 +265,10 @@ def convert(
                     Problem(source, None, f"{where}.unloadTimeout", f"{grace!r} is not seconds")
                 )
         if "useModelName" in m:
-            model["upstream_model"] = str(m["useModelName"])
+            with_id = {**own, "MODEL_ID": str(name)}
+            model["upstream_model"] = expand(
+                scalar(m["useModelName"]), with_id, f"{where}.useModelName", problems
+            )
         aliases = []
         for a in m.get("aliases") or []:
             alias = a.get("id") if isinstance(a, dict) else a
@@ -274,9 +277,12 @@ def convert(
                 aliases.append(expand(scalar(alias), with_id, f"{where}.aliases", problems))
         if aliases:
             model["aliases"] = aliases
-        for key in ("name", "description"):
+        for key in ("name", "description"):  # macros work in any value in llama-swap's
             if m.get(key):
-                model[key] = str(m[key])
+                text = scalar(m[key])
+                model[key] = expand(
+                    text, {**own, "MODEL_ID": str(name)}, f"{where}.{key}", problems
+                )
         if isinstance(m.get("metadata"), dict):
             model["metadata"] = expand_typed(
                 m["metadata"], typed, f"{where}.metadata", problems, str(name)
@@ -329,7 +335,7 @@ def convert(
         devices = devices or map_matrix(data["matrix"], models, out, problems, "matrix")
     peers = data.get("peers") or {}
     if isinstance(peers, dict) and peers:
-        devices = map_peers(peers, models, devices, out, problems)
+        devices = map_peers(peers, models, devices, out, problems, texts(macros))
     hooks = data.get("hooks") or {}
     for key, value in hooks.items() if isinstance(hooks, dict) else ():
         startup = value if key == "on_startup" and isinstance(value, dict) else {}

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from corral.errors import Problem
-from corral.llamaswap.text import Mapping, filters_of
+from corral.llamaswap.text import Mapping, expand, filters_of
 
 SHARED = "shared"
 
@@ -170,6 +170,7 @@ def map_peers(
     devices: list[dict[str, Any]],
     out: Mapping,
     problems: list[Problem],
+    macros: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Each peer's models as Corral models with `upstream:` (its proxy, with its API key), on a
     device of the peer's own where they all fit at once: requests for them are forwarded, never
@@ -199,7 +200,9 @@ def map_peers(
         filters = peer.get("filters")
         for name in names:
             model: dict[str, Any] = {
-                "upstream": str(peer["proxy"]).rstrip("/"),
+                "upstream": expand(
+                    str(peer["proxy"]), macros or {}, f"{where}.proxy", problems
+                ).rstrip("/"),
                 "upstream_model": name,
                 "devices": [device],
                 "memory_gb": 1.0,
@@ -208,7 +211,8 @@ def map_peers(
                 "concurrency": _PEER_CONCURRENCY,
             }
             if peer.get("apiKey"):
-                model["upstream_api_key"] = str(peer["apiKey"])
+                key = expand(str(peer["apiKey"]), macros or {}, f"{where}.apiKey", problems)
+                model["upstream_api_key"] = key
             if isinstance(filters, dict):
                 model["filters"] = filters_of(filters, {}, name, f"{where}.filters", problems)
             if offered[name] == 1 and name not in local_names:
