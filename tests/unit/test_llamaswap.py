@@ -374,6 +374,8 @@ def test_the_docs_table_matches_the_converter(monkeypatch: pytest.MonkeyPatch) -
             "aliases": ["x"],
             "metadata": {"a": 1},
             "filters": {"stripParams": "top_k"},
+            "description": "d",
+            "useModelName": "u",
         }
         if key in simple:
             entry[key] = simple[key]
