@@ -14,6 +14,7 @@ from rich.table import Table
 
 from corral import __version__
 from corral.cli_batches import batches_app, submit
+from corral.cli_bench import bench_cmd
 from corral.cli_tasks import db_app, tasks_app, worker_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
@@ -41,6 +42,7 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(batches_app, name="batches")
 app.command(name="submit")(submit)
 app.command(name="worker")(worker_cmd)
+app.command(name="bench")(bench_cmd)
 
 
 @app.command()
