@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,10 @@ bench-agents: $(STAMP)
 # Chat beside Batch API batches, live, default configuration; fifo in the same run (~20 min).
 bench-mixed: $(STAMP)
 	$(BIN)/python benchmarks/bench_mixed.py --json out/bench-mixed.json
+
+# corral bench's own overhead: its rate against a bare client's on one sim backend (~1 min).
+bench-loadgen: $(STAMP)
+	$(BIN)/python benchmarks/bench_loadgen.py
 
 bench-gateway: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/bench_gateway.py
