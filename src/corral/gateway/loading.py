@@ -42,14 +42,9 @@ async def serve_loading(
 ) -> Response:
     """Serve a streamed chat request, telling the wait while its model loads."""
     gateway, m = px.gateway, px.config.models[model]
-    if gateway.pending(model) >= m.max_queue:
-        return error(
-            429,
-            f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
-            "rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(max(1, round(m.load_s)))},
-        )
+    full = px.queue_full(model)
+    if full is not None:
+        return full
     arrived = time.monotonic()
     r, turn = gateway.submit(model, priority)
     if turn.done():  # ready with a free slot: nothing to tell

@@ -143,18 +143,26 @@ class Proxy:
             )
         return value
 
+    def queue_full(self, model: str) -> Response | None:
+        """The 429 to answer if `model` already has `max_queue` interactive requests waiting."""
+        m = self.config.models[model]
+        if self.gateway.pending(model) < m.max_queue:
+            return None
+        return error(
+            429,
+            f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
+            "rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(max(1, round(m.load_s)))},
+        )
+
     async def wait_turn(
         self, request: Request, model: str, priority: int
     ) -> SchedRequest | Response:
         m = self.config.models[model]
-        if self.gateway.pending(model) >= m.max_queue:
-            return error(
-                429,
-                f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
-                "rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": str(max(1, round(m.load_s)))},
-            )
+        full = self.queue_full(model)
+        if full is not None:
+            return full
         r, turn = self.gateway.submit(model, priority)
         if turn.done():  # the model is resident with a free slot: no need to watch the client
             done: set[asyncio.Future[Any]] = {turn}

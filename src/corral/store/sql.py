@@ -652,15 +652,22 @@ RETURNING {_QUALIFIED}"""
                     "data": json.dumps(batch.data),
                 },
             )
-            it = iter(tasks)
-            while chunk := list(itertools.islice(it, 2000)):
-                self._insert(tx, self._rows(chunk))
-                added += len(chunk)
-            if added:
-                self._announce(tx)
+            added = self._insert_chunks(tx, tasks)
         if added:
             self._woken()
         return _batch(row)
+
+    def _insert_chunks(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
+        """Insert `tasks` (maybe a generator) 2,000 at a time, announcing them if any; returns
+        how many (the caller wakes this process's workers after the commit)."""
+        added = 0
+        it = iter(tasks)
+        while chunk := list(itertools.islice(it, 2000)):
+            self._insert(tx, self._rows(chunk))
+            added += len(chunk)
+        if added:
+            self._announce(tx)
+        return added
 
     def start_batch(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
@@ -676,12 +683,7 @@ RETURNING {_QUALIFIED}"""
                 if not tx.run("SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}):
                     raise BatchNotFound(f"no batch with id {batch_id!r}")
                 return None
-            it = iter(tasks)
-            while chunk := list(itertools.islice(it, 2000)):
-                self._insert(tx, self._rows(chunk))
-                added += len(chunk)
-            if added:
-                self._announce(tx)
+            added = self._insert_chunks(tx, tasks)
         if added:
             self._woken()
         return _batch(rows[0])
