@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from corral.config import Config, load_config, parse_config
     from corral.errors import ConfigError, CorralError, TraceError
     from corral.queue import Queue, TaskCancelled, TaskFailed, UnknownKind
+    from corral.store import BadTask, QueueFull
     from corral.worker.registry import Fail, current_task
 
 __version__ = "0.1.0"
@@ -28,15 +29,19 @@ _HOMES = {
     "TaskCancelled": "corral.queue",
     "TaskFailed": "corral.queue",
     "UnknownKind": "corral.queue",
+    "BadTask": "corral.store",
+    "QueueFull": "corral.store",
     "Fail": "corral.worker.registry",
     "current_task": "corral.worker.registry",
 }
 __all__ = [
+    "BadTask",
     "Config",
     "ConfigError",
     "CorralError",
     "Fail",
     "Queue",
+    "QueueFull",
     "TaskCancelled",
     "TaskFailed",
     "TraceError",

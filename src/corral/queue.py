@@ -87,8 +87,23 @@ class Queue:
         model: str,
         split_on_failure: bool = False,
         timeout_s: float | None = None,
+        batch_size: int = 1,
+        batch_wait_ms: float = 0.0,
+        max_queued: int | None = None,
     ) -> Callable[[F], F]:
         """Register the function that runs tasks of `kind` on `model` (sync or async).
+
+        `batch_size` > 1: the function takes a *list* of up to that many payloads (tasks of
+        this kind ready together, claimed in one store call, collected for at most
+        `batch_wait_ms` after the first) and returns a list with one result per payload, in
+        order. An item whose result is an exception instance fails alone (`corral.Fail(...)`:
+        without retries); if the call raises, every task of the batch records the error. Each
+        task keeps its own status, attempts and retries. The scheduler counts one batch as one
+        unit of work, so it learns what a batch costs. Inside the call, `current_task()` is the
+        batch's first task.
+
+        `max_queued`: at most this many tasks of `kind` wait queued; `submit` past it raises
+        `corral.QueueFull` (nothing is stored), so producers feel back-pressure.
 
         `timeout_s`: an attempt running longer is stopped and counts as failed (retried while
         attempts remain). An async handler is cancelled; a sync one runs in a child process
@@ -103,7 +118,16 @@ class Queue:
         the task fails (and may retry) only if every item failed."""
 
         def register(fn: F) -> F:
-            self.registry.add_handler(kind, model, fn, split_on_failure, timeout_s)
+            self.registry.add_handler(
+                kind,
+                model,
+                fn,
+                split_on_failure,
+                timeout_s,
+                batch_size,
+                batch_wait_ms / 1000,
+                max_queued,
+            )
             return fn
 
         return register
@@ -164,9 +188,11 @@ class Queue:
         A task is batch work unless `interactive=True` (someone waits for its result): a worker
         runs interactive tasks of any model before batch tasks of any model; `priority` orders
         tasks inside their class."""
-        return self.store.enqueue(
-            self._new(kind, payload, priority, serial_key, max_attempts, batch_id, interactive)
-        )
+        task = self._new(kind, payload, priority, serial_key, max_attempts, batch_id, interactive)
+        bound = self.registry.handlers[kind].max_queued
+        if bound is not None:
+            return self.store.enqueue_many([task], max_queued=bound)[0]
+        return self.store.enqueue(task)
 
     def submit_many(
         self,
@@ -188,7 +214,7 @@ class Queue:
                 )
             except BadTask as exc:
                 raise BadTask(f"payloads[{i}]: {exc}") from None
-        return self.store.enqueue_many(tasks)
+        return self.store.enqueue_many(tasks, max_queued=self.registry.handlers[kind].max_queued)
 
     def get(self, task_id: str) -> Task:
         return self.store.get(task_id)

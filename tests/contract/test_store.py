@@ -24,6 +24,7 @@ from corral.store import (
     Lease,
     MemoryStore,
     NewTask,
+    QueueFull,
     SchemaTooNew,
     Store,
     StoreBusy,
@@ -380,6 +381,52 @@ def test_concurrent_claims_never_hand_out_a_task_twice(
     for th in threads:
         th.join()
     assert sorted(seen) == sorted(ids)  # each exactly once
+    for s in stores[1:]:
+        s.close()
+
+
+def test_max_queued_bounds_a_kind_atomically_and_counts_only_queued_tasks(
+    store: Store,
+) -> None:
+    def submit(n: int, kind: str = "k", s: Store = store) -> list[str]:
+        return s.enqueue_many([NewTask(kind, "m", {"i": i}) for i in range(n)], max_queued=5)
+
+    assert len(submit(3)) == 3
+    with pytest.raises(QueueFull, match=r"'k' is full: 3 queued, max_queued is 5, and 3 more"):
+        submit(3)  # all or none
+    assert len(store.list()) == 3
+    submit(2)
+    with pytest.raises(QueueFull, match="5 queued"):
+        submit(1)
+    assert len(submit(5, kind="other")) == 5  # another kind has its own bound
+    store.claim("m", "w", limit=2, lease_s=30)  # running tasks no longer count ...
+    assert len(submit(2)) == 2
+    assert len(store.list(status=TaskStatus.QUEUED)) == 10
+
+    # ... and concurrent submitters never overshoot the bound.
+    stores = [store]
+    if isinstance(store, SqliteStore):
+        stores += [SqliteStore(store.path) for _ in range(2)]
+    elif isinstance(store, PostgresStore):
+        stores += [PostgresStore(PG_URL, schema=store.schema) for _ in range(2)]
+    taken: list[str] = []
+    lock = threading.Lock()
+
+    def race(s: Store) -> None:
+        for _ in range(10):
+            try:
+                got = s.enqueue_many([NewTask("race", "m", None)], max_queued=7)
+            except QueueFull:
+                continue
+            with lock:
+                taken.extend(got)
+
+    threads = [threading.Thread(target=race, args=(stores[i % len(stores)],)) for i in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(taken) == 7
     for s in stores[1:]:
         s.close()
 

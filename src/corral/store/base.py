@@ -68,6 +68,18 @@ class StoreBusy(StoreError):
     be retried."""
 
 
+class QueueFull(StoreError):
+    """A bounded kind already holds its `max_queued` queued tasks: submit later."""
+
+    @classmethod
+    def of(cls, kind: str, queued: int, adding: int, max_queued: int) -> QueueFull:
+        more = f", and {adding} more were submitted" if adding > 1 else ""
+        return cls(
+            f"task kind {kind!r} is full: {queued} queued, max_queued is {max_queued}{more}; "
+            "submit again once workers have drained some (or raise max_queued)"
+        )
+
+
 class BadTask(StoreError):
     """A task cannot be stored as given (the message says which field and why)."""
 
@@ -251,8 +263,10 @@ class Store(Protocol):
         """Store one queued task; returns its id."""
         ...
 
-    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[str]:
-        """Store many queued tasks in one transaction (all or none); returns their ids."""
+    def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
+        """Store many queued tasks in one transaction (all or none); returns their ids.
+        `max_queued` (the tasks are then all of one kind and model): raise `QueueFull`, storing
+        nothing, if that kind would hold more queued tasks than this; checked atomically."""
         ...
 
     def claim(

@@ -18,6 +18,7 @@ from corral.store.base import (
     Lease,
     Level,
     NewTask,
+    QueueFull,
     StoredFile,
     Task,
     TaskNotFound,
@@ -48,9 +49,18 @@ class MemoryStore:
     def enqueue(self, task: NewTask) -> str:
         return self.enqueue_many([task])[0]
 
-    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[str]:
+    def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
         payloads = [t.payload_json() for t in tasks]  # validate all before storing any
         with self._lock:
+            if max_queued is not None and tasks:
+                kind = tasks[0].kind
+                queued = sum(
+                    1
+                    for t in self._tasks.values()
+                    if t.kind == kind and t.status is TaskStatus.QUEUED
+                )
+                if queued + len(tasks) > max_queued:
+                    raise QueueFull.of(kind, queued, len(tasks), max_queued)
             ids = self._add(tasks, payloads)
         self._wakeups.fire()
         return ids

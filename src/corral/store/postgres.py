@@ -21,6 +21,7 @@ DIALECT = Dialect(
     new_token="replace(gen_random_uuid()::text, '-', '')",
     lock_skip="FOR UPDATE SKIP LOCKED",
     cte_writes=True,
+    kind_lock="SELECT pg_advisory_xact_lock(hashtext('corral_kind:' || :kind)) AS x",
 )
 _PARAM = re.compile(r"(?<!:):([a-z_]+)")
 log = logging.getLogger("corral.store")

@@ -21,6 +21,7 @@ from corral.store.base import (
     Lease,
     Level,
     NewTask,
+    QueueFull,
     SchemaTooNew,
     StoredFile,
     StoreError,
@@ -49,6 +50,9 @@ class Dialect:
     # Whether a WITH clause may hold an UPDATE: lets a commit and the next task's start share
     # one statement (one round trip on a networked database; SQLite needs none).
     cte_writes: bool = False
+    # A statement taking a transaction-scoped lock on `:kind` (bounded kinds' submits), or ""
+    # where write transactions are serialised already.
+    kind_lock: str = ""
 
 
 def migrations(d: Dialect) -> list[tuple[int, str]]:
@@ -295,9 +299,11 @@ class SqlStore:
     def enqueue(self, task: NewTask) -> str:
         return self.enqueue_many([task])[0]
 
-    def enqueue_many(self, tasks: Sequence[NewTask]) -> list[str]:
+    def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
         rows = self._rows(tasks)
         with self._tx(write=True) as tx:
+            if max_queued is not None and rows:
+                self._check_room(tx, rows[0]["kind"], rows[0]["model"], len(rows), max_queued)
             self._insert(tx, rows)
             self._announce(tx)
         self._woken()
@@ -323,6 +329,20 @@ class SqlStore:
             }
             for t in tasks
         ]
+
+    def _check_room(self, tx: Tx, kind: str, model: str, adding: int, max_queued: int) -> None:
+        """Raise `QueueFull` if `kind` cannot take `adding` more queued tasks. Concurrent
+        submitters of one kind are serialised first (SQLite: by BEGIN IMMEDIATE already)."""
+        if self.dialect.kind_lock:
+            tx.run(self.dialect.kind_lock, {"kind": kind})
+        rows = tx.run(
+            "SELECT count(*) AS n FROM corral_tasks "  # the partial index on queued tasks
+            "WHERE model = :model AND status = 'queued' AND kind = :kind",
+            {"model": model, "kind": kind},
+        )
+        queued = int(rows[0]["n"])
+        if queued + adding > max_queued:
+            raise QueueFull.of(kind, queued, adding, max_queued)
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
         tx.run_many(

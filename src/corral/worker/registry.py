@@ -21,6 +21,9 @@ class HandlerSpec:
     is_async: bool
     split_on_failure: bool = False  # payload is a list; fn returns one result per item
     timeout_s: float | None = None  # stopped past this (a sync one runs in a child process)
+    batch_size: int = 1  # > 1: fn takes a list of up to this many payloads, returns a list
+    batch_wait_s: float = 0.0  # how long a batch waits to fill after its first task
+    max_queued: int | None = None  # submit refuses a task past this many queued of the kind
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,33 @@ class Registry:
         fn: Handler,
         split_on_failure: bool = False,
         timeout_s: float | None = None,
+        batch_size: int = 1,
+        batch_wait_s: float = 0.0,
+        max_queued: int | None = None,
     ) -> None:
         if kind in self.handlers:
             raise ValueError(f"a handler for {kind!r} is already registered")
         is_async = inspect.iscoroutinefunction(fn)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"handler {kind!r}: batch_size must be an integer >= 1; got {batch_size!r}"
+            )
+        if not 0 <= batch_wait_s <= 60:
+            raise ValueError(
+                f"handler {kind!r}: batch_wait_ms must be between 0 and 60000; "
+                f"got {batch_wait_s * 1000:g}"
+            )
+        if batch_size > 1 and split_on_failure:
+            raise ValueError(
+                f"handler {kind!r}: batch_size and split_on_failure do not combine (a batched "
+                "handler already reports each item's failure: return an exception for it)"
+            )
+        if max_queued is not None and (
+            isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1
+        ):
+            raise ValueError(
+                f"handler {kind!r}: max_queued must be an integer >= 1; got {max_queued!r}"
+            )
         if timeout_s is not None:
             if not timeout_s > 0:
                 raise ValueError(f"handler {kind!r}: timeout_s must be > 0; got {timeout_s!r}")
@@ -58,10 +84,28 @@ class Registry:
                     f"can stop, which needs a function defined at module level; {name} is not "
                     "(move it to the module's top level, or make it async)"
                 )
-        self.handlers[kind] = HandlerSpec(kind, model, fn, is_async, split_on_failure, timeout_s)
+        self.handlers[kind] = HandlerSpec(
+            kind,
+            model,
+            fn,
+            is_async,
+            split_on_failure,
+            timeout_s,
+            batch_size,
+            batch_wait_s,
+            max_queued,
+        )
 
     def add_model(self, hooks: ModelHooks) -> None:
         self.models[hooks.name] = hooks
+
+    def batch_of(self, model: str) -> tuple[int, float]:
+        """How many tasks one scheduling slot of `model` takes (its kinds' largest batch_size)
+        and how long it waits to fill them (the largest batch_wait_s among batched kinds)."""
+        specs = [h for h in self.handlers.values() if h.model == model and h.batch_size > 1]
+        if not specs:
+            return 1, 0.0
+        return max(h.batch_size for h in specs), max(h.batch_wait_s for h in specs)
 
     def model_names(self) -> list[str]:
         return sorted({h.model for h in self.handlers.values()} | set(self.models))

@@ -37,7 +37,7 @@ from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
 from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
-from corral.worker import isolate
+from corral.worker import batching, isolate
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.registry import Fail, Handler, HandlerSpec, Registry, TaskContext, _current
 from corral.worker.split import run_split, run_split_async
@@ -115,6 +115,10 @@ class Worker:
                 f"handlers use ({uses}); add it under `models:` or fix the handler's model"
             )
         self.models = [m for m in config.models if m in set(registry.model_names())]
+        # Tasks per scheduling slot and how long a slot waits to fill (batched handlers): the
+        # scheduler sees one proxy per slot, so its service estimate is a batch's cost.
+        self._slot = {m: registry.batch_of(m) for m in self.models}
+        self._arrived = asyncio.Event()  # the store says tasks may have arrived
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
@@ -202,7 +206,7 @@ class Worker:
 
         def wake() -> None:  # called from the store's threads
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to wake
-                loop.call_soon_threadsafe(self._wake.set)
+                loop.call_soon_threadsafe(self._woken)
 
         unsubscribe = self.store.subscribe(wake)
         self._beats = Heartbeats(self.store, self.settings.lease_s, loop)
@@ -238,6 +242,10 @@ class Worker:
                 self._beats.stop()
                 with contextlib.suppress(Exception):  # a store already gone: it ages out
                     await asyncio.to_thread(self.store.worker_gone, self.worker_id)
+
+    def _woken(self) -> None:
+        self._wake.set()
+        self._arrived.set()
 
     def _presence(self) -> dict[str, int]:
         """Say this worker is alive (in a thread); returns the models with queued tasks that no
@@ -331,11 +339,12 @@ class Worker:
             waiting = dict(ready.get(model, {}))
             for a in self._ahead[model]:
                 waiting[a.task.level] = waiting.get(a.task.level, 0) + 1
-            in_flight = self._unclaimed[model]
+            per = self._slot[model][0]  # one proxy per slot of up to `per` tasks
+            in_flight = self._unclaimed[model] * per
             for level in sorted(
                 set(waiting) | {lv for (m, lv) in self._pending if m == model}, reverse=True
             ):
-                target = max(0, waiting.get(level, 0) - in_flight)
+                target = -(-max(0, waiting.get(level, 0) - in_flight) // per)
                 in_flight = max(0, in_flight - waiting.get(level, 0))
                 have = self._pending[(model, level)]
                 while len(have) > target:
@@ -358,25 +367,50 @@ class Worker:
     async def _claim_and_run(self, model: str, proxies: list[_Proxy]) -> None:
         sched = self._sched()
         tasks: list[Task] = []
+        per, fill_s = self._slot[model]
+        want = len(proxies) * per
         async with self._move(model):
             try:
-                tasks = await self._take(model, len(proxies))
+                tasks = await self._take(model, want)
                 # Short, yet tasks are held here: a concurrent claim took them into the buffer,
                 # or a commit is writing one's start mark. They are this model's work and the
                 # proxies stand for them: take them, or the proxies would end empty and the
                 # model look idle with tasks left (and be swapped out, and back).
                 deadline = time.monotonic() + 1.0
-                while len(tasks) < len(proxies) and self._holding(model):
+                while len(tasks) < want and self._holding(model):
                     if time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.001)
-                    tasks += await self._take(model, len(proxies) - len(tasks), claim=False)
+                    tasks += await self._take(model, want - len(tasks), claim=False)
+                if tasks and len(tasks) < want and fill_s > 0:
+                    tasks += await self._fill(model, want - len(tasks), fill_s)
             finally:
                 self._unclaimed[model] -= len(proxies)
-        for task, proxy in zip(tasks, proxies, strict=False):
-            self._running[task.id] = self._spawn(self._run(task, proxy))
-        for proxy in proxies[len(tasks) :]:
+        # Handler calls (each kind's tasks in batches), dealt out to the slots in turn.
+        all_calls = batching.calls(tasks, self.registry.handlers)
+        slots = [all_calls[i :: len(proxies)] for i in range(min(len(proxies), len(all_calls)))]
+        for slot, proxy in zip(slots, proxies, strict=False):
+            run = self._spawn(self._run_slot(slot, proxy))
+            for call in slot:
+                for task in call:
+                    self._running[task.id] = run
+        for proxy in proxies[len(slots) :]:
             sched.on_request_finished(proxy)  # another worker was faster: nothing to do
+
+    async def _fill(self, model: str, n: int, fill_s: float) -> list[Task]:
+        """A batch waits up to `fill_s` after its first task for `n` more: claimed as the store
+        announces arrivals (and every 5 ms, for arrivals it does not announce)."""
+        got: list[Task] = []
+        deadline = time.monotonic() + fill_s
+        while len(got) < n and not self._stop.is_set():
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), min(left_s, 0.005))
+            got += await self._take(model, n - len(got))
+        return got
 
     async def _take(self, model: str, n: int, claim: bool = True) -> list[Task]:
         """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed
@@ -430,7 +464,7 @@ class Worker:
     def _ahead_wanted(self, model: str) -> int:
         """How many tasks to claim ahead: about `prefetch_s` of work, at most `prefetch`."""
         record = self._sched().models[model]
-        per_s = record.concurrency / max(record.service_est, 1e-6)
+        per_s = record.concurrency * self._slot[model][0] / max(record.service_est, 1e-6)
         return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
 
     def _next_to_start(self, model: str) -> _Ahead | None:
@@ -442,7 +476,100 @@ class Worker:
                     return a
         return None
 
-    async def _run(self, task: Task, proxy: _Proxy) -> None:
+    async def _run_slot(self, calls: list[list[Task]], proxy: _Proxy) -> None:
+        """Run one scheduling slot's handler calls in turn (a task, or a batched kind's batch),
+        then end its proxy. Tasks waiting behind the first call keep their leases meanwhile."""
+        tasks = [t for call in calls for t in call]
+        calls = list(calls)
+        try:
+            if len(calls) > 1:
+                me = asyncio.current_task()
+                assert me is not None
+                for t in tasks:
+                    self._beats.add(t, t.lease_token or "", TaskContext(t.id, 0), me, False)
+            while calls:
+                call = calls.pop(0)
+                spec = self.registry.handlers.get(call[0].kind)
+                if spec is not None and spec.batch_size > 1:
+                    await self._run_batch(spec, call)
+                else:
+                    await self._run(call[0])
+        except asyncio.CancelledError:
+            left = [t for call in calls for t in call]  # shutdown: those never began
+            await asyncio.shield(asyncio.to_thread(self._release_all, left))
+            raise
+        finally:
+            for t in tasks:
+                self._running.pop(t.id, None)
+                self._beats.remove(t.id)
+            if proxy.state is RequestState.RUNNING:
+                self._sched().on_request_finished(proxy)
+
+    def _release_all(self, tasks: list[Task]) -> None:
+        for t in tasks:
+            self.store.release(t.id, t.lease_token or "")
+
+    async def _run_batch(self, spec: HandlerSpec, tasks: list[Task]) -> None:
+        ctxs = [TaskContext(t.id, t.attempts, t.max_attempts, t.model) for t in tasks]
+        work = asyncio.ensure_future(self._execute_batch(spec, tasks, ctxs))
+        for t, ctx in zip(tasks, ctxs, strict=True):
+            # Not "async" for the heartbeats: cancelling one task must not cancel the batch
+            # (its result is dropped at the commit instead).
+            self._beats.add(t, t.lease_token or "", ctx, work, False)
+        try:
+            await work
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.to_thread(self._release_all, tasks))
+            raise
+        finally:
+            for t in tasks:
+                self._beats.remove(t.id)
+
+    async def _execute_batch(
+        self, spec: HandlerSpec, tasks: list[Task], ctxs: list[TaskContext]
+    ) -> None:
+        payloads = [t.payload for t in tasks]
+        reset = _current.set(ctxs[0])
+        try:
+            if not spec.is_async:
+                await asyncio.to_thread(self._execute_batch_sync, spec, tasks, ctxs, payloads)
+                return
+            try:
+                async with asyncio.timeout(spec.timeout_s) as limit:
+                    results = await spec.fn(payloads)
+                outs = batching.outcomes(results, len(tasks), spec.kind)
+            except TimeoutError as exc:
+                error = _timed_out(spec) if limit.expired() else exc
+                outs = [(None, error)] * len(tasks)
+            except Exception as exc:  # the call failed: every task records it, maybe retries
+                outs = [(None, exc)] * len(tasks)
+        finally:
+            _current.reset(reset)
+        await asyncio.to_thread(self._commit_all, tasks, ctxs, outs)
+
+    def _execute_batch_sync(
+        self, spec: HandlerSpec, tasks: list[Task], ctxs: list[TaskContext], payloads: list[Any]
+    ) -> None:
+        outs: list[batching.Outcome]
+        try:
+            if spec.timeout_s is None:
+                results = spec.fn(payloads)
+            else:  # a context of its own: one task's cancellation must not stop the batch
+                first = ctxs[0]
+                own = TaskContext(first.task_id, first.attempt, first.max_attempts, first.model)
+                results = isolate.run(spec.fn, payloads, own, spec.timeout_s)
+            outs = batching.outcomes(results, len(tasks), spec.kind)
+        except Exception as exc:  # the call failed: every task records it, maybe retries
+            outs = [(None, exc)] * len(tasks)
+        self._commit_all(tasks, ctxs, outs)
+
+    def _commit_all(
+        self, tasks: list[Task], ctxs: list[TaskContext], outs: list[batching.Outcome]
+    ) -> None:
+        for task, ctx, (result, error) in zip(tasks, ctxs, outs, strict=True):
+            self._commit(task, task.lease_token or "", ctx, result, error)
+
+    async def _run(self, task: Task) -> None:
         ctx = TaskContext(task.id, task.attempts, task.max_attempts, task.model)
         token = task.lease_token or ""
         spec = self.registry.handlers.get(task.kind)
@@ -479,8 +606,6 @@ class Worker:
                 self._beats.remove(task.id)
         finally:
             self._running.pop(task.id, None)
-            if proxy.state is RequestState.RUNNING:
-                self._sched().on_request_finished(proxy)
 
     async def _execute(
         self, fn: Handler, spec: HandlerSpec, task: Task, token: str, ctx: TaskContext
@@ -501,13 +626,7 @@ class Worker:
                 if not ctx.cancelled:
                     raise  # shutdown, not a cancellation of this task
             except TimeoutError as exc:
-                error = (
-                    isolate.HandlerTimeout(
-                        f"the handler ran past its timeout_s of {spec.timeout_s:g} s"
-                    )
-                    if limit.expired()
-                    else exc
-                )
+                error = _timed_out(spec) if limit.expired() else exc
             except Exception as exc:  # the handler failed: record it, maybe retry
                 error = exc
         finally:
@@ -669,6 +788,10 @@ def _counted(task: Task) -> Task:
     """A task claimed ahead, as its start mark left it: the start counted its attempt, which the
     copy read at the claim does not show (the handler's `attempt`, backoff, `last_attempt`)."""
     return dataclasses.replace(task, attempts=task.attempts + 1)
+
+
+def _timed_out(spec: HandlerSpec) -> isolate.HandlerTimeout:
+    return isolate.HandlerTimeout(f"the handler ran past its timeout_s of {spec.timeout_s:g} s")
 
 
 def _describe(exc: BaseException) -> str:
