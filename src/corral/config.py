@@ -33,6 +33,23 @@ class DeviceConfig(_Strict):
     )
 
 
+class CoalesceConfig(_Strict):
+    """Request coalescing for `/v1/embeddings`: concurrent requests to the model go upstream as
+    one request, inputs concatenated, and the answer is split back."""
+
+    max_size: int = Field(default=32, ge=1, le=2048, description="Inputs per upstream request.")
+    max_wait_ms: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] = Field(
+        default=5.0,
+        description="Once the model is free, a batch waits this long after its first request "
+        "for more (a full batch goes at once).",
+    )
+    max_queued: int = Field(
+        default=4096,
+        ge=1,
+        description="Inputs waiting to be batched beyond this get 503 with Retry-After.",
+    )
+
+
 class HookConfig(_Strict):
     """An HTTP call to an upstream server when the scheduler loads or evicts its model."""
 
@@ -191,6 +208,11 @@ class ModelConfig(_Strict):
     )
     max_queue: int = Field(
         default=512, ge=1, description="Requests waiting for this model beyond this get 429."
+    )
+    batch: CoalesceConfig | None = Field(
+        default=None,
+        description="Coalesce concurrent /v1/embeddings requests into one upstream request "
+        "(max_size, max_wait_ms, max_queued). Unset: each request goes alone.",
     )
     request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=600.0, description="A request still waiting for its model then gets 504."

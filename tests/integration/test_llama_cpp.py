@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
@@ -141,3 +143,49 @@ def test_anthropics_client_through_the_gateway_to_a_real_llama_server(llama: Gat
     assert block.text.strip().startswith("Paris")
     assert out.model == "gemma-chat"
     assert out.usage.output_tokens > 0
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_parallel_slots_with_matching_concurrency_generate_at_once(
+    gguf: Path, tmp_path: Path, slots: int
+) -> None:
+    """`--parallel N` with `concurrency: N`: the gateway lets N requests through and llama-server
+    decodes them together, so every stream has its first token before any stream ends; with one
+    slot (and concurrency 1) they run one after another."""
+    text = f"""
+models:
+  gemma:
+    load_s: 2
+    concurrency: {slots}
+    cmd: {SERVER} -m {gguf} --port ${{PORT}} --ctx-size {1024 * slots} -- --parallel {slots} {FLAGS}
+server: {{log_dir: LOG_DIR}}
+"""
+    with serve(tmp_path, text) as gw:
+        client = gw.client(max_retries=0, timeout=300)
+        client.chat.completions.create(model="gemma", messages=CAPITALS, max_tokens=1)  # loaded
+        began = time.monotonic()
+
+        def stream(_: int) -> tuple[float, float, int]:
+            first, tokens = None, 0
+            for chunk in client.chat.completions.create(
+                model="gemma",
+                messages=CAPITALS,
+                max_tokens=24,
+                stream=True,
+                extra_body={"ignore_eos": True},  # llama-server's: exactly max_tokens each
+            ):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first or time.monotonic() - began
+                    tokens += 1
+            assert first is not None
+            assert tokens >= 20
+            return first, time.monotonic() - began, tokens
+
+        with ThreadPoolExecutor(4) as pool:
+            runs = list(pool.map(stream, range(4)))
+        last_first = max(first for first, _, _ in runs)
+        first_end = min(end for _, end, _ in runs)
+        if slots == 4:
+            assert last_first < first_end, runs  # all four decoding together
+        else:
+            assert last_first > first_end, runs  # one at a time

@@ -82,6 +82,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.batch_inputs = Histogram(
+            "corral_batch_inputs",
+            "Inputs per coalesced upstream request (models with `batch:`).",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+            registry=r,
+        )
         self.requests = Counter(
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )

@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import Request
@@ -22,6 +22,9 @@ from corral.gateway.errors import error, stream_error, upstream_body
 from corral.gateway.loading import serve_loading
 from corral.gateway.runtime import Gateway, Rejected
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
+
+if TYPE_CHECKING:
+    from corral.gateway.coalesce import Coalescer
 
 # The model-routed endpoints, as llama-swap routes them (internal/server/server.go): a JSON body
 # naming the model; a multipart form with a `model` field; a GET with `?model=`. The versionless
@@ -113,6 +116,7 @@ class Proxy:
         self.pool = pool
         self.metrics = gateway.metrics
         self.max_body = int(config.server.max_body_mb * 1024 * 1024)
+        self._coalescers: dict[str, Coalescer] = {}
 
     async def read_body(self, request: Request) -> bytes | Response:
         declared = request.headers.get("content-length")
@@ -168,7 +172,7 @@ class Proxy:
             done: set[asyncio.Future[Any]] = {turn}
             gone: asyncio.Future[None] | None = None
         else:
-            gone = asyncio.ensure_future(_disconnected(request))
+            gone = asyncio.ensure_future(disconnected(request))
             try:
                 done, _ = await asyncio.wait(
                     {turn, gone}, timeout=m.request_timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -318,6 +322,17 @@ class Proxy:
 
         return StreamingResponse(relay(), status_code=resp.status, headers=out_headers)
 
+    def coalescer(self, model: str) -> Coalescer:
+        """The model's request coalescer (its `batch:` config), made on first use."""
+        from corral.gateway.coalesce import Coalescer  # it needs this module's helpers
+
+        c = self._coalescers.get(model)
+        if c is None:
+            batching = self.config.models[model].batch
+            assert batching is not None
+            c = self._coalescers[model] = Coalescer(self, model, batching)
+        return c
+
     def _model_of(self, name: Any) -> str | Response:
         """The served model a request names, or the error to answer."""
         if name is None or name == "":
@@ -406,6 +421,11 @@ class Proxy:
                 _rewrite(data, filters, str(name))
             data["model"] = served
             body = json.dumps(data).encode()
+        batching = self.config.models[model].batch
+        if batching is not None and path in ("/v1/embeddings", "/embeddings"):
+            answer = await self.coalescer(model).submit(request, data, priority, path)
+            if answer is not None:
+                return answer
         stream = bool(data.get("stream"))
         if (
             stream
@@ -420,7 +440,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value (use a number or null)")
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     """Returns when the client has gone (the body was already read)."""
     while True:
         message = await request.receive()
