@@ -1,0 +1,24 @@
+"""How a worker runs: leases, polling, retries, shutdown, prefetch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    lease_s: float = 30.0  # a claimed task is reclaimable this long after the last heartbeat
+    poll_s: float = 0.2  # how often the worker looks for new work ...
+    # ... where the store wakes it on work from other processes (PostgreSQL's LISTEN/NOTIFY):
+    # then polling is only the safety net (and its own retries set a timer for when they are due)
+    idle_poll_s: float = 2.0
+    retry_base_s: float = 1.0  # backoff after the n-th failed attempt: base * 2**(n-1) ...
+    retry_max_s: float = 300.0  # ... capped here
+    shutdown_timeout_s: float = 30.0  # on stop, running tasks get this long, then go back
+    load_retry_s: float = 30.0  # a model whose load failed is not tried again for this long
+    # Claim up to `prefetch` more of the resident model's tasks per claim, enough for about
+    # `prefetch_s` of work at the scheduler's measured service time: fewer round trips for short
+    # tasks, none for long ones (so a new higher-priority task never waits behind a long buffer).
+    # Tasks claimed ahead are reserved, not started: a killed worker burns no attempts on them.
+    prefetch: int = 32
+    prefetch_s: float = 0.1
