@@ -63,13 +63,14 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
-# The benchmarks against peers (huey, procrastinate; LiteLLM's proxy), in a venv of their own so
-# the peers never enter the project's environment.
+# The benchmarks against peers (huey, procrastinate, pgqueuer; LiteLLM's proxy), in a venv of
+# their own so the peers never enter the project's environment.
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[postgres]' 'huey>=2.5' 'procrastinate>=3' 'litellm[proxy]'
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[postgres]' 'huey>=2.5' 'procrastinate>=3' \
+	  'pgqueuer==1.6.0' 'asyncpg>=0.29' 'litellm[proxy]'
 	touch $(BENCH_VENV)/.installed
 
 bench-queue: $(BENCH_VENV)/.installed

@@ -3,7 +3,8 @@
 For each system: single enqueue (1,000 calls of its public API), bulk enqueue (`--tasks` in one
 call, where the system has a bulk API), and claim+complete with 1 and with 4 worker processes
 draining `--tasks` no-op tasks (each result stored). Peers: huey on SQLite (at its default
-`synchronous` and with `fsync=False`), procrastinate on PostgreSQL.
+`synchronous` and with `fsync=False`), procrastinate and pgqueuer (asyncpg; no results kept) on
+PostgreSQL.
 
 Drain rates are steady state: workers start on a full queue; the clock runs from 10% done to
 100% done, so process start-up (imports, connections) is left out for every system alike.
@@ -15,6 +16,7 @@ Run: `make bench-queue` (installs the peers into .venv-bench), or
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib
 import json
@@ -31,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -250,6 +253,68 @@ def procrastinate_system(schema: str) -> System:
     )
 
 
+def pgqueuer_system(schema: str) -> System:
+    """pgqueuer 1.6.0 through its Python API on asyncpg (its CLI worker crashes at start here),
+    with its defaults: durable tables, batch_size 10, no results stored (a finished job is
+    deleted and logged)."""
+    os.environ["BENCH_PG"] = PG
+    os.environ["BENCH_PG_SCHEMA"] = schema
+    sys.path.insert(0, str(APPS))
+    import pgqueuer_app
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    runner = asyncio.Runner()
+    state: dict[str, Any] = {}
+    enqueued = [0]
+
+    def drop() -> None:
+        if "conn" in state:
+            runner.run(state.pop("conn").close())
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    def setup() -> None:
+        drop()
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        state["conn"] = runner.run(pgqueuer_app.connect())
+        state["q"] = Queries(AsyncpgDriver(state["conn"]))
+        runner.run(state["q"].install())
+        enqueued[0] = 0
+
+    def single(i: int) -> None:
+        runner.run(state["q"].enqueue("noop", str(i).encode()))
+        enqueued[0] += 1
+
+    def bulk(n: int) -> None:
+        runner.run(state["q"].enqueue(["noop"] * n, [str(i).encode() for i in range(n)], [0] * n))
+        enqueued[0] += n
+
+    def done() -> int:  # a finished job leaves the queue table
+        with psycopg.connect(PG, autocommit=True) as conn:
+            row = conn.execute(f"SELECT COUNT(*) FROM {schema}.pgqueuer").fetchone()
+            return enqueued[0] - (int(row[0]) if row else 0)
+
+    def teardown() -> None:
+        drop()
+        runner.close()
+
+    return System(
+        name="pgqueuer",
+        store="PostgreSQL",
+        guarantee="at-least-once (a stalled job is re-picked after its heartbeat times out); "
+        "no results stored",
+        env={"BENCH_PG": PG, "BENCH_PG_SCHEMA": schema},
+        setup=setup,
+        single=single,
+        bulk=bulk,
+        worker=[str(BIN / "python"), str(APPS / "pgqueuer_app.py")],
+        done=done,
+        teardown=teardown,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=10_000)
@@ -297,6 +362,8 @@ def main() -> None:
         reset_pg()
         pschema = f"bench_p_{uuid.uuid4().hex[:8]}"
         rows.append(measure(procrastinate_system(pschema), args.tasks, args.workers))
+        qschema = f"bench_q_{uuid.uuid4().hex[:8]}"
+        rows.append(measure(pgqueuer_system(qschema), args.tasks, args.workers))
     shutil.rmtree(tmp, ignore_errors=True)
     report(rows, args)
 

@@ -100,6 +100,9 @@ class PostgresStore(SqlStore):
     def _announce(self, tx: Tx) -> None:
         tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})
 
+    def _notify_sql(self) -> str:
+        return f"SELECT pg_notify('{self._channel}', '') AS notified"
+
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         remove = super().subscribe(wake)
         with self._lock:

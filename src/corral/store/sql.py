@@ -172,6 +172,12 @@ class Tx(Protocol):
 
 
 # A queued task `claim` may take now: due, and first of its serial key with none running.
+_INSERT = (
+    "INSERT INTO corral_tasks (id, kind, model, payload, priority, interactive, serial_key, "
+    "status, max_attempts, created_at, run_after, batch_id) VALUES (:id, :kind, :model, "
+    ":payload, :priority, :interactive, :serial_key, :status, :max_attempts, :created_at, "
+    ":run_after, :batch_id)"
+)
 _CLAIMABLE = """t.status = 'queued' AND t.run_after <= :now
       AND (t.serial_key IS NULL OR (
         NOT EXISTS (SELECT 1 FROM corral_tasks r
@@ -297,7 +303,19 @@ class SqlStore:
 
     # --- writes -------------------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> str:
-        return self.enqueue_many([task])[0]
+        notify = self._notify_sql()
+        if not (notify and self.dialect.cte_writes):
+            return self.enqueue_many([task])[0]
+        # One statement, so one round trip in autocommit: the insert and its announcement.
+        (row,) = self._rows([task])
+        with self._tx(write=True, single=True) as tx:
+            tx.run(f"WITH added AS ({_INSERT} RETURNING 1 AS x) {notify}", row)
+        self._woken()
+        return str(row["id"])
+
+    def _notify_sql(self) -> str:
+        """A SELECT that announces new work to other processes, or "" where there are none."""
+        return ""
 
     def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
         rows = self._rows(tasks)
@@ -345,13 +363,7 @@ class SqlStore:
             raise QueueFull.of(kind, queued, adding, max_queued)
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
-        tx.run_many(
-            "INSERT INTO corral_tasks (id, kind, model, payload, priority, interactive, "
-            "serial_key, status, max_attempts, created_at, run_after, batch_id) VALUES (:id, "
-            ":kind, :model, :payload, :priority, :interactive, :serial_key, :status, "
-            ":max_attempts, :created_at, :run_after, :batch_id)",
-            rows,
-        )
+        tx.run_many(_INSERT, rows)
 
     def claim(
         self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
