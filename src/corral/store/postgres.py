@@ -41,9 +41,35 @@ class _PgTx:
         cur = self._conn.execute(_pg(sql), params or {})
         return list(cur.fetchall()) if cur.description else []
 
+    def copy_rows(
+        self, table: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        with (
+            self._conn.cursor() as cur,
+            cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy,
+        ):
+            for r in rows:
+                copy.write_row([r[c] for c in columns])
+
     def run_many(self, sql: str, params: Sequence[Mapping[str, Any]]) -> None:
         with self._conn.cursor() as cur:  # psycopg pipelines executemany: no round trip per row
             cur.executemany(_pg(sql), params)
+
+
+_INSERT_COLUMNS = (
+    "id",
+    "kind",
+    "model",
+    "payload",
+    "priority",
+    "interactive",
+    "serial_key",
+    "status",
+    "max_attempts",
+    "created_at",
+    "run_after",
+    "batch_id",
+)
 
 
 class PostgresStore(SqlStore):
@@ -96,6 +122,14 @@ class PostgresStore(SqlStore):
                         yield _PgTx(self._conn)
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL error: {exc}") from exc
+
+    def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
+        """COPY for more than a few rows: one stream, rows encoded in C (a pipelined executemany
+        still plans and sends a statement per row)."""
+        if len(rows) < 8 or not isinstance(tx, _PgTx):
+            super()._insert(tx, rows)
+            return
+        tx.copy_rows("corral_tasks", _INSERT_COLUMNS, rows)
 
     def _announce(self, tx: Tx) -> None:
         tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})
