@@ -26,12 +26,10 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench_gateway import wait_ok
 from corral.backends.process import free_port
 from corral.bench.loadgen import Point, Spec, run_point
 
@@ -43,19 +41,6 @@ LENGTHS = [4, 8, 16, 32]  # words per input, for the length table
 
 def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-
-
-def wait_ok(url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{url} did not become healthy in {timeout_s} s")
-        time.sleep(0.1)
 
 
 def config(passive: str, spinning: str, log_dir: Path) -> str:
@@ -161,7 +146,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{gw_port}"
     try:
         for u in [*urls, url]:
-            wait_ok(f"{u}/health")
+            wait_ok(f"{u}/health", 120)
         names = ["unbatched", "unbatched-spin"] + [f"b{b}-w{w}" for b in BATCHES for w in WAITS_MS]
         found: dict[str, list[Point]] = {n: [] for n in names}
         total = args.rounds * len(names) + 3 * args.rounds * len(LENGTHS)

@@ -18,12 +18,10 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench_gateway import wait_ok
 from corral.backends.process import free_port
 from corral.bench.loadgen import Spec, run_point
 
@@ -72,15 +70,7 @@ def main() -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "corral serve did not start"
-            time.sleep(0.1)
+        wait_ok(f"{url}/health", 60)
         found: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             for name in models:

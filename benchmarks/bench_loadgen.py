@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import aiohttp
-import httpx
 
+from bench_gateway import wait_ok
 from corral.backends.process import free_port
 from corral.bench.loadgen import Spec, body, run_point
 
@@ -56,15 +56,7 @@ def main() -> None:
     )  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:  # until the server answers its health check
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the sim backend did not start"
-            time.sleep(0.05)
+        wait_ok(f"{base}/health", 30)
         spec = Spec(base, "chat", ["sim"], args.requests, max_tokens=25)
         bench_rates, bare_rates = [], []
         for _ in range(args.rounds):

@@ -4,9 +4,12 @@ for tests that run real processes."""
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
@@ -110,3 +113,18 @@ def wait_http_ok(url: str, timeout_s: float = 30.0) -> float:
                 return time.monotonic() - started
         time.sleep(0.02)
     raise AssertionError(f"{url} did not answer 200 within {timeout_s:g} s")
+
+
+class JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A quiet HTTP handler for a test's own upstream: `answer(status, doc)` sends JSON."""
+
+    def answer(self, status: int, doc: dict[str, Any]) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass

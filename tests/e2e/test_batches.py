@@ -20,7 +20,7 @@ import pytest
 
 from corral.backends.process import free_port
 from tests.e2e.test_gateway import CORRAL, SIM, Gateway, serve, wait_for
-from tests.helpers import alive, wait_http_ok
+from tests.helpers import JsonHandler, alive, wait_http_ok
 
 CONFIG = f"""
 models:
@@ -451,7 +451,7 @@ def test_corral_submit_names_the_bad_lines_and_the_unreachable_server(
     assert "is `corral serve` running?" in gone.stderr
 
 
-class Flaky(http.server.BaseHTTPRequestHandler):
+class Flaky(JsonHandler):
     """An OpenAI-compatible upstream that answers 503 twice per request id, then 200; a
     request whose prompt says "broken" always gets 500."""
 
@@ -462,25 +462,14 @@ class Flaky(http.server.BaseHTTPRequestHandler):
         prompt = body["prompt"]
         Flaky.hits[prompt] = Flaky.hits.get(prompt, 0) + 1
         if "broken" in prompt:
-            self._answer(500, {"error": {"message": "the model fell over"}})
+            self.answer(500, {"error": {"message": "the model fell over"}})
         elif Flaky.hits[prompt] <= 2:
-            self._answer(503, {"error": {"message": "busy"}})
+            self.answer(503, {"error": {"message": "busy"}})
         else:
-            self._answer(200, {"id": "c1", "object": "text_completion", "choices": []})
+            self.answer(200, {"id": "c1", "object": "text_completion", "choices": []})
 
     def do_GET(self) -> None:
-        self._answer(200, {"object": "list", "data": []})
-
-    def _answer(self, status: int, doc: dict[str, Any]) -> None:
-        data = json.dumps(doc).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.answer(200, {"object": "list", "data": []})
 
 
 def test_5xx_answers_are_retried_and_the_last_one_kept(tmp_path: Path) -> None:

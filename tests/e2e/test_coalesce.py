@@ -15,9 +15,10 @@ import pytest
 
 from corral.gateway.coalesce import apportion, inputs_of, split_answer
 from tests.e2e.test_gateway import SIM, serve
+from tests.helpers import JsonHandler
 
 
-class Recording(http.server.BaseHTTPRequestHandler):
+class Recording(JsonHandler):
     """An embeddings upstream that records each request's inputs, answers one 3-number vector per
     input (its length, its position, 1), and refuses with 400 any request holding "poison"."""
 
@@ -32,14 +33,14 @@ class Recording(http.server.BaseHTTPRequestHandler):
             Recording.seen.append(inputs)
         threading.Event().wait(self.delay_s)  # a forward pass, long enough for others to queue
         if "poison" in inputs:
-            self._answer(400, {"error": {"message": "input 'poison' is not allowed"}})
+            self.answer(400, {"error": {"message": "input 'poison' is not allowed"}})
             return
         data = [
             {"object": "embedding", "index": i, "embedding": [len(str(x)), i, 1]}
             for i, x in enumerate(inputs)
         ]
         tokens = sum(len(str(x)) for x in inputs)
-        self._answer(
+        self.answer(
             200,
             {
                 "object": "list",
@@ -50,18 +51,7 @@ class Recording(http.server.BaseHTTPRequestHandler):
         )
 
     def do_GET(self) -> None:
-        self._answer(200, {"object": "list", "data": []})
-
-    def _answer(self, status: int, doc: dict[str, Any]) -> None:
-        data = json.dumps(doc).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.answer(200, {"object": "list", "data": []})
 
 
 @pytest.fixture

@@ -305,16 +305,13 @@ class Coalescer:
                 )
         except (aiohttp.ClientError, TimeoutError) as exc:
             await backend.exited(timeout_s=1.0)
-            message = f"model {self.model}: its server did not answer ({type(exc).__name__})"
-            payload = {
-                "error": {
-                    "message": message,
-                    "type": "upstream_error",
-                    "param": None,
-                    "code": "backend_unreachable",
-                }
-            }
-            return 502, json.dumps(payload).encode(), "application/json", wait_ms
+            down = error(
+                502,
+                f"model {self.model}: its server did not answer ({type(exc).__name__})",
+                "upstream_error",
+                code="backend_unreachable",
+            )
+            return 502, bytes(down.body), "application/json", wait_ms
 
     @staticmethod
     def _response(status: int, content: bytes, ctype: str, wait_ms: str, size: str) -> Response:

@@ -353,8 +353,11 @@ class Worker(Execution):
                     tasks += await self._fill(model, want - len(tasks), fill_s)
             finally:
                 self._unclaimed[model] -= len(proxies)
-        # Handler calls (each kind's tasks in batches), dealt out to the slots in turn.
-        all_calls = batching.calls(tasks, self.registry.handlers)
+        # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
+        # without batched kinds runs each task alone, in claim order (the common, hot path).
+        all_calls = (
+            batching.calls(tasks, self.registry.handlers) if per > 1 else [[t] for t in tasks]
+        )
         slots = [all_calls[i :: len(proxies)] for i in range(min(len(proxies), len(all_calls)))]
         for slot, proxy in zip(slots, proxies, strict=False):
             run = self._spawn(self._run_slot(slot, proxy))
