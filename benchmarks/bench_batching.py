@@ -10,7 +10,9 @@ serves one input at a time faster; the ratio is taken against the better of the 
 in rounds, in turn, and each point's best round is kept (the machine is shared with the client and
 the gateway, and noisy).
 
-Writes out/bench-batching/: batch_sweep.csv, lengths.csv, summary.json, and the plots
+First, each process's CPU per request (server, gateway, client) unbatched and batched 32
+(`--cpu-only` stops there: out/bench-batching/cpu.json). Writes out/bench-batching/:
+batch_sweep.csv, lengths.csv, summary.json, and the plots
 throughput_vs_batch.png, p95_vs_batch.png, latency_cdf_baseline_vs_batch.png.
 
 Run: `make bench-batching` (`.venv/bin/python benchmarks/bench_batching.py [--rounds 2]`).
@@ -26,6 +28,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,26 @@ def plots(
     plt.close(fig)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_request(url: str, model: str, pids: dict[str, int], args: Any) -> dict[str, Any]:
+    """Each process's CPU milliseconds per request over one point (the client is this one):
+    where two cores go, batched and not."""
+    measure(url, model, args.words, 100, args.concurrency)  # warm, not counted
+    before = {n: cpu_s(p) for n, p in pids.items()}
+    client = time.process_time()
+    spec = Spec(url, "embeddings", [model], args.requests, prompt_words=args.words)
+    point = asyncio.run(run_point(spec, concurrency=args.concurrency))
+    n = len(point.samples)
+    row = {f"{k}_cpu_ms": round((cpu_s(p) - before[k]) * 1000 / n, 2) for k, p in pids.items()}
+    row["client_cpu_ms"] = round((time.process_time() - client) * 1000 / n, 2)
+    return {"model": model, "requests_per_s": point.summary()["requests_per_s"], **row}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
@@ -127,6 +150,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--words", type=int, default=8, help="words per input in the sweep")
     ap.add_argument("--out", type=Path, default=Path("out/bench-batching"))
+    ap.add_argument(
+        "--cpu-only", action="store_true", help="only the CPU-per-request pass (about a minute)"
+    )
     args = ap.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +173,12 @@ def main() -> None:
     try:
         for u in [*urls, url]:
             wait_ok(f"{u}/health", 120)
+        pids = {"server": servers[0].pid, "gateway": gateway.pid}
+        cpu = [cpu_per_request(url, m, pids, args) for m in ("unbatched", "b32-w5")]
+        print(json.dumps({"cpu_per_request": cpu}, indent=2), file=sys.stderr)
+        if args.cpu_only:
+            (out / "cpu.json").write_text(json.dumps(cpu, indent=2))
+            return
         names = ["unbatched", "unbatched-spin"] + [f"b{b}-w{w}" for b in BATCHES for w in WAITS_MS]
         found: dict[str, list[Point]] = {n: [] for n in names}
         total = args.rounds * len(names) + 3 * args.rounds * len(LENGTHS)
@@ -244,6 +276,7 @@ def main() -> None:
             ),
             "sweep": rows,
             "lengths": lengths,
+            "cpu_per_request": cpu,
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(json.dumps({k: summary[k] for k in ("baseline", "batched32_w5_speedup")}, indent=2))
