@@ -6,6 +6,7 @@ Each PostgreSQL test gets a schema of its own, dropped afterwards, so parallel r
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 import threading
 import time
@@ -21,6 +22,7 @@ from corral.store import (
     Batch,
     BatchNotFound,
     FileNotFound,
+    Finished,
     Lease,
     MemoryStore,
     NewTask,
@@ -217,6 +219,82 @@ def test_expired_reservations_go_back_without_using_an_attempt(store: Store, clo
     (again,) = store.claim("m", "w2", limit=1, lease_s=30, start=0)
     assert store.release(reserved, again.lease_token or "")
     assert store.get(reserved).attempts == 0
+
+
+def test_group_commit_commits_each_task_fenced_by_its_own_token(store: Store, clock: Clock) -> None:
+    a, b, c, d, e = add(store, n=5)
+    (k,) = add(store, serial_key="key")
+    (k2,) = add(store, serial_key="key")
+    got = store.claim("m", "w", limit=5, lease_s=30, start=3)
+    assert [(t.id, t.attempts, t.started_in_group) for t in got] == [
+        (a, 1, True), (b, 1, True), (c, 1, True), (d, 0, False), (e, 0, False)
+    ]  # fmt: skip
+    tok = {t.id: t.lease_token or "" for t in got}
+    (tk,) = store.claim("m", "w", limit=1, lease_s=30)
+    assert tk.id == k
+    assert not tk.started_in_group  # one task alone is no group
+    woken: list[int] = []
+    store.subscribe(lambda: woken.append(1))
+    clock.t += 1
+    done = [
+        Finished(a, tok[a], json.dumps({"r": "a"})),
+        Finished(b, "stale-token", json.dumps("b")),
+        Finished(c, tok[c], json.dumps([1, 2])),
+        Finished(k, tk.lease_token or "", json.dumps(None)),
+    ]
+    committed = store.finish_many(done, then_start=[(d, tok[d]), (e, tok[e])])
+    assert sorted(committed) == sorted([a, c, k])
+    assert (store.get(a).status, store.get(a).result) == (TaskStatus.SUCCEEDED, {"r": "a"})
+    assert store.get(c).result == [1, 2]
+    assert store.get(a).finished_at == clock.t
+    assert store.get(b).status is TaskStatus.RUNNING  # fenced: nothing written
+    assert [(store.get(x).attempts, store.get(x).started_in_group) for x in (d, e)] == [
+        (1, True),
+        (1, True),
+    ]
+    assert woken  # the serial key's next task may run
+    assert [t.id for t in store.claim("m", "w", limit=5, lease_s=30)] == [k2]
+    assert store.finish_many([Finished(a, tok[a], "1")]) == []  # exactly one commit
+
+
+def test_a_grouped_task_whose_worker_died_gets_its_attempt_back_and_runs_alone(
+    store: Store, clock: Clock
+) -> None:
+    """Any task of a group may have killed the worker: none loses an attempt for it, and each
+    runs alone from then on, so the one that kills its worker runs out of attempts by itself."""
+    a, b, c = add(store, n=3, max_attempts=1)
+    store.claim("m", "w1", limit=3, lease_s=30)
+    clock.t += 31
+    assert store.reclaim_expired() == 3
+    for tid in (a, b, c):
+        t = store.get(tid)
+        assert (t.status, t.attempts, t.run_alone, t.worker_id) == (
+            TaskStatus.QUEUED,
+            0,
+            True,
+            None,
+        )
+        assert t.errors[-1]["counted"] is False
+        assert "runs alone" in (t.error or "")
+    # A task that must run alone is never started in a group: it comes back reserved ...
+    got = store.claim("m", "w2", limit=3, lease_s=30, start=3)
+    assert [(t.id, t.attempts, t.started_at) for t in got] == [(x, 0, None) for x in (a, b, c)]
+    tok = {t.id: t.lease_token or "" for t in got}
+    assert store.start([(a, tok[a]), (b, tok[b])]) == []
+    assert store.finish_many([], then_start=[(a, tok[a]), (b, tok[b])]) == []
+    assert store.get(a).attempts == 0
+    # ... and started by itself; if its worker dies now, the attempt counts.
+    assert store.start([(a, tok[a])]) == [a]
+    assert (store.get(a).attempts, store.get(a).started_in_group) == (1, False)
+    clock.t += 31
+    assert store.reclaim_expired() == 3
+    assert store.get(a).status is TaskStatus.FAILED
+    assert (store.get(b).status, store.get(b).attempts) == (TaskStatus.QUEUED, 0)
+    # A claim of one starts it (alone), and a manual retry forgets the mark.
+    (tb,) = store.claim("m", "w3", limit=1, lease_s=30)
+    assert (tb.id, tb.attempts, tb.started_in_group) == (b, 1, False)
+    assert store.retry(a) is TaskStatus.QUEUED
+    assert not store.get(a).run_alone
 
 
 def test_expired_task_whose_cancel_was_requested_ends_cancelled(store: Store, clock: Clock) -> None:

@@ -14,8 +14,15 @@ Semantics every adapter shares (tests/contract holds the one suite they all pass
   counted until it starts, with `start` or piggy-backed on the previous commit (`then_start`),
   always before its handler runs. So a worker killed with reserved tasks burns no attempts for
   them, while a task whose handler kills the worker still runs out of attempts.
+- Tasks started by one call together with others (a claim or `start` of several, `then_start`
+  of several) are a *group*: a worker runs them one after another and commits them together
+  (`finish_many`). If its lease expires, a grouped task gets that attempt back (the worker died,
+  and any task of the group may have killed it) and is marked `run_alone`. A `run_alone` task is
+  never started in a group (a call starting several leaves it reserved; start it by itself), so
+  a task that kills its worker runs out of attempts alone, and its neighbours lose none.
 - `reclaim_expired` returns tasks whose lease ran out to the queue (or fails them when out of
-  attempts; reserved ones always go back, cancelled-while-running ones end cancelled).
+  attempts; reserved and grouped ones always go back, cancelled-while-running ones end
+  cancelled).
 """
 
 from __future__ import annotations
@@ -188,10 +195,29 @@ class Task:
     cancel_requested: bool = False
     batch_id: str | None = None
     interactive: bool = False
+    started_in_group: bool = False  # this attempt started with others (see the module docs)
+    run_alone: bool = False  # its worker died while it ran in a group: never group it again
 
     @property
     def level(self) -> Level:
         return (self.interactive, self.priority)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A success for `finish_many`: the result already as JSON text (`json.dumps`)."""
+
+    task_id: str
+    token: str
+    result_json: str
+
+
+def grouped_expiry(worker_id: str | None) -> str:
+    """The error recorded when a grouped task's lease expires (its attempt does not count)."""
+    return (
+        f"lease expired on worker {worker_id} (worker died or stalled) while this task was in a "
+        "group run with others: the attempt is not counted, and the task runs alone from now on"
+    )
 
 
 class FileNotFound(StoreError):
@@ -290,6 +316,14 @@ class Store(Protocol):
     ) -> bool:
         """Commit success; False (nothing written) if the lease was lost. `then_start`: reserved
         tasks to start in the same transaction (as `start`), whatever the commit's outcome."""
+        ...
+
+    def finish_many(
+        self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
+    ) -> list[str]:
+        """Commit several successes in one transaction (group commit), each fenced by its own
+        lease token as in `finish`; returns the ids committed (a task whose lease was lost is
+        left alone). `then_start` as in `finish`."""
         ...
 
     def fail(

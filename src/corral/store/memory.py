@@ -15,6 +15,7 @@ from corral.store.base import (
     Batch,
     BatchNotFound,
     FileNotFound,
+    Finished,
     Lease,
     Level,
     NewTask,
@@ -24,6 +25,7 @@ from corral.store.base import (
     TaskNotFound,
     TaskStatus,
     Wakeups,
+    grouped_expiry,
 )
 
 
@@ -130,9 +132,12 @@ class MemoryStore:
                 (t for t in self._claimable(now) if t.model == model),
                 key=lambda t: (not t.interactive, -t.priority, t.seq),
             )
+            picked = eligible[:limit]
+            n_start = len(picked) if start is None else min(start, len(picked))
+            group = n_start > 1
             out = []
-            for rank, t in enumerate(eligible[:limit]):
-                starts = start is None or rank < start
+            for rank, t in enumerate(picked):
+                starts = rank < n_start and not (group and t.run_alone)
                 claimed = dataclasses.replace(
                     t,
                     status=TaskStatus.RUNNING,
@@ -141,6 +146,7 @@ class MemoryStore:
                     lease_expires_at=now + lease_s,
                     worker_id=worker_id,
                     started_at=now if starts else None,
+                    started_in_group=starts and group,
                 )
                 self._tasks[t.id] = claimed
                 out.append(copy.deepcopy(claimed))
@@ -152,11 +158,12 @@ class MemoryStore:
 
     def _start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
         started = []
+        group = len(tasks) > 1
         for task_id, token in tasks:
             t = self._holder(task_id, token)
-            if t is not None and t.started_at is None:
+            if t is not None and t.started_at is None and not (group and t.run_alone):
                 self._tasks[task_id] = dataclasses.replace(
-                    t, attempts=t.attempts + 1, started_at=self._clock()
+                    t, attempts=t.attempts + 1, started_at=self._clock(), started_in_group=group
                 )
                 started.append(task_id)
         return started
@@ -182,6 +189,29 @@ class MemoryStore:
         return self._end(
             task_id, token, then_start, status=TaskStatus.SUCCEEDED, result=json.loads(encoded)
         )
+
+    def finish_many(
+        self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
+    ) -> list[str]:
+        with self._lock:
+            self._start(then_start)
+            committed = []
+            now = self._clock()
+            for d in done:
+                t = self._holder(d.task_id, d.token)
+                if t is None:
+                    continue
+                self._tasks[d.task_id] = dataclasses.replace(
+                    t,
+                    status=TaskStatus.SUCCEEDED,
+                    result=json.loads(d.result_json),
+                    lease_token=None,
+                    lease_expires_at=None,
+                    finished_at=now,
+                )
+                self._freed(t)
+                committed.append(d.task_id)
+            return committed
 
     def _end(
         self,
@@ -261,6 +291,7 @@ class MemoryStore:
                 lease_expires_at=None,
                 worker_id=None,
                 started_at=None,
+                started_in_group=False,
             )
             self._wakeups.fire()
             return True
@@ -294,6 +325,8 @@ class MemoryStore:
                     cancel_requested=False,
                     worker_id=None,
                     started_at=None,
+                    started_in_group=False,
+                    run_alone=False,
                 )
                 self._tasks[task_id] = t
                 self._wakeups.fire()
@@ -526,6 +559,19 @@ def _expired(t: Task, now: float) -> Task:
         return dataclasses.replace(t, status=TaskStatus.CANCELLED, finished_at=now)
     if t.started_at is None:  # reserved, never started: no attempt was used
         return dataclasses.replace(t, status=TaskStatus.QUEUED, worker_id=None)
+    if t.started_in_group:  # any task of its group may have killed the worker: not counted
+        error = grouped_expiry(t.worker_id)
+        entry = {"attempt": t.attempts, "error": error, "at": now, "counted": False}
+        return dataclasses.replace(
+            t,
+            status=TaskStatus.QUEUED,
+            worker_id=None,
+            attempts=t.attempts - 1,
+            started_in_group=False,
+            run_alone=True,
+            error=error,
+            errors=[*t.errors, entry],
+        )
     error = f"lease expired on worker {t.worker_id} (worker died or stalled)"
     errors = [*t.errors, {"attempt": t.attempts, "error": error, "at": now}]
     if t.attempts >= t.max_attempts:

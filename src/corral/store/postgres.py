@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from corral.store.base import StoreError
+from corral.store.base import Finished, StoreError
 from corral.store.sql import Dialect, SqlStore, Tx
 
 DIALECT = Dialect(
@@ -55,6 +55,28 @@ class _PgTx:
         with self._conn.cursor() as cur:  # psycopg pipelines executemany: no round trip per row
             cur.executemany(_pg(sql), params)
 
+
+# Group commit (`finish_many`) in one statement: start the next tasks, commit the finished
+# ones, and announce a freed serial key, if any, to other processes.
+_FINISH_MANY = """
+WITH started AS (
+    UPDATE corral_tasks SET attempts = attempts + 1, started_at = :now, started_in_group = :grp
+    FROM unnest(:s_ids::text[], :s_tokens::text[]) AS s(id, token)
+    WHERE corral_tasks.id = s.id AND corral_tasks.status = 'running'
+      AND corral_tasks.lease_token = s.token AND corral_tasks.started_at IS NULL
+      AND (:grp = 0 OR corral_tasks.run_alone = 0)
+    RETURNING corral_tasks.id),
+done AS (
+    UPDATE corral_tasks SET status = 'succeeded', result = f.result, lease_token = NULL,
+        lease_expires_at = NULL, finished_at = :now
+    FROM unnest(:ids::text[], :tokens::text[], :results::text[]) AS f(id, token, result)
+    WHERE corral_tasks.id = f.id AND corral_tasks.status = 'running'
+      AND corral_tasks.lease_token = f.token
+    RETURNING corral_tasks.id, corral_tasks.serial_key)
+SELECT id, serial_key,
+       (SELECT count(*) FROM started) AS n_started,
+       CASE WHEN serial_key IS NULL THEN NULL ELSE pg_notify(:channel, '') END AS notified
+FROM done"""
 
 _INSERT_COLUMNS = (
     "id",
@@ -130,6 +152,31 @@ class PostgresStore(SqlStore):
             super()._insert(tx, rows)
             return
         tx.copy_rows("corral_tasks", _INSERT_COLUMNS, rows)
+
+    def finish_many(
+        self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
+    ) -> list[str]:
+        """One statement, so one round trip and one WAL flush for the whole group: the starts
+        and the commits, each row fenced by its own token (`unnest` pairs them up)."""
+        if not done and not then_start:
+            return []
+        now = self._clock()
+        params: dict[str, Any] = {
+            "now": now,
+            "ids": [d.task_id for d in done],
+            "tokens": [d.token for d in done],
+            "results": [d.result_json for d in done],
+            "s_ids": [t[0] for t in then_start],
+            "s_tokens": [t[1] for t in then_start],
+            "grp": int(len(then_start) > 1),
+            "channel": self._channel,
+        }
+        with self._tx(write=True, single=True) as tx:
+            rows = tx.run(_FINISH_MANY, params)
+        committed = [r["id"] for r in rows]
+        if any(r["serial_key"] is not None for r in rows):
+            self._wakeups.fire()  # the statement announced it to other processes
+        return committed
 
     def _announce(self, tx: Tx) -> None:
         tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})

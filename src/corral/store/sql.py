@@ -18,6 +18,7 @@ from corral.store.base import (
     Batch,
     BatchNotFound,
     FileNotFound,
+    Finished,
     Lease,
     Level,
     NewTask,
@@ -29,12 +30,13 @@ from corral.store.base import (
     TaskNotFound,
     TaskStatus,
     Wakeups,
+    grouped_expiry,
 )
 
 _COLUMNS = (
     "seq, id, kind, model, payload, priority, serial_key, status, attempts, max_attempts, "
     "created_at, run_after, lease_token, lease_expires_at, worker_id, started_at, finished_at, "
-    "result, error, errors, cancel_requested, batch_id, interactive"
+    "result, error, errors, cancel_requested, batch_id, interactive, started_in_group, run_alone"
 )
 # The same columns without the payload and the result (`list(full=False)`).
 _LIGHT = _COLUMNS.replace("payload,", "'null' AS payload,").replace("result,", "NULL AS result,")
@@ -158,6 +160,15 @@ CREATE TABLE corral_workers (
 );
 """,
         ),
+        (
+            7,
+            # Group commit: tasks started together, and tasks that must run alone (see
+            # store.base: a grouped task's attempt does not count if its worker dies).
+            """
+ALTER TABLE corral_tasks ADD COLUMN started_in_group INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE corral_tasks ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
+""",
+        ),
     ]
 
 
@@ -186,11 +197,17 @@ _CLAIMABLE = """t.status = 'queued' AND t.run_after <= :now
                      WHERE q.serial_key = t.serial_key AND q.status = 'queued')))"""
 
 
-# Start a reserved task: its attempt counts from here.
+# Start a reserved task: its attempt counts from here. In a group (`:start_group` 1), never a
+# task that must run alone.
 _START_SQL = (
-    "UPDATE corral_tasks SET attempts = attempts + 1, started_at = :start_now "
+    "UPDATE corral_tasks SET attempts = attempts + 1, started_at = :start_now, "
+    "started_in_group = :start_group "
     "WHERE id = :start_id AND status = 'running' AND lease_token = :start_token "
-    "AND started_at IS NULL RETURNING id"
+    "AND started_at IS NULL AND (:start_group = 0 OR run_alone = 0) RETURNING id"
+)
+_FINISH_SETS = (
+    "status = 'succeeded', result = :result, lease_token = NULL, lease_expires_at = NULL, "
+    "finished_at = :now"
 )
 
 
@@ -219,6 +236,8 @@ def _task(row: Mapping[str, Any]) -> Task:
         errors=json.loads(row["errors"]),
         cancel_requested=bool(row["cancel_requested"]),
         batch_id=row["batch_id"],
+        started_in_group=bool(row["started_in_group"]),
+        run_alone=bool(row["run_alone"]),
     )
 
 
@@ -371,14 +390,19 @@ class SqlStore:
         now = self._clock()
         # Rank the picked rows so the best `start` of them start and the rest are reserved, in
         # one statement (window functions cannot share a SELECT with FOR UPDATE: hence the nest).
+        # Several started at once are a group, which never includes a task that must run alone
+        # (it comes back reserved: the worker starts it by itself).
+        starts = "p.rn <= :start AND (:start <= 1 OR p.picked <= 1 OR p.run_alone = 0)"
         sql = f"""
 UPDATE corral_tasks SET status = 'running',
-    attempts = attempts + CASE WHEN p.rn <= :start THEN 1 ELSE 0 END,
-    started_at = CASE WHEN p.rn <= :start THEN :now ELSE NULL END,
+    attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END,
+    started_at = CASE WHEN {starts} THEN :now ELSE NULL END,
+    started_in_group = CASE WHEN {starts} AND :start > 1 AND p.picked > 1 THEN 1 ELSE 0 END,
     lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
-FROM (SELECT s.seq,
-             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn
-      FROM (SELECT t.seq, t.interactive, t.priority FROM corral_tasks t
+FROM (SELECT s.seq, s.run_alone,
+             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
+             count(*) OVER () AS picked
+      FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone FROM corral_tasks t
             WHERE t.model = :model AND {_CLAIMABLE}
             ORDER BY t.interactive DESC, t.priority DESC, t.seq
             LIMIT :limit {self.dialect.lock_skip}) s) p
@@ -406,8 +430,12 @@ RETURNING {_QUALIFIED}"""
     def _start(self, tx: Tx, tasks: Sequence[tuple[str, str]]) -> list[str]:
         started: list[str] = []
         now = self._clock()
+        group = int(len(tasks) > 1)
         for task_id, token in tasks:
-            rows = tx.run(_START_SQL, {"start_id": task_id, "start_token": token, "start_now": now})
+            rows = tx.run(
+                _START_SQL,
+                {"start_id": task_id, "start_token": token, "start_now": now, "start_group": group},
+            )
             started.extend(r["id"] for r in rows)
         return started
 
@@ -427,6 +455,7 @@ RETURNING {_QUALIFIED}"""
         if len(then_start) == 1 and self.dialect.cte_writes:
             (params["start_id"], params["start_token"]) = then_start[0]
             params["start_now"] = self._clock()
+            params["start_group"] = 0
             with self._tx(write=True, single=True) as tx:
                 return tx.run(f"WITH started AS ({_START_SQL}) {sql}", params)
         with self._tx(write=True, single=not then_start) as tx:
@@ -449,12 +478,36 @@ RETURNING {_QUALIFIED}"""
             self._update_held(
                 task_id,
                 token,
-                "status = 'succeeded', result = :result, lease_token = NULL, "
-                "lease_expires_at = NULL, finished_at = :now",
+                _FINISH_SETS,
                 {"result": encoded, "now": self._clock()},
                 then_start,
             )
         )
+
+    def finish_many(
+        self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
+    ) -> list[str]:
+        now = self._clock()
+        sql = (
+            f"UPDATE corral_tasks SET {_FINISH_SETS} WHERE id = :id AND status = 'running' "
+            "AND lease_token = :token RETURNING id, serial_key"
+        )
+        committed: list[str] = []
+        keyed = False
+        with self._tx(write=True) as tx:
+            self._start(tx, then_start)
+            for d in done:
+                rows = tx.run(
+                    sql, {"id": d.task_id, "token": d.token, "result": d.result_json, "now": now}
+                )
+                for r in rows:
+                    committed.append(r["id"])
+                    keyed = keyed or r["serial_key"] is not None
+            if keyed:
+                self._announce(tx)
+        if keyed:
+            self._woken()
+        return committed
 
     def _ended(self, rows: list[Mapping[str, Any]]) -> bool:
         """After a task's attempt ended: its serial key's next task may run now."""
@@ -520,7 +573,7 @@ RETURNING {_QUALIFIED}"""
                 task_id,
                 token,
                 "status = 'queued', attempts = attempts - CASE WHEN started_at IS NULL THEN 0 "
-                "ELSE 1 END, lease_token = NULL, "
+                "ELSE 1 END, lease_token = NULL, started_in_group = 0, "
                 "lease_expires_at = NULL, worker_id = NULL, started_at = NULL",
                 {},
             )
@@ -561,7 +614,8 @@ RETURNING {_QUALIFIED}"""
         with self._tx(write=True) as tx:
             tx.run(
                 "UPDATE corral_tasks SET status = 'queued', attempts = 0, run_after = :now, "
-                "finished_at = NULL, cancel_requested = 0, worker_id = NULL, started_at = NULL "
+                "finished_at = NULL, cancel_requested = 0, worker_id = NULL, started_at = NULL, "
+                "started_in_group = 0, run_alone = 0 "
                 "WHERE id = :id AND status IN ('failed', 'cancelled')",
                 {"id": task_id, "now": self._clock()},
             )
@@ -578,16 +632,21 @@ RETURNING {_QUALIFIED}"""
         with self._tx(write=True) as tx:
             rows = tx.run(
                 "SELECT id, attempts, max_attempts, worker_id, errors, started_at, "
-                "cancel_requested FROM corral_tasks "
+                "started_in_group, cancel_requested FROM corral_tasks "
                 "WHERE status = 'running' AND lease_expires_at < :now",
                 {"now": now},
             )
             for row in rows:
-                error, errors = None, row["errors"]
+                error, errors, refund = None, row["errors"], 0
                 if row["cancel_requested"]:
                     status = "cancelled"
                 elif row["started_at"] is None:  # reserved, never started: no attempt used
                     status = "queued"
+                elif row["started_in_group"]:  # any task of its group may have killed it
+                    status, refund = "queued", 1
+                    error = grouped_expiry(row["worker_id"])
+                    entry = {"attempt": int(row["attempts"]), "error": error, "at": now}
+                    errors = json.dumps([*json.loads(row["errors"]), {**entry, "counted": False}])
                 else:
                     error = f"lease expired on worker {row['worker_id']} (worker died or stalled)"
                     errors = json.dumps(
@@ -602,12 +661,15 @@ RETURNING {_QUALIFIED}"""
                     "UPDATE corral_tasks SET status = :status, lease_token = NULL, "
                     "lease_expires_at = NULL, worker_id = CASE WHEN :status = 'queued' THEN NULL "
                     "ELSE worker_id END, finished_at = :finished, error = COALESCE(:error, error), "
-                    "errors = :errors WHERE id = :id AND status = 'running'",
+                    "errors = :errors, attempts = attempts - :refund, started_in_group = 0, "
+                    "run_alone = CASE WHEN :refund = 1 THEN 1 ELSE run_alone END "
+                    "WHERE id = :id AND status = 'running'",
                     {
                         "status": status,
                         "finished": None if status == "queued" else now,
                         "error": error,
                         "errors": errors,
+                        "refund": refund,
                         "id": row["id"],
                     },
                 )

@@ -1,19 +1,23 @@
 """Running handlers and committing their outcomes, for the worker (`Worker` mixes this in): a
-task alone, or a batched kind's batch, one scheduling slot at a time. A sync handler and its
-commit share one thread hop; an async one runs on the loop, then one hop commits. Each commit
-also starts the model's next task claimed ahead, in the same transaction."""
+task alone, a batched kind's batch, or a run of plain sync tasks, one scheduling slot at a time.
+A run's tasks go in one thread hop and commit together (`Store.finish_many`: group commit); a
+sync handler and its commit share one thread hop; an async one runs on the loop, then one hop
+commits. Each commit also starts the model's next tasks claimed ahead, in the same
+transaction."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import threading
+import time
 from typing import Any
 
 from corral.core import Request, RequestState, Scheduler
-from corral.store import Store, Task
+from corral.store import Finished, Store, Task
 from corral.worker import batching, isolate
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.registry import Fail, Handler, HandlerSpec, Registry, TaskContext, _current
@@ -46,6 +50,9 @@ class Execution:
     _running: dict[str, asyncio.Task[None]]
     _ahead_lock: threading.Lock
     _wake: asyncio.Event
+    _stop: asyncio.Event
+    _groupable: dict[str, bool]
+    _task_s: dict[str, float]
 
     def _sched(self) -> Scheduler:
         raise NotImplementedError
@@ -53,22 +60,49 @@ class Execution:
     def _loop_(self) -> asyncio.AbstractEventLoop:
         raise NotImplementedError
 
-    def _next_to_start(self, model: str) -> Ahead | None:
+    def _next_to_start(self, model: str, n: int = 1) -> list[Ahead]:
+        raise NotImplementedError
+
+    def _per(self, model: str) -> int:
+        raise NotImplementedError
+
+    def _measured(self, model: str, task_s: float) -> None:
         raise NotImplementedError
 
     async def _run_slot(self, calls: list[list[Task]], proxy: Request) -> None:
         """Run one scheduling slot's handler calls in turn (a task, or a batched kind's batch),
         then end its proxy. Tasks waiting behind the first call keep their leases meanwhile."""
         tasks = [t for call in calls for t in call]
-        calls = list(calls)
+        # Tasks that must run alone go last: they start only when their turn comes, so none
+        # other of the slot waits, started, while one of them runs (it may kill the worker).
+        calls = sorted(calls, key=lambda call: any(t.started_at is None for t in call))
         try:
-            if len(calls) > 1:
+            if len(calls) > 1:  # (a run registers its own tasks when it starts)
                 me = asyncio.current_task()
                 assert me is not None
-                for t in tasks:
-                    self._beats.add(t, t.lease_token or "", TaskContext(t.id, 0), me, False)
+                for call in calls:
+                    if not self._in_run(call):
+                        for t in call:
+                            ctx = TaskContext(t.id, 0)
+                            self._beats.add(t, t.lease_token or "", ctx, me, False)
             while calls:
                 call = calls.pop(0)
+                if self._in_run(call):
+                    run = [call[0]]
+                    while calls and self._in_run(calls[0]):
+                        run.append(calls.pop(0)[0])
+                    # A task started by itself commits as soon as it ran (see `_execute_group`),
+                    # and goes first, so that no other task of the run can kill the worker
+                    # while it waits, started: its attempt would count.
+                    run.sort(key=lambda t: t.started_in_group)
+                    # Its thread owns these tasks from here (a cancelled await leaves it running:
+                    # it stops at the next task on shutdown, and releases what it did not run).
+                    await self._run_group(run)
+                    continue
+                if any(t.started_at is None for t in call):  # it must run alone: start it now
+                    call = await self._start_alone(call)
+                    if not call:
+                        continue
                 spec = self.registry.handlers.get(call[0].kind)
                 if spec is not None and spec.batch_size > 1:
                     await self._run_batch(spec, call)
@@ -84,6 +118,119 @@ class Execution:
                 self._beats.remove(t.id)
             if proxy.state is RequestState.RUNNING:
                 self._sched().on_request_finished(proxy)
+
+    def _no_handler(self, task: Task) -> NoHandler:
+        return NoHandler(
+            f"no handler for task kind {task.kind!r} (registered: "
+            f"{', '.join(sorted(self.registry.handlers)) or 'none'})"
+        )
+
+    def _in_run(self, call: list[Task]) -> bool:
+        """Whether the call joins a group run: one started task of a plain sync kind."""
+        t = call[0]
+        return len(call) == 1 and t.started_at is not None and self._groupable.get(t.model, False)
+
+    async def _start_alone(self, call: list[Task]) -> list[Task]:
+        """Start reserved tasks that must run alone, each by itself, just before they run; the
+        call keeps those started (a lost lease drops one)."""
+        out = []
+        for t in call:
+            if t.started_at is None:
+                started = await asyncio.to_thread(self.store.start, [(t.id, t.lease_token or "")])
+                if not started:
+                    self._running.pop(t.id, None)
+                    continue
+                t = counted(t, False)
+            out.append(t)
+        return out
+
+    async def _run_group(self, tasks: list[Task]) -> None:
+        """A run: the tasks one after another in one thread hop, committed together."""
+        ctxs = [TaskContext(t.id, t.attempts, t.max_attempts, t.model) for t in tasks]
+        me = asyncio.current_task()
+        assert me is not None
+        for t, ctx in zip(tasks, ctxs, strict=True):  # cancellations reach these contexts
+            self._beats.add(t, t.lease_token or "", ctx, me, False)
+        await asyncio.to_thread(self._execute_group, tasks, ctxs)
+
+    def _execute_group(self, tasks: list[Task], ctxs: list[TaskContext]) -> None:
+        """Run each task's handler in turn, then commit the successes in one transaction that
+        also starts the next run's tasks; failures and cancellations commit one by one (as
+        `_commit`). On shutdown it stops after the current task and gives the rest back."""
+        done: list[tuple[Task, Finished]] = []
+        ran = 0
+        started_s = time.monotonic()
+        try:
+            for task, ctx in zip(tasks, ctxs, strict=True):
+                if self._stop.is_set():
+                    break
+                ran += 1
+                spec = self.registry.handlers.get(task.kind)
+                token = task.lease_token or ""
+                alone = not task.started_in_group  # its attempt counts if the worker dies
+                if spec is None or ctx.cancelled:
+                    error = None if spec else self._no_handler(task)
+                    self._commit(task, token, ctx, None, error, start_next=False)
+                    continue
+                fn: Handler = spec.fn
+                reset = _current.set(ctx)
+                try:
+                    if spec.split_on_failure:
+                        result = run_split(fn, task.payload)
+                    else:
+                        result = fn(task.payload)
+                except Exception as exc:  # the handler failed: record it, maybe retry
+                    self._commit(task, token, ctx, None, exc, start_next=False)
+                    continue
+                finally:
+                    _current.reset(reset)
+                if ctx.cancelled or alone:
+                    self._commit(task, token, ctx, result, None, start_next=False)
+                    continue
+                try:
+                    text = json.dumps(result, allow_nan=False)
+                except (TypeError, ValueError):  # `_commit` fails it, naming the reason
+                    self._commit(task, token, ctx, result, None, start_next=False)
+                    continue
+                done.append((task, Finished(task.id, token, text)))
+        finally:
+            if ran:
+                self._measured(tasks[0].model, (time.monotonic() - started_s) / ran)
+            self._commit_group(tasks[0].model, done)
+            for task in tasks[ran:]:  # shutdown: never began
+                self._beats.remove(task.id)
+                self.store.release(task.id, task.lease_token or "")
+
+    def _commit_group(self, model: str, done: list[tuple[Task, Finished]]) -> None:
+        """Commit a run's successes and start the next run's tasks, in one transaction."""
+        for task, _ in done:
+            self._beats.remove(task.id)  # before the commit ends the lease (see `remove`)
+        nxt = self._next_to_start(model, self._per(model))
+        then_start = [(a.task.id, a.task.lease_token or "") for a in nxt]
+        if not done and not then_start:
+            return
+        try:
+            committed = set(self.store.finish_many([f for _, f in done], then_start))
+        except BaseException:
+            with self._ahead_lock:
+                for a in nxt:
+                    a.state = "reserved"
+            raise
+        self._started(nxt)
+        for task, _ in done:
+            if task.id not in committed:
+                log.warning("task %s: lease lost before commit; its result was dropped", task.id)
+
+    def _started(self, nxt: list[Ahead]) -> None:
+        """Tasks a commit started (called in its thread): ready to run, or given back if their
+        model was evicted meanwhile."""
+        with self._ahead_lock:
+            for a in nxt:
+                a.task = counted(a.task, len(nxt) > 1)
+                a.state = "started"
+        for a in nxt:
+            if a.drop:
+                self.store.release(a.task.id, a.task.lease_token or "")
 
     def _release_all(self, tasks: list[Task]) -> None:
         for t in tasks:
@@ -155,14 +302,8 @@ class Execution:
         spec = self.registry.handlers.get(task.kind)
         try:
             if spec is None:
-                await asyncio.to_thread(
-                    self.store.fail,
-                    task.id,
-                    token,
-                    f"no handler for task kind {task.kind!r} (registered: "
-                    f"{', '.join(sorted(self.registry.handlers)) or 'none'})",
-                    None,
-                )
+                message = str(self._no_handler(task))
+                await asyncio.to_thread(self.store.fail, task.id, token, message, None)
                 return
             fn: Handler = spec.fn
             if spec.split_on_failure:
@@ -230,20 +371,30 @@ class Execution:
         self._commit(task, token, ctx, result, None)
 
     def _commit(
-        self, task: Task, token: str, ctx: TaskContext, result: Any, error: BaseException | None
+        self,
+        task: Task,
+        token: str,
+        ctx: TaskContext,
+        result: Any,
+        error: BaseException | None,
+        start_next: bool = True,
     ) -> None:
         """Write the outcome (in a worker thread). Fencing makes a lost lease write nothing. The
-        same transaction starts the model's next task claimed ahead, so a buffered task's
-        attempt counts before its handler runs without a write of its own."""
+        same transaction starts the model's next task claimed ahead (unless not `start_next`:
+        in a run, whose commit starts the next run), so a buffered task's attempt counts before
+        its handler runs without a write of its own."""
         store = self.store
         self._beats.remove(task.id)  # before the commit ends the lease (see `remove`)
-        nxt = self._next_to_start(task.model)
-        then_start = [(nxt.task.id, nxt.task.lease_token or "")] if nxt is not None else []
+        # A model run in groups starts its tasks in groups (`_commit_group`, `_take`): a task
+        # started alone here would wait, started, behind others that may kill the worker.
+        start_next = start_next and not self._groupable.get(task.model, False)
+        nxt = self._next_to_start(task.model) if start_next else []
+        then_start = [(a.task.id, a.task.lease_token or "") for a in nxt]
         try:
             if ctx.cancelled:
                 store.acknowledge_cancel(task.id, token, then_start)
             elif error is not None:
-                if isinstance(error, Fail):  # the handler says a retry cannot help
+                if isinstance(error, (Fail, NoHandler)):  # a retry cannot help
                     retry_in_s, message = None, str(error)
                 else:
                     retry_in_s, message = self._backoff(task), describe(error)
@@ -268,16 +419,11 @@ class Execution:
                         "task %s: lease lost before commit; its result was dropped", task.id
                     )
         except BaseException:
-            if nxt is not None:
-                with self._ahead_lock:
-                    nxt.state = "reserved"
-            raise
-        if nxt is not None:
             with self._ahead_lock:
-                nxt.task = counted(nxt.task)
-                nxt.state = "started"
-            if nxt.drop:
-                store.release(nxt.task.id, nxt.task.lease_token or "")
+                for a in nxt:
+                    a.state = "reserved"
+            raise
+        self._started(nxt)
 
     def _backoff(self, task: Task) -> float | None:
         if task.attempts >= task.max_attempts:
@@ -287,10 +433,17 @@ class Execution:
         )
 
 
-def counted(task: Task) -> Task:
+def counted(task: Task, group: bool) -> Task:
     """A task claimed ahead, as its start mark left it: the start counted its attempt, which the
-    copy read at the claim does not show (the handler's `attempt`, backoff, `last_attempt`)."""
-    return dataclasses.replace(task, attempts=task.attempts + 1)
+    copy read at the claim does not show (the handler's `attempt`, backoff, `last_attempt`);
+    `group`: it started with others."""
+    return dataclasses.replace(
+        task, attempts=task.attempts + 1, started_at=time.time(), started_in_group=group
+    )
+
+
+class NoHandler(Exception):
+    """No handler is registered for the task's kind (fails it for good)."""
 
 
 def timed_out(spec: HandlerSpec) -> isolate.HandlerTimeout:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,12 +118,14 @@ class Fail(Exception):
 class TaskContext:
     """What a running handler can ask about its task (`corral.current_task()`)."""
 
+    __slots__ = ("_cancelled", "attempt", "max_attempts", "model", "task_id")
+
     def __init__(self, task_id: str, attempt: int, max_attempts: int = 1, model: str = "") -> None:
         self.task_id = task_id
         self.model = model
         self.attempt = attempt
         self.max_attempts = max_attempts
-        self._cancelled = threading.Event()
+        self._cancelled = False  # set once, from the heartbeat thread; handlers poll it
 
     @property
     def last_attempt(self) -> bool:
@@ -134,10 +135,10 @@ class TaskContext:
     @property
     def cancelled(self) -> bool:
         """True once cancellation was requested: a sync handler should poll it and return."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def _cancel(self) -> None:
-        self._cancelled.set()
+        self._cancelled = True
 
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(

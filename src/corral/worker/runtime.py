@@ -85,6 +85,21 @@ class Worker(Execution):
         # Tasks per scheduling slot and how long a slot waits to fill (batched handlers): the
         # scheduler sees one proxy per slot, so its service estimate is a batch's cost.
         self._slot = {m: registry.batch_of(m) for m in self.models}
+        # Models whose handlers are all plain sync functions run their tasks in *runs*: a slot
+        # of several tasks run one after another in one thread hop and committed together
+        # (group commit), about `prefetch_s` of work each, so that short tasks cost a fraction
+        # of a round trip. The run length follows each model's measured task time.
+        self._groupable = {
+            m: all(
+                not h.is_async and h.timeout_s is None and h.batch_size == 1
+                for h in registry.handlers.values()
+                if h.model == m
+            )
+            for m in self.models
+        }
+        self._run_len: dict[str, int] = defaultdict(lambda: 1)
+        self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
+        self._waiting: dict[str, int] = {}  # tasks waiting per model, at the last reconcile
         self._arrived = asyncio.Event()  # the store says tasks may have arrived
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
         self._stop = asyncio.Event()
@@ -298,15 +313,19 @@ class Worker(Execution):
         for model in self.models:
             if now < self._cooldown_until.get(model, 0.0):
                 continue
-            if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
-                self._stale.add(model)
-                continue
             # Proxies wanted = tasks waiting for one: queued in the store, plus tasks claimed
             # ahead into the buffer, minus what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
             for a in self._ahead[model]:
                 waiting[a.task.level] = waiting.get(a.task.level, 0) + 1
-            per = self._slot[model][0]  # one proxy per slot of up to `per` tasks
+            self._waiting[model] = sum(waiting.values())
+            if self._groupable[model]:
+                self._run_len[model] = self._run_length(model, self._waiting[model])
+            per = self._per(model)  # one proxy per slot of up to `per` tasks
+            if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
+                self._stale.add(model)
+                self._trim(model, sum(waiting.values()), per)
+                continue
             in_flight = self._unclaimed[model] * per
             for level in sorted(
                 set(waiting) | {lv for (m, lv) in self._pending if m == model}, reverse=True
@@ -326,6 +345,20 @@ class Worker(Execution):
                 have.append(p)
                 sched.on_request(p)
 
+    def _trim(self, model: str, waiting: int, per: int) -> None:
+        """A model busy moving tasks (its count may be off by the tasks in flight) still loses
+        proxies far beyond its work, lowest level first: e.g. those mirrored one per task before
+        its run length was known."""
+        sched = self._sched()
+        bound = -(-waiting // per) + sched.models[model].concurrency + 1
+        mine = sorted((lv for (m, lv) in self._pending if m == model), reverse=True)
+        extra = sum(len(self._pending[(model, lv)]) for lv in mine) - bound
+        for level in reversed(mine):
+            have = self._pending[(model, level)]
+            while extra > 0 and have:
+                sched.on_cancel(have.pop())
+                extra -= 1
+
     def _flush_claims(self, model: str) -> None:
         proxies, self._to_claim[model] = self._to_claim[model], []
         if proxies:
@@ -334,7 +367,7 @@ class Worker(Execution):
     async def _claim_and_run(self, model: str, proxies: list[_Proxy]) -> None:
         sched = self._sched()
         tasks: list[Task] = []
-        per, fill_s = self._slot[model]
+        per, fill_s = self._per(model), self._slot[model][1]
         want = len(proxies) * per
         async with self._move(model):
             try:
@@ -356,7 +389,9 @@ class Worker(Execution):
         # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
         # without batched kinds runs each task alone, in claim order (the common, hot path).
         all_calls = (
-            batching.calls(tasks, self.registry.handlers) if per > 1 else [[t] for t in tasks]
+            batching.calls(tasks, self.registry.handlers)
+            if self._slot[model][0] > 1
+            else [[t] for t in tasks]
         )
         slots = [all_calls[i :: len(proxies)] for i in range(min(len(proxies), len(all_calls)))]
         for slot, proxy in zip(slots, proxies, strict=False):
@@ -405,12 +440,23 @@ class Worker(Execution):
         for a in stale:
             self._spawn(asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or ""))
         tasks = [a.task for a in taken if a.state == "started"]
-        reserved = [(a.task.id, a.task.lease_token or "") for a in taken if a.state == "reserved"]
+        # Reserved ones start here, together; one that must run alone is started by itself
+        # when its turn comes (`_run_slot`), so it stays reserved.
+        alone = [a.task for a in taken if a.state == "reserved" and a.task.run_alone]
+        reserved = [
+            (a.task.id, a.task.lease_token or "")
+            for a in taken
+            if a.state == "reserved" and not a.task.run_alone
+        ]
         if reserved:
             started = set(await asyncio.to_thread(self.store.start, reserved))
+            group = len(reserved) > 1
             tasks += [
-                counted(a.task) for a in taken if a.state == "reserved" and a.task.id in started
+                counted(a.task, group)
+                for a in taken
+                if a.state == "reserved" and a.task.id in started
             ]
+        tasks += alone
         need = n - len(tasks)
         if need and claim:
             got = await asyncio.to_thread(
@@ -421,11 +467,33 @@ class Worker(Execution):
                 self.settings.lease_s,
                 need,
             )
-            tasks += got[:need]
+            tasks += got[:need]  # a task that must run alone comes back reserved (see above)
             now = time.monotonic()
             with self._ahead_lock:
                 self._ahead[model].extend(Ahead(t, now) for t in got[need:])
         return tasks
+
+    def _per(self, model: str) -> int:
+        """Tasks per scheduling slot: a batched kind's batch size, else the run length."""
+        per = self._slot[model][0]
+        return per if per > 1 else self._run_len[model]
+
+    def _measured(self, model: str, task_s: float) -> None:
+        """A run measured its tasks (in its thread): the next runs' length follows at once."""
+        prev = self._task_s.get(model)
+        self._task_s[model] = task_s if prev is None else 0.7 * prev + 0.3 * task_s
+        self._run_len[model] = self._run_length(model, self._waiting.get(model, 0))
+
+    def _run_length(self, model: str, waiting: int) -> int:
+        """About `prefetch_s` of work at the measured task time (at most `prefetch` tasks), but
+        never so long that fewer slots than the model's concurrency get the waiting tasks."""
+        task_s = self._task_s.get(model)
+        if task_s is None:
+            return 1  # not measured yet: a task at a time, as a long task would want
+        by_time = int(self.settings.prefetch_s / max(task_s, 1e-6))
+        concurrency = self._sched().models[model].concurrency
+        spread = -(-waiting // max(1, concurrency))
+        return max(1, min(self.settings.prefetch, by_time, spread))
 
     def _holding(self, model: str) -> bool:
         with self._ahead_lock:
@@ -434,17 +502,25 @@ class Worker(Execution):
     def _ahead_wanted(self, model: str) -> int:
         """How many tasks to claim ahead: about `prefetch_s` of work, at most `prefetch`."""
         record = self._sched().models[model]
-        per_s = record.concurrency * self._slot[model][0] / max(record.service_est, 1e-6)
+        task_s = self._task_s.get(model)
+        if task_s is not None:  # measured in runs (the scheduler's estimate is per run)
+            per_s = record.concurrency / max(task_s, 1e-6)
+        else:
+            per_s = record.concurrency * self._per(model) / max(record.service_est, 1e-6)
         return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
 
-    def _next_to_start(self, model: str) -> Ahead | None:
-        """Claim the next reserved task of `model` for a commit to start (called in a thread)."""
+    def _next_to_start(self, model: str, n: int = 1) -> list[Ahead]:
+        """Take up to `n` reserved tasks of `model` for a commit to start (called in a thread).
+        Never one that must run alone: it starts just before its handler runs."""
+        out: list[Ahead] = []
         with self._ahead_lock:
             for a in self._ahead[model]:
-                if a.state == "reserved":
+                if len(out) >= n:
+                    break
+                if a.state == "reserved" and not a.task.run_alone:
                     a.state = "starting"
-                    return a
-        return None
+                    out.append(a)
+        return out
 
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
