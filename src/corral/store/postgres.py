@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.store.base import Finished, StoreError
-from corral.store.sql import Dialect, SqlStore, Tx
+from corral.store.sql import _CLAIMABLE, _QUALIFIED, Dialect, SqlStore, Tx
 
 DIALECT = Dialect(
     serial_pk="BIGSERIAL PRIMARY KEY",
@@ -77,6 +77,32 @@ SELECT id, serial_key,
        (SELECT count(*) FROM started) AS n_started,
        CASE WHEN serial_key IS NULL THEN NULL ELSE pg_notify(:channel, '') END AS notified
 FROM done"""
+
+# The claim. The picked rows' seqs go in one array: the update then finds them through the
+# primary key (joined to a ranked subquery instead, the planner hashes the whole table, which
+# grows with every stored result). Its commit is asynchronous (`synchronous_commit` off for
+# this transaction only): a claim the database loses in a crash only puts tasks back (their
+# leases, hence their commits, are gone: at-least-once holds), and a result's synchronous
+# commit flushes every claim before it anyway. It spares a WAL flush per claim.
+_STARTS = (
+    "array_position(p.a, corral_tasks.seq) <= :start "
+    "AND (:start <= 1 OR cardinality(p.a) <= 1 OR corral_tasks.run_alone = 0)"
+)
+_CLAIM = f"""
+WITH p AS (SELECT ARRAY(SELECT t.seq FROM corral_tasks t
+                        WHERE t.model = :model AND {_CLAIMABLE}
+                        ORDER BY t.interactive DESC, t.priority DESC, t.seq
+                        LIMIT :limit FOR UPDATE SKIP LOCKED) AS a,
+                  set_config('synchronous_commit', 'off', true) AS async_commit)
+UPDATE corral_tasks SET status = 'running',
+    attempts = attempts + CASE WHEN {_STARTS} THEN 1 ELSE 0 END,
+    started_at = CASE WHEN {_STARTS} THEN :now ELSE NULL END,
+    started_in_group = CASE WHEN {_STARTS} AND :start > 1 AND cardinality(p.a) > 1
+                       THEN 1 ELSE 0 END,
+    lease_token = {DIALECT.new_token}, lease_expires_at = :expires, worker_id = :worker
+FROM p
+WHERE corral_tasks.seq = ANY(p.a)
+RETURNING {_QUALIFIED}"""
 
 _INSERT_COLUMNS = (
     "id",
@@ -177,6 +203,9 @@ class PostgresStore(SqlStore):
         if any(r["serial_key"] is not None for r in rows):
             self._wakeups.fire()  # the statement announced it to other processes
         return committed
+
+    def _claim_sql(self) -> str:
+        return _CLAIM
 
     def _announce(self, tx: Tx) -> None:
         tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})

@@ -388,26 +388,7 @@ class SqlStore:
         self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
     ) -> builtins.list[Task]:
         now = self._clock()
-        # Rank the picked rows so the best `start` of them start and the rest are reserved, in
-        # one statement (window functions cannot share a SELECT with FOR UPDATE: hence the nest).
-        # Several started at once are a group, which never includes a task that must run alone
-        # (it comes back reserved: the worker starts it by itself).
-        starts = "p.rn <= :start AND (:start <= 1 OR p.picked <= 1 OR p.run_alone = 0)"
-        sql = f"""
-UPDATE corral_tasks SET status = 'running',
-    attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END,
-    started_at = CASE WHEN {starts} THEN :now ELSE NULL END,
-    started_in_group = CASE WHEN {starts} AND :start > 1 AND p.picked > 1 THEN 1 ELSE 0 END,
-    lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
-FROM (SELECT s.seq, s.run_alone,
-             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
-             count(*) OVER () AS picked
-      FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone FROM corral_tasks t
-            WHERE t.model = :model AND {_CLAIMABLE}
-            ORDER BY t.interactive DESC, t.priority DESC, t.seq
-            LIMIT :limit {self.dialect.lock_skip}) s) p
-WHERE corral_tasks.seq = p.seq
-RETURNING {_QUALIFIED}"""
+        sql = self._claim_sql()
         with self._tx(write=True, single=True) as tx:
             rows = tx.run(
                 sql,
@@ -422,6 +403,30 @@ RETURNING {_QUALIFIED}"""
             )
         tasks = (_task(r) for r in rows)
         return sorted(tasks, key=lambda t: (not t.interactive, -t.priority, t.seq))
+
+    def _claim_sql(self) -> str:
+        """The claim: one statement taking `:limit` claimable tasks of `:model`, the first
+        `:start` of them started, the rest reserved; RETURNING the tasks' columns."""
+        # Rank the picked rows so the best `start` of them start and the rest are reserved, in
+        # one statement (window functions cannot share a SELECT with FOR UPDATE: hence the nest).
+        # Several started at once are a group, which never includes a task that must run alone
+        # (it comes back reserved: the worker starts it by itself).
+        starts = "p.rn <= :start AND (:start <= 1 OR p.picked <= 1 OR p.run_alone = 0)"
+        return f"""
+UPDATE corral_tasks SET status = 'running',
+    attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END,
+    started_at = CASE WHEN {starts} THEN :now ELSE NULL END,
+    started_in_group = CASE WHEN {starts} AND :start > 1 AND p.picked > 1 THEN 1 ELSE 0 END,
+    lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
+FROM (SELECT s.seq, s.run_alone,
+             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
+             count(*) OVER () AS picked
+      FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone FROM corral_tasks t
+            WHERE t.model = :model AND {_CLAIMABLE}
+            ORDER BY t.interactive DESC, t.priority DESC, t.seq
+            LIMIT :limit {self.dialect.lock_skip}) s) p
+WHERE corral_tasks.seq = p.seq
+RETURNING {_QUALIFIED}"""
 
     def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
         with self._tx(write=True, single=len(tasks) == 1) as tx:

@@ -20,5 +20,7 @@ class WorkerSettings:
     # `prefetch_s` of work at the scheduler's measured service time: fewer round trips for short
     # tasks, none for long ones (so a new higher-priority task never waits behind a long buffer).
     # Tasks claimed ahead are reserved, not started: a killed worker burns no attempts on them.
-    prefetch: int = 32
+    # A model with plain sync handlers runs its tasks in runs of about `prefetch_s` of work (at
+    # most `prefetch` tasks), committed together: one transaction per run (group commit).
+    prefetch: int = 128
     prefetch_s: float = 0.1
