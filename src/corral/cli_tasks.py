@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
@@ -179,7 +179,7 @@ def tasks_show(
     out.print(table)
 
 
-def _with_store(db: str, op: Callable[[Store], TaskStatus]) -> TaskStatus:
+def _with_store(db: str, op: Callable[[Store], _R]) -> _R:
     store = _open(db)
     try:
         return op(store)
@@ -187,6 +187,9 @@ def _with_store(db: str, op: Callable[[Store], TaskStatus]) -> TaskStatus:
         raise _fail(exc) from None
     finally:
         store.close()
+
+
+_R = TypeVar("_R")
 
 
 @tasks_app.command("cancel")
@@ -206,6 +209,28 @@ def tasks_retry(task_id: str, db: DbOption = DEFAULT_DB) -> None:
     """Queue a failed or cancelled task again, with fresh attempts."""
     status = _with_store(db, lambda s: s.retry(task_id))
     out.print(f"{task_id}: {status.value}")
+
+
+@tasks_app.command("purge")
+def tasks_purge(
+    older_than_s: Annotated[
+        float,
+        typer.Option(min=0, help="Delete tasks that finished more than this many seconds ago."),
+    ],
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Delete finished tasks (succeeded, failed, cancelled) older than --older-than-s, with
+    their results; queued and running tasks, and a batch's lines, are kept."""
+    before = time.time() - older_than_s
+
+    def purge_all(store: Store) -> int:
+        total = 0
+        while n := store.purge(before):  # in chunks: no transaction holds the table for long
+            total += n
+        return total
+
+    deleted = _with_store(db, purge_all)
+    out.print(f"deleted {deleted} finished task(s) older than {older_than_s:g} s")
 
 
 def load_app(spec: str) -> Queue:
@@ -242,12 +267,24 @@ def worker_cmd(
     ] = 2.0,
     prefetch: Annotated[
         int,
-        typer.Option(min=0, help="Claim up to this many short tasks ahead (0: never)."),
-    ] = 32,
+        typer.Option(
+            min=0,
+            help="Claim up to this many short tasks ahead, and run up to this many in one run "
+            "committed together (0: never ahead).",
+        ),
+    ] = 128,
     shutdown_timeout_s: Annotated[
         float,
         typer.Option(min=0, help="On SIGTERM, running tasks get this long before they go back."),
     ] = 30.0,
+    retention_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Delete tasks finished more than this many seconds ago (a batch's lines "
+            "excepted). Default: keep them.",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker for an app's queue until SIGTERM/SIGINT."""
     from corral.worker.runtime import WorkerSettings
@@ -260,6 +297,7 @@ def worker_cmd(
             idle_poll_s=idle_poll_s,
             prefetch=prefetch,
             shutdown_timeout_s=shutdown_timeout_s,
+            retention_s=retention_s,
         )
         err.print(
             f"corral worker: {app} on {queue.url} "

@@ -90,6 +90,7 @@ class Queue:
         batch_size: int = 1,
         batch_wait_ms: float = 0.0,
         max_queued: int | None = None,
+        keep_result: bool = True,
     ) -> Callable[[F], F]:
         """Register the function that runs tasks of `kind` on `model` (sync or async).
 
@@ -101,6 +102,11 @@ class Queue:
         task keeps its own status, attempts and retries. The scheduler counts one batch as one
         unit of work, so it learns what a batch costs. Inside the call, `current_task()` is the
         batch's first task.
+
+        `keep_result=False`: a success stores no result (`result` is None; the task's status,
+        attempts and times are kept): for tasks whose effect is elsewhere, and whose results
+        would only fill the database. To drop finished tasks altogether after a while, run the
+        worker with a retention period (`WorkerSettings(retention_s=...)`, `--retention-s`).
 
         `max_queued`: at most this many tasks of `kind` wait queued; `submit` past it raises
         `corral.QueueFull` (nothing is stored), so producers feel back-pressure.
@@ -127,6 +133,7 @@ class Queue:
                 batch_size,
                 batch_wait_ms / 1000,
                 max_queued,
+                keep_result,
             )
             return fn
 

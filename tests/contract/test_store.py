@@ -297,6 +297,27 @@ def test_a_grouped_task_whose_worker_died_gets_its_attempt_back_and_runs_alone(
     assert not store.get(a).run_alone
 
 
+def test_purge_deletes_old_finished_tasks_only(store: Store, clock: Clock) -> None:
+    ok, bad, gone, live, queued = add(store, n=5, max_attempts=1)
+    (line,) = store.enqueue_many([NewTask("k", "m", {}, batch_id="batch_1")])
+    got = {t.id: t.lease_token or "" for t in store.claim("m", "w", limit=6, lease_s=99)}
+    assert store.finish(ok, got[ok], "x")
+    assert store.fail(bad, got[bad], "boom", None)
+    store.cancel(gone)
+    assert store.acknowledge_cancel(gone, got[gone])
+    assert store.finish(line, got[line], "line")
+    assert store.release(queued, got[queued])
+    clock.t += 100
+    assert store.finish(live, got[live], "recent")
+    assert store.purge(clock.t - 50, limit=2) == 2  # oldest first, at most `limit`
+    assert store.purge(clock.t - 50) == 1
+    assert store.purge(clock.t - 50) == 0
+    left = {t.id for t in store.list(limit=10)}
+    assert left == {live, queued, line}  # recent, never finished, a batch's line
+    with pytest.raises(TaskNotFound):
+        store.get(ok)
+
+
 def test_expired_task_whose_cancel_was_requested_ends_cancelled(store: Store, clock: Clock) -> None:
     (tid,) = add(store)
     store.claim("m", "w", limit=1, lease_s=30)

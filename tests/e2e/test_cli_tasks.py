@@ -72,6 +72,17 @@ def test_tasks_show_cancel_retry(db: str) -> None:
     store.close()
 
 
+def test_tasks_purge_deletes_old_finished_tasks(db: str) -> None:
+    ids = seed(db)  # one failed (just now), three queued
+    out = corral("tasks", "purge", "--older-than-s", "3600", "--db", db).stdout
+    assert "deleted 0 finished task(s) older than 3600 s" in out
+    out = corral("tasks", "purge", "--older-than-s", "0", "--db", db).stdout
+    assert "deleted 1 finished task(s)" in out
+    store = open_store(db)
+    assert {t.id for t in store.list()} == set(ids[1:])
+    store.close()
+
+
 def test_tasks_errors_are_clear(db: str, tmp_path: Path) -> None:
     seed(db)
     p = corral("tasks", "show", "nope", "--db", db, ok=False)

@@ -628,3 +628,73 @@ def test_a_drain_of_short_tasks_reports_no_lease_lost(
     assert q.store.counts() == {"m": {TaskStatus.SUCCEEDED: 3000}}
     assert "lease lost" not in caplog.text
     q.close()
+
+
+def test_short_tasks_run_in_group_runs_each_committed_exactly_once(url: str) -> None:
+    """Plain sync handlers run in runs committed together (group commit): every task still
+    gets its own status, result, attempt and error, and a run's failure fails only its task."""
+    q = corral.Queue(url)
+    seen: list[int] = []
+
+    @q.handler("sq", model="m")
+    def sq(p: dict[str, int]) -> int:
+        seen.append(p["i"])
+        if p["i"] % 50 == 7:
+            raise corral.Fail(f"bad {p['i']}")
+        if p["i"] % 50 == 8:
+            return {1, 2}  # type: ignore[return-value]  # not JSON: fails, names why
+        return p["i"] ** 2
+
+    commits: list[int] = []
+    finish_many = q.store.finish_many
+
+    def spy(done: Any, then_start: Any = ()) -> list[str]:
+        commits.append(len(done))
+        return finish_many(done, then_start)
+
+    q.store.finish_many = spy  # type: ignore[method-assign]
+    n = 600
+    ids = q.submit_many("sq", [{"i": i} for i in range(n)])
+    q.run_worker(until_idle=True, settings=FAST)
+    assert sorted(seen) == list(range(n))  # each ran once
+    assert max(commits) > 10  # commits grouped many tasks (the first run measures one)
+    assert sum(commits) < n
+    tasks = [q.get(t) for t in ids]
+    for i, t in enumerate(tasks):
+        if i % 50 == 7:
+            assert (t.status, t.error) == (TaskStatus.FAILED, f"bad {i}")
+        elif i % 50 == 8:
+            assert t.status is TaskStatus.FAILED
+            assert "not JSON-serialisable" in (t.error or "")
+        else:
+            assert (t.status, t.result, t.attempts) == (TaskStatus.SUCCEEDED, i * i, 1)
+    q.close()
+
+
+def test_keep_result_false_stores_no_result_and_retention_purges_old_tasks(url: str) -> None:
+    q = corral.Queue(url)
+
+    @q.handler("fire", model="m", keep_result=False)
+    def fire(p: int) -> dict[str, str]:
+        return {"big": "x" * 1000}
+
+    @q.handler("fire_async", model="n", keep_result=False)  # the path of single commits
+    async def fire_async(p: int) -> dict[str, str]:
+        return {"big": "x" * 1000}
+
+    @q.handler("keep", model="n")
+    async def keep(p: int) -> int:
+        return p
+
+    fired = q.submit_many("fire", list(range(40))) + q.submit_many("fire_async", [1, 2])
+    kept = q.submit("keep", 5)
+    q.run_worker(until_idle=True, settings=FAST)
+    assert {(q.get(t).status, q.get(t).result) for t in fired} == {(TaskStatus.SUCCEEDED, None)}
+    assert q.result(kept, timeout=5) == 5
+    # A worker with a retention period deletes what finished before it.
+    time.sleep(0.3)
+    later = q.submit("keep", 6)
+    settings = dataclasses.replace(FAST, retention_s=0.2)
+    q.run_worker(until_idle=True, settings=settings)
+    assert [t.id for t in q.store.list(limit=100)] == [later]
+    q.close()

@@ -363,6 +363,12 @@ class Store(Protocol):
         """Return running tasks whose lease expired to the queue; returns how many moved."""
         ...
 
+    def purge(self, finished_before: float, limit: int = 10_000) -> int:
+        """Delete up to `limit` tasks that finished (succeeded, failed or cancelled) before
+        `finished_before` (epoch seconds), oldest first, except a batch's lines (the batch owns
+        them); returns how many were deleted."""
+        ...
+
     def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
         """Record that worker `worker_id` is alive and serves `models` (now)."""
         ...

@@ -348,6 +348,24 @@ class MemoryStore:
                 self._wakeups.fire()
             return moved
 
+    def purge(self, finished_before: float, limit: int = 10_000) -> int:
+        ended = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+        with self._lock:
+            old = sorted(
+                (
+                    t
+                    for t in self._tasks.values()
+                    if t.status in ended
+                    and t.batch_id is None
+                    and t.finished_at is not None
+                    and t.finished_at < finished_before
+                ),
+                key=lambda t: t.finished_at or 0.0,
+            )[:limit]
+            for t in old:
+                del self._tasks[t.id]
+            return len(old)
+
     def _freed(self, t: Task) -> None:
         """A task of a serial key ended its attempt: the key's next task may run."""
         if t.serial_key is not None:

@@ -684,6 +684,16 @@ RETURNING {_QUALIFIED}"""
             self._woken()
         return len(rows)
 
+    def purge(self, finished_before: float, limit: int = 10_000) -> int:
+        with self._tx(write=True, single=True) as tx:
+            rows = tx.run(
+                "DELETE FROM corral_tasks WHERE seq IN (SELECT seq FROM corral_tasks "
+                "WHERE status IN ('succeeded', 'failed', 'cancelled') AND batch_id IS NULL "
+                "AND finished_at < :before ORDER BY finished_at LIMIT :limit) RETURNING seq",
+                {"before": finished_before, "limit": limit},
+            )
+        return len(rows)
+
     # --- files and batches ----------------------------------------------------------------------
     def add_file(self, file: StoredFile) -> None:
         with self._tx(write=True, single=True) as tx:

@@ -174,6 +174,7 @@ class Execution:
                     continue
                 fn: Handler = spec.fn
                 reset = _current.set(ctx)
+                result: Any
                 try:
                     if spec.split_on_failure:
                         result = run_split(fn, task.payload)
@@ -184,11 +185,13 @@ class Execution:
                     continue
                 finally:
                     _current.reset(reset)
+                if not spec.keep_result:
+                    result = None
                 if ctx.cancelled or alone:
                     self._commit(task, token, ctx, result, None, start_next=False)
                     continue
                 try:
-                    text = json.dumps(result, allow_nan=False)
+                    text = "null" if result is None else json.dumps(result, allow_nan=False)
                 except (TypeError, ValueError):  # `_commit` fails it, naming the reason
                     self._commit(task, token, ctx, result, None, start_next=False)
                     continue
@@ -385,6 +388,9 @@ class Execution:
         its handler runs without a write of its own."""
         store = self.store
         self._beats.remove(task.id)  # before the commit ends the lease (see `remove`)
+        spec = self.registry.handlers.get(task.kind)
+        if spec is not None and not spec.keep_result:
+            result = None
         # A model run in groups starts its tasks in groups (`_commit_group`, `_take`): a task
         # started alone here would wait, started, behind others that may kill the worker.
         start_next = start_next and not self._groupable.get(task.model, False)

@@ -23,6 +23,7 @@ class HandlerSpec:
     batch_size: int = 1  # > 1: fn takes a list of up to this many payloads, returns a list
     batch_wait_s: float = 0.0  # how long a batch waits to fill after its first task
     max_queued: int | None = None  # submit refuses a task past this many queued of the kind
+    keep_result: bool = True  # False: a success stores no result (None)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Registry:
         batch_size: int = 1,
         batch_wait_s: float = 0.0,
         max_queued: int | None = None,
+        keep_result: bool = True,
     ) -> None:
         if kind in self.handlers:
             raise ValueError(f"a handler for {kind!r} is already registered")
@@ -93,6 +95,7 @@ class Registry:
             batch_size,
             batch_wait_s,
             max_queued,
+            keep_result,
         )
 
     def add_model(self, hooks: ModelHooks) -> None:

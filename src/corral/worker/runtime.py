@@ -202,6 +202,10 @@ class Worker(Execution):
                 now = time.monotonic()
                 if now >= next_reclaim:
                     await asyncio.to_thread(self.store.reclaim_expired)
+                    if self.settings.retention_s is not None:
+                        await asyncio.to_thread(
+                            self.store.purge, time.time() - self.settings.retention_s
+                        )
                     self._report_unserved(await asyncio.to_thread(self._presence))
                     next_reclaim = now + self.settings.lease_s / 2
                 scan_started = time.monotonic()

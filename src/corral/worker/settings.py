@@ -24,3 +24,6 @@ class WorkerSettings:
     # most `prefetch` tasks), committed together: one transaction per run (group commit).
     prefetch: int = 128
     prefetch_s: float = 0.1
+    # Delete tasks finished (succeeded, failed, cancelled) more than this long ago, checked
+    # every lease_s / 2 (a batch's lines are kept: the batch owns them). None: keep them all.
+    retention_s: float | None = None
