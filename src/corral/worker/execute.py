@@ -126,9 +126,13 @@ class Execution:
         )
 
     def _in_run(self, call: list[Task]) -> bool:
-        """Whether the call joins a group run: one started task of a plain sync kind."""
+        """Whether the call joins a group run: one started task of a plain sync kind (or of no
+        kind: it fails there), on a model run in groups."""
         t = call[0]
-        return len(call) == 1 and t.started_at is not None and self._groupable.get(t.model, False)
+        if len(call) > 1 or t.started_at is None or not self._groupable.get(t.model, False):
+            return False
+        spec = self.registry.handlers.get(t.kind)
+        return spec is None or plain(spec)
 
     async def _start_alone(self, call: list[Task]) -> list[Task]:
         """Start reserved tasks that must run alone, each by itself, just before they run; the
@@ -437,6 +441,11 @@ class Execution:
         return float(
             min(self.settings.retry_base_s * 2 ** (task.attempts - 1), self.settings.retry_max_s)
         )
+
+
+def plain(spec: HandlerSpec) -> bool:
+    """A handler that can run in a group run: sync, in the worker's thread, one task a call."""
+    return not spec.is_async and spec.timeout_s is None and spec.batch_size == 1
 
 
 def counted(task: Task, group: bool) -> Task:

@@ -34,7 +34,7 @@ from corral.errors import CorralError
 from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import batching
-from corral.worker.execute import Ahead, Execution, counted, describe
+from corral.worker.execute import Ahead, Execution, counted, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.registry import Registry
 from corral.worker.settings import WorkerSettings
@@ -90,12 +90,9 @@ class Worker(Execution):
         # (group commit), about `prefetch_s` of work each, so that short tasks cost a fraction
         # of a round trip. The run length follows each model's measured task time.
         self._groupable = {
-            m: all(
-                not h.is_async and h.timeout_s is None and h.batch_size == 1
-                for h in registry.handlers.values()
-                if h.model == m
-            )
+            m: bool(specs) and all(plain(h) for h in specs)
             for m in self.models
+            for specs in [[h for h in registry.handlers.values() if h.model == m]]
         }
         self._run_len: dict[str, int] = defaultdict(lambda: 1)
         self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
