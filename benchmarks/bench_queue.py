@@ -1,7 +1,8 @@
 """Task queue throughput, side by side with a peer on the same database (issue 3).
 
-For each system: single enqueue (1,000 calls of its public API), bulk enqueue (`--tasks` in one
-call, where the system has a bulk API), and claim+complete with 1 and with 4 worker processes
+For each system: single enqueue (1,000 calls of its public API; on PostgreSQL, 10 blocks of 100
+taken in turns with the other systems, median block: see `single_rates`), bulk enqueue (`--tasks`
+in one call, where the system has a bulk API), and claim+complete with 1 and with 4 worker processes
 draining `--tasks` no-op tasks (each result stored). Peers: huey on SQLite (at its default
 `synchronous` and with `fsync=False`), procrastinate and pgqueuer (asyncpg; no results kept) on
 PostgreSQL.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -25,6 +27,7 @@ import platform
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,10 +122,35 @@ def drain_rate(system: System, n: int, workers: int) -> float:
     raise RuntimeError(f"{system.name} did not drain {n} tasks in 600 s")
 
 
-def measure(system: System, n: int, worker_counts: list[int]) -> Row:
+def _block(system: System, first: int, n: int) -> None:
+    for i in range(first, first + n):
+        system.single(i)
+
+
+def single_rates(systems: list[System], rounds: int = 10, block: int = 100) -> dict[str, float]:
+    """Single-enqueue rates of several systems on one database, taken in turns: `rounds` blocks
+    of `block` enqueues each, the systems alternating, the median block per system. A commit
+    waits for the disk's flush, whose latency drifts over minutes (checkpoints, the VM's
+    neighbours); in turns, the drift hits every system alike."""
+    for system in systems:
+        system.setup()
+    blocks: dict[str, list[float]] = {s.name: [] for s in systems}
+    for r in range(rounds):
+        for system in systems:
+            one = functools.partial(_block, system, r * block, block)
+            blocks[system.name].append(_rate(block, one))
+    return {name: statistics.median(rates) for name, rates in blocks.items()}
+
+
+def measure(
+    system: System, n: int, worker_counts: list[int], single_per_s: float | None = None
+) -> Row:
     row = Row(system.name, system.store, system.guarantee)
-    system.setup()
-    row.single_enqueue_per_s = _rate(1000, lambda: [system.single(i) for i in range(1000)])
+    if single_per_s is None:
+        system.setup()
+        row.single_enqueue_per_s = _rate(1000, lambda: [system.single(i) for i in range(1000)])
+    else:  # measured in turns with the other systems of its store (`single_rates`)
+        row.single_enqueue_per_s = single_per_s
     if system.bulk is not None:
         system.setup()
         bulk = system.bulk
@@ -278,6 +306,7 @@ def pgqueuer_system(schema: str) -> System:
         drop()
         with psycopg.connect(PG, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {schema}")
+        os.environ["BENCH_PG_SCHEMA"] = schema  # connect() reads it: the other peers set it too
         state["conn"] = runner.run(pgqueuer_app.connect())
         state["q"] = Queries(AsyncpgDriver(state["conn"]))
         runner.run(state["q"].install())
@@ -352,18 +381,15 @@ def main() -> None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
         print("PostgreSQL", flush=True)
-        rows.append(
-            measure(
-                corral_system(f"{PG}?schema={schema}", "PostgreSQL", reset_pg),
-                args.tasks,
-                args.workers,
-            )
-        )
+        pg_systems = [
+            corral_system(f"{PG}?schema={schema}", "PostgreSQL", reset_pg),
+            procrastinate_system(f"bench_p_{uuid.uuid4().hex[:8]}"),
+            pgqueuer_system(f"bench_q_{uuid.uuid4().hex[:8]}"),
+        ]
+        singles = single_rates(pg_systems)
+        for system in pg_systems:
+            rows.append(measure(system, args.tasks, args.workers, singles[system.name]))
         reset_pg()
-        pschema = f"bench_p_{uuid.uuid4().hex[:8]}"
-        rows.append(measure(procrastinate_system(pschema), args.tasks, args.workers))
-        qschema = f"bench_q_{uuid.uuid4().hex[:8]}"
-        rows.append(measure(pgqueuer_system(qschema), args.tasks, args.workers))
     shutil.rmtree(tmp, ignore_errors=True)
     report(rows, args)
 
