@@ -2,8 +2,9 @@
 
 For each system: single enqueue (1,000 calls of its public API; on PostgreSQL, 10 blocks of 100
 taken in turns with the other systems, median block: see `single_rates`), bulk enqueue (`--tasks`
-in one call, where the system has a bulk API), and claim+complete with 1 and with 4 worker processes
-draining `--tasks` no-op tasks (each result stored). Peers: huey on SQLite (at its default
+in one call, where the system has a bulk API; on PostgreSQL the median of 3, in turns), and
+claim+complete with 1 and with 4 worker processes draining `--tasks` no-op tasks (each result
+stored). Peers: huey on SQLite (at its default
 `synchronous` and with `fsync=False`), procrastinate and pgqueuer (asyncpg; no results kept) on
 PostgreSQL.
 
@@ -142,16 +143,36 @@ def single_rates(systems: list[System], rounds: int = 10, block: int = 100) -> d
     return {name: statistics.median(rates) for name, rates in blocks.items()}
 
 
+def bulk_rates(systems: list[System], n: int, rounds: int = 3) -> dict[str, float]:
+    """Bulk-enqueue rates (`n` tasks in one call, into an empty queue) in turns, as
+    `single_rates`: `rounds` per system, the systems alternating, the median per system."""
+    runs: dict[str, list[float]] = {s.name: [] for s in systems if s.bulk is not None}
+    for _ in range(rounds):
+        for system in systems:
+            if system.bulk is not None:
+                system.setup()
+                runs[system.name].append(_rate(n, functools.partial(system.bulk, n)))
+    return {name: statistics.median(rates) for name, rates in runs.items()}
+
+
 def measure(
-    system: System, n: int, worker_counts: list[int], single_per_s: float | None = None
+    system: System,
+    n: int,
+    worker_counts: list[int],
+    single_per_s: float | None = None,
+    bulk_per_s: float | None = None,
 ) -> Row:
+    """`single_per_s`, `bulk_per_s`: measured already, in turns with the other systems of the
+    store (`single_rates`, `bulk_rates`)."""
     row = Row(system.name, system.store, system.guarantee)
     if single_per_s is None:
         system.setup()
         row.single_enqueue_per_s = _rate(1000, lambda: [system.single(i) for i in range(1000)])
-    else:  # measured in turns with the other systems of its store (`single_rates`)
+    else:
         row.single_enqueue_per_s = single_per_s
-    if system.bulk is not None:
+    if bulk_per_s is not None:
+        row.bulk_enqueue_per_s = bulk_per_s
+    elif system.bulk is not None:
         system.setup()
         bulk = system.bulk
         row.bulk_enqueue_per_s = _rate(n, lambda: bulk(n))
@@ -387,8 +408,13 @@ def main() -> None:
             pgqueuer_system(f"bench_q_{uuid.uuid4().hex[:8]}"),
         ]
         singles = single_rates(pg_systems)
+        bulks = bulk_rates(pg_systems, args.tasks)
         for system in pg_systems:
-            rows.append(measure(system, args.tasks, args.workers, singles[system.name]))
+            rows.append(
+                measure(
+                    system, args.tasks, args.workers, singles[system.name], bulks.get(system.name)
+                )
+            )
         reset_pg()
     shutil.rmtree(tmp, ignore_errors=True)
     report(rows, args)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import builtins
 import enum
 import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -133,13 +134,28 @@ MAX_PAYLOAD_BYTES = (
 )  # the default limit on a payload's JSON (Queue: max_payload_mb)
 
 
+# One encoder for every payload: `json.dumps(..., allow_nan=False)` builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
+def new_ids(n: int) -> list[str]:
+    """`n` fresh task ids: random (version 4) UUIDs as 32 hex digits, like `uuid4().hex`, from
+    one read of the OS's randomness (a bulk enqueue of 10,000 spent a third of its own time in
+    `uuid4()`)."""
+    raw = bytearray(os.urandom(16 * n))
+    raw[6::16] = bytes((b & 0x0F) | 0x40 for b in raw[6::16])  # version 4
+    raw[8::16] = bytes((b & 0x3F) | 0x80 for b in raw[8::16])  # RFC 4122 variant
+    hexed = raw.hex()
+    return [hexed[i : i + 32] for i in range(0, 32 * n, 32)]
+
+
 def payload_text(kind: str, payload: Any, max_bytes: int) -> str:
     """`payload` as JSON text, or `BadTask` saying what is wrong: not JSON, larger than
     `max_bytes`, or a value JSON would silently change (a tuple comes back as a list, a dict key
     that is not a string comes back as one)."""
     _faithful(kind, payload, "payload")
     try:
-        text = json.dumps(payload, allow_nan=False)
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise BadTask(f"payload of a {kind!r} task is not JSON-serialisable: {exc}") from None
     if len(text) > max_bytes:  # characters: bytes or more

@@ -8,7 +8,6 @@ import dataclasses
 import itertools
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from corral.store.base import (
     TaskStatus,
     Wakeups,
     grouped_expiry,
+    new_ids,
 )
 
 _COLUMNS = (
@@ -357,7 +357,7 @@ class SqlStore:
         now = self._clock()
         return [
             {
-                "id": uuid.uuid4().hex,
+                "id": tid,
                 "kind": t.kind,
                 "model": t.model,
                 "payload": t.payload_json(),
@@ -370,7 +370,7 @@ class SqlStore:
                 "run_after": now,
                 "batch_id": t.batch_id,
             }
-            for t in tasks
+            for t, tid in zip(tasks, new_ids(len(tasks)), strict=True)
         ]
 
     def _check_room(self, tx: Tx, kind: str, model: str, adding: int, max_queued: int) -> None:
