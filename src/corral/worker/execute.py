@@ -70,8 +70,9 @@ class Execution:
         raise NotImplementedError
 
     async def _run_slot(self, calls: list[list[Task]], proxy: Request) -> None:
-        """Run one scheduling slot's handler calls in turn (a task, or a batched kind's batch),
-        then end its proxy. Tasks waiting behind the first call keep their leases meanwhile."""
+        """Run one scheduling slot's handler calls in turn (a task, a batched kind's batch, or
+        consecutive plain sync tasks as one group run), then end its proxy. Tasks waiting behind
+        the first call keep their leases meanwhile."""
         tasks = [t for call in calls for t in call]
         # Tasks that must run alone go last: they start only when their turn comes, so none
         # other of the slot waits, started, while one of them runs (it may kill the worker).

@@ -2,10 +2,11 @@
 
 It runs the real `Scheduler` and implements its `Effects`. Every task the store could hand out
 now is mirrored into the scheduler as a proxy `Request` of its model and level (service class and
-priority), refreshed
-every `poll_s`. When the scheduler dispatches proxies, the worker claims that many tasks of that
-model in one call (several workers may share a database: the claim is the atomic step, and a
-proxy that finds nothing left simply ends). Loads and unloads run the models' in-process hooks.
+priority), refreshed every `poll_s`; a proxy stands for a slot of tasks (one, a batched kind's
+batch, or a run of short tasks). When the scheduler dispatches proxies, the worker claims their
+tasks of that model in one call (several workers may share a database: the claim is the atomic
+step, and a proxy that finds nothing left simply ends): `worker/claims.py`. `worker/execute.py`
+runs and commits them. Loads and unloads run the models' in-process hooks.
 
 One asyncio task owns the scheduler. Effects only schedule work, and outcomes come back as
 scheduler events from the same loop, so nothing re-enters and no lock is needed. Store calls run
@@ -34,7 +35,8 @@ from corral.errors import CorralError
 from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import batching
-from corral.worker.execute import Ahead, Execution, counted, describe, plain
+from corral.worker.claims import Claiming
+from corral.worker.execute import Ahead, Execution, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.registry import Registry
 from corral.worker.settings import WorkerSettings
@@ -54,7 +56,7 @@ class _Proxy(Request):
         return (self.model, (not self.batch, self.priority))
 
 
-class Worker(Execution):
+class Worker(Claiming, Execution):
     """Run with `await worker.run()` (until `stop()`), or `run(until_idle=True)` to drain."""
 
     def __init__(
@@ -403,126 +405,6 @@ class Worker(Execution):
         for proxy in proxies[len(slots) :]:
             sched.on_request_finished(proxy)  # another worker was faster: nothing to do
 
-    async def _fill(self, model: str, n: int, fill_s: float) -> list[Task]:
-        """A batch waits up to `fill_s` after its first task for `n` more: claimed as the store
-        announces arrivals (and every 5 ms, for arrivals it does not announce)."""
-        got: list[Task] = []
-        deadline = time.monotonic() + fill_s
-        while len(got) < n and not self._stop.is_set():
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                break
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), min(left_s, 0.005))
-            got += await self._take(model, n - len(got))
-        return got
-
-    async def _take(self, model: str, n: int, claim: bool = True) -> list[Task]:
-        """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed
-        now, with the next few reserved."""
-        if self._stop.is_set():
-            return []  # shutting down: start nothing new
-        taken: list[Ahead] = []
-        stale: list[Ahead] = []
-        # Run a task claimed ahead only while its lease has plenty left (it gets no heartbeats
-        # until it runs); older ones go back.
-        fresh_after = time.monotonic() - self.settings.lease_s / 4
-        with self._ahead_lock:
-            keep: deque[Ahead] = deque()
-            for a in self._ahead[model]:
-                if a.state == "starting" or (len(taken) >= n and a.claimed_at >= fresh_after):
-                    keep.append(a)
-                elif a.claimed_at < fresh_after:
-                    stale.append(a)
-                else:
-                    taken.append(a)
-            self._ahead[model] = keep
-        for a in stale:
-            self._spawn(asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or ""))
-        tasks = [a.task for a in taken if a.state == "started"]
-        # Reserved ones start here, together; one that must run alone is started by itself
-        # when its turn comes (`_run_slot`), so it stays reserved.
-        alone = [a.task for a in taken if a.state == "reserved" and a.task.run_alone]
-        reserved = [
-            (a.task.id, a.task.lease_token or "")
-            for a in taken
-            if a.state == "reserved" and not a.task.run_alone
-        ]
-        if reserved:
-            started = set(await asyncio.to_thread(self.store.start, reserved))
-            group = len(reserved) > 1
-            tasks += [
-                counted(a.task, group)
-                for a in taken
-                if a.state == "reserved" and a.task.id in started
-            ]
-        tasks += alone
-        need = n - len(tasks)
-        if need and claim:
-            got = await asyncio.to_thread(
-                self.store.claim,
-                model,
-                self.worker_id,
-                need + self._ahead_wanted(model),
-                self.settings.lease_s,
-                need,
-            )
-            tasks += got[:need]  # a task that must run alone comes back reserved (see above)
-            now = time.monotonic()
-            with self._ahead_lock:
-                self._ahead[model].extend(Ahead(t, now) for t in got[need:])
-        return tasks
-
-    def _per(self, model: str) -> int:
-        """Tasks per scheduling slot: a batched kind's batch size, else the run length."""
-        per = self._slot[model][0]
-        return per if per > 1 else self._run_len[model]
-
-    def _measured(self, model: str, task_s: float) -> None:
-        """A run measured its tasks (in its thread): the next runs' length follows at once."""
-        prev = self._task_s.get(model)
-        self._task_s[model] = task_s if prev is None else 0.7 * prev + 0.3 * task_s
-        self._run_len[model] = self._run_length(model, self._waiting.get(model, 0))
-
-    def _run_length(self, model: str, waiting: int) -> int:
-        """About `prefetch_s` of work at the measured task time (at most `prefetch` tasks), but
-        never so long that fewer slots than the model's concurrency get the waiting tasks."""
-        task_s = self._task_s.get(model)
-        if task_s is None:
-            return 1  # not measured yet: a task at a time, as a long task would want
-        by_time = int(self.settings.prefetch_s / max(task_s, 1e-6))
-        concurrency = self._sched().models[model].concurrency
-        spread = -(-waiting // max(1, concurrency))
-        return max(1, min(self.settings.prefetch, by_time, spread))
-
-    def _holding(self, model: str) -> bool:
-        with self._ahead_lock:
-            return bool(self._ahead[model])
-
-    def _ahead_wanted(self, model: str) -> int:
-        """How many tasks to claim ahead: about `prefetch_s` of work, at most `prefetch`."""
-        record = self._sched().models[model]
-        task_s = self._task_s.get(model)
-        if task_s is not None:  # measured in runs (the scheduler's estimate is per run)
-            per_s = record.concurrency / max(task_s, 1e-6)
-        else:
-            per_s = record.concurrency * self._per(model) / max(record.service_est, 1e-6)
-        return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
-
-    def _next_to_start(self, model: str, n: int = 1) -> list[Ahead]:
-        """Take up to `n` reserved tasks of `model` for a commit to start (called in a thread).
-        Never one that must run alone: it starts just before its handler runs."""
-        out: list[Ahead] = []
-        with self._ahead_lock:
-            for a in self._ahead[model]:
-                if len(out) >= n:
-                    break
-                if a.state == "reserved" and not a.task.run_alone:
-                    a.state = "starting"
-                    out.append(a)
-        return out
-
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
         async with self._device_lock[device]:  # after an unload issued before it
@@ -553,16 +435,6 @@ class Worker(Execution):
                     await _maybe_await(hooks.unload)
                 except Exception as exc:  # the model is gone from the schedule either way
                     log.warning("model %s: unload hook failed: %s", model, describe(exc))
-
-    async def _release_ahead(self, model: str) -> None:
-        async with self._move(model):
-            with self._ahead_lock:
-                gone = [a for a in self._ahead[model] if a.state != "starting"]
-                for a in self._ahead[model]:
-                    a.drop = a.state == "starting"  # its commit releases it once the mark lands
-                self._ahead[model] = deque()
-            for a in gone:
-                await asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or "")
 
     async def _shutdown(self) -> None:
         running = [t for t in self._running.values() if not t.done()]

@@ -1,0 +1,173 @@
+"""Claiming for the worker (`Worker` mixes this in): taking a slot's tasks (from the buffer
+of tasks claimed ahead, else from the store), filling a batch, the run length of a model run in
+groups, and the buffer itself (how much to claim ahead, which tasks a commit starts, giving
+them back)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from contextlib import AbstractAsyncContextManager
+
+from corral.core import Scheduler
+from corral.store import Store, Task
+from corral.worker.execute import Ahead, counted
+from corral.worker.settings import WorkerSettings
+
+
+class Claiming:
+    """The claiming half of `Worker`; the attributes below are the worker's."""
+
+    store: Store
+    settings: WorkerSettings
+    worker_id: str
+    _ahead: dict[str, deque[Ahead]]
+    _ahead_lock: threading.Lock
+    _stop: asyncio.Event
+    _arrived: asyncio.Event
+    _slot: dict[str, tuple[int, float]]
+    _run_len: dict[str, int]
+    _task_s: dict[str, float]
+    _waiting: dict[str, int]
+
+    def _sched(self) -> Scheduler:
+        raise NotImplementedError
+
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
+        raise NotImplementedError
+
+    def _move(self, model: str) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    async def _fill(self, model: str, n: int, fill_s: float) -> list[Task]:
+        """A batch waits up to `fill_s` after its first task for `n` more: claimed as the store
+        announces arrivals (and every 5 ms, for arrivals it does not announce)."""
+        got: list[Task] = []
+        deadline = time.monotonic() + fill_s
+        while len(got) < n and not self._stop.is_set():
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), min(left_s, 0.005))
+            got += await self._take(model, n - len(got))
+        return got
+
+    async def _take(self, model: str, n: int, claim: bool = True) -> list[Task]:
+        """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed
+        now, with the next few reserved."""
+        if self._stop.is_set():
+            return []  # shutting down: start nothing new
+        taken: list[Ahead] = []
+        stale: list[Ahead] = []
+        # Run a task claimed ahead only while its lease has plenty left (it gets no heartbeats
+        # until it runs); older ones go back.
+        fresh_after = time.monotonic() - self.settings.lease_s / 4
+        with self._ahead_lock:
+            keep: deque[Ahead] = deque()
+            for a in self._ahead[model]:
+                if a.state == "starting" or (len(taken) >= n and a.claimed_at >= fresh_after):
+                    keep.append(a)
+                elif a.claimed_at < fresh_after:
+                    stale.append(a)
+                else:
+                    taken.append(a)
+            self._ahead[model] = keep
+        for a in stale:
+            self._spawn(asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or ""))
+        tasks = [a.task for a in taken if a.state == "started"]
+        # Reserved ones start here, together; one that must run alone is started by itself
+        # when its turn comes (`_run_slot`), so it stays reserved.
+        alone = [a.task for a in taken if a.state == "reserved" and a.task.run_alone]
+        reserved = [
+            (a.task.id, a.task.lease_token or "")
+            for a in taken
+            if a.state == "reserved" and not a.task.run_alone
+        ]
+        if reserved:
+            started = set(await asyncio.to_thread(self.store.start, reserved))
+            group = len(reserved) > 1
+            tasks += [
+                counted(a.task, group)
+                for a in taken
+                if a.state == "reserved" and a.task.id in started
+            ]
+        tasks += alone
+        need = n - len(tasks)
+        if need and claim:
+            got = await asyncio.to_thread(
+                self.store.claim,
+                model,
+                self.worker_id,
+                need + self._ahead_wanted(model),
+                self.settings.lease_s,
+                need,
+            )
+            tasks += got[:need]  # a task that must run alone comes back reserved (see above)
+            now = time.monotonic()
+            with self._ahead_lock:
+                self._ahead[model].extend(Ahead(t, now) for t in got[need:])
+        return tasks
+
+    def _per(self, model: str) -> int:
+        """Tasks per scheduling slot: a batched kind's batch size, else the run length."""
+        per = self._slot[model][0]
+        return per if per > 1 else self._run_len[model]
+
+    def _measured(self, model: str, task_s: float) -> None:
+        """A run measured its tasks (in its thread): the next runs' length follows at once."""
+        prev = self._task_s.get(model)
+        self._task_s[model] = task_s if prev is None else 0.7 * prev + 0.3 * task_s
+        self._run_len[model] = self._run_length(model, self._waiting.get(model, 0))
+
+    def _run_length(self, model: str, waiting: int) -> int:
+        """About `prefetch_s` of work at the measured task time (at most `prefetch` tasks), but
+        never so long that fewer slots than the model's concurrency get the waiting tasks."""
+        task_s = self._task_s.get(model)
+        if task_s is None:
+            return 1  # not measured yet: a task at a time, as a long task would want
+        by_time = int(self.settings.prefetch_s / max(task_s, 1e-6))
+        concurrency = self._sched().models[model].concurrency
+        spread = -(-waiting // max(1, concurrency))
+        return max(1, min(self.settings.prefetch, by_time, spread))
+
+    def _holding(self, model: str) -> bool:
+        with self._ahead_lock:
+            return bool(self._ahead[model])
+
+    def _ahead_wanted(self, model: str) -> int:
+        """How many tasks to claim ahead: about `prefetch_s` of work, at most `prefetch`."""
+        record = self._sched().models[model]
+        task_s = self._task_s.get(model)
+        if task_s is not None:  # measured in runs (the scheduler's estimate is per run)
+            per_s = record.concurrency / max(task_s, 1e-6)
+        else:
+            per_s = record.concurrency * self._per(model) / max(record.service_est, 1e-6)
+        return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
+
+    def _next_to_start(self, model: str, n: int = 1) -> list[Ahead]:
+        """Take up to `n` reserved tasks of `model` for a commit to start (called in a thread).
+        Never one that must run alone: it starts just before its handler runs."""
+        out: list[Ahead] = []
+        with self._ahead_lock:
+            for a in self._ahead[model]:
+                if len(out) >= n:
+                    break
+                if a.state == "reserved" and not a.task.run_alone:
+                    a.state = "starting"
+                    out.append(a)
+        return out
+
+    async def _release_ahead(self, model: str) -> None:
+        async with self._move(model):
+            with self._ahead_lock:
+                gone = [a for a in self._ahead[model] if a.state != "starting"]
+                for a in self._ahead[model]:
+                    a.drop = a.state == "starting"  # its commit releases it once the mark lands
+                self._ahead[model] = deque()
+            for a in gone:
+                await asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or "")
