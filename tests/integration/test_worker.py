@@ -555,9 +555,11 @@ def sleeps(p: dict[str, Any]) -> str:
 def test_timeout_s_stops_a_sync_handler_and_an_async_one(url: str, tmp_path: Path) -> None:
     q = corral.Queue(url)
     q.model("m")
-    q.handler("sync_sleeps", model="m", timeout_s=0.5)(sleeps)
+    # 2 s: the sync one's child process imports this module before its handler runs, which
+    # took longer than 0.5 s on a loaded 2-core machine (the handler never began).
+    q.handler("sync_sleeps", model="m", timeout_s=2)(sleeps)
 
-    @q.handler("async_sleeps", model="m", timeout_s=0.5)
+    @q.handler("async_sleeps", model="m", timeout_s=2)
     async def async_sleeps(p: dict[str, Any]) -> str:
         await asyncio.sleep(p["sleep_s"])
         return "woke"
@@ -571,7 +573,7 @@ def test_timeout_s_stops_a_sync_handler_and_an_async_one(url: str, tmp_path: Pat
         t = q.get(task_id)
         assert (t.status, t.attempts) == (TaskStatus.FAILED, 2)
         assert [e["error"] for e in t.errors] == [
-            "HandlerTimeout: the handler ran past its timeout_s of 0.5 s"
+            "HandlerTimeout: the handler ran past its timeout_s of 2 s"
         ] * 2
     assert (tmp_path / "started-2").exists()  # the sync one ran (twice) in its process ...
     assert not (tmp_path / "finished").exists()  # ... and was killed mid-sleep
@@ -691,10 +693,11 @@ def test_keep_result_false_stores_no_result_and_retention_purges_old_tasks(url: 
     q.run_worker(until_idle=True, settings=FAST)
     assert {(q.get(t).status, q.get(t).result) for t in fired} == {(TaskStatus.SUCCEEDED, None)}
     assert q.result(kept, timeout=5) == 5
-    # A worker with a retention period deletes what finished before it.
-    time.sleep(0.3)
+    # A worker with a retention period deletes what finished before it (2 s: longer than
+    # this run lasts, so what it runs itself stays, however slow the machine).
+    time.sleep(2.1)
     later = q.submit("keep", 6)
-    settings = dataclasses.replace(FAST, retention_s=0.2)
+    settings = dataclasses.replace(FAST, retention_s=2.0)
     q.run_worker(until_idle=True, settings=settings)
     assert [t.id for t in q.store.list(limit=100)] == [later]
     q.close()
