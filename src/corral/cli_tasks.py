@@ -179,6 +179,9 @@ def tasks_show(
     out.print(table)
 
 
+_R = TypeVar("_R")
+
+
 def _with_store(db: str, op: Callable[[Store], _R]) -> _R:
     store = _open(db)
     try:
@@ -187,9 +190,6 @@ def _with_store(db: str, op: Callable[[Store], _R]) -> _R:
         raise _fail(exc) from None
     finally:
         store.close()
-
-
-_R = TypeVar("_R")
 
 
 @tasks_app.command("cancel")

@@ -78,7 +78,6 @@ done AS (
       AND corral_tasks.lease_token = f.token
     RETURNING corral_tasks.id, corral_tasks.serial_key)
 SELECT id, serial_key,
-       (SELECT count(*) FROM started) AS n_started,
        CASE WHEN serial_key IS NULL THEN NULL ELSE pg_notify(:channel, '') END AS notified
 FROM done"""
 

@@ -17,7 +17,6 @@ from corral.store.base import (
     Batch,
     BatchNotFound,
     FileNotFound,
-    Finished,
     Lease,
     Level,
     NewTask,
@@ -495,31 +494,6 @@ RETURNING {_QUALIFIED}"""
             )
         )
 
-    def finish_many(
-        self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
-    ) -> list[str]:
-        now = self._clock()
-        sql = (
-            f"UPDATE corral_tasks SET {_FINISH_SETS} WHERE id = :id AND status = 'running' "
-            "AND lease_token = :token RETURNING id, serial_key"
-        )
-        committed: list[str] = []
-        keyed = False
-        with self._tx(write=True) as tx:
-            self._start(tx, then_start)
-            for d in done:
-                rows = tx.run(
-                    sql, {"id": d.task_id, "token": d.token, "result": d.result_json, "now": now}
-                )
-                for r in rows:
-                    committed.append(r["id"])
-                    keyed = keyed or r["serial_key"] is not None
-            if keyed:
-                self._announce(tx)
-        if keyed:
-            self._woken()
-        return committed
-
     def _ended(self, rows: list[Mapping[str, Any]]) -> bool:
         """After a task's attempt ended: its serial key's next task may run now."""
         if rows and rows[0]["serial_key"] is not None:
@@ -655,21 +629,18 @@ RETURNING {_QUALIFIED}"""
                     status = "cancelled"
                 elif row["started_at"] is None:  # reserved, never started: no attempt used
                     status = "queued"
-                elif row["started_in_group"]:  # any task of its group may have killed it
-                    status, grouped = "queued", 1
-                    error = grouped_expiry(row["worker_id"])
+                else:
+                    if row["started_in_group"]:  # any task of its group may have killed it
+                        status, grouped = "queued", 1
+                        error = grouped_expiry(row["worker_id"])
+                    else:
+                        error = (
+                            f"lease expired on worker {row['worker_id']} (worker died or stalled)"
+                        )
+                        final = int(row["attempts"]) >= int(row["max_attempts"])
+                        status = "failed" if final else "queued"
                     entry = {"attempt": int(row["attempts"]), "error": error, "at": now}
                     errors = json.dumps([*json.loads(row["errors"]), entry])
-                else:
-                    error = f"lease expired on worker {row['worker_id']} (worker died or stalled)"
-                    errors = json.dumps(
-                        [
-                            *json.loads(row["errors"]),
-                            {"attempt": int(row["attempts"]), "error": error, "at": now},
-                        ]
-                    )
-                    final = int(row["attempts"]) >= int(row["max_attempts"])
-                    status = "failed" if final else "queued"
                 tx.run(
                     "UPDATE corral_tasks SET status = :status, lease_token = NULL, "
                     "lease_expires_at = NULL, worker_id = CASE WHEN :status = 'queued' THEN NULL "

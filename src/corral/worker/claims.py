@@ -29,7 +29,7 @@ class Claiming:
     _stop: asyncio.Event
     _arrived: asyncio.Event
     _slot: dict[str, tuple[int, float]]
-    _run_len: dict[str, int]
+    _groupable: dict[str, bool]
     _task_s: dict[str, float]
     _waiting: dict[str, int]
 
@@ -116,13 +116,17 @@ class Claiming:
     def _per(self, model: str) -> int:
         """Tasks per scheduling slot: a batched kind's batch size, else the run length."""
         per = self._slot[model][0]
-        return per if per > 1 else self._run_len[model]
+        if per > 1:
+            return per
+        if not self._groupable.get(model, False):
+            return 1
+        return self._run_length(model, self._waiting.get(model, 0))
 
     def _measured(self, model: str, task_s: float) -> None:
-        """A run measured its tasks (in its thread): the next runs' length follows at once."""
+        """A run measured its tasks (in its thread): the next runs' length follows at once
+        (`_per` derives it from this and the last count of waiting tasks)."""
         prev = self._task_s.get(model)
         self._task_s[model] = task_s if prev is None else 0.7 * prev + 0.3 * task_s
-        self._run_len[model] = self._run_length(model, self._waiting.get(model, 0))
 
     def _run_length(self, model: str, waiting: int) -> int:
         """About `prefetch_s` of work at the measured task time (at most `prefetch` tasks), but

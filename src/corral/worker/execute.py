@@ -8,12 +8,14 @@ transaction."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from corral.core import Request, RequestState, Scheduler
@@ -217,17 +219,24 @@ class Execution:
         then_start = [(a.task.id, a.task.lease_token or "") for a in nxt]
         if not done and not then_start:
             return
-        try:
+        with self._starting(nxt):
             committed = set(self.store.finish_many([f for _, f in done], then_start))
+        for task, _ in done:
+            if task.id not in committed:
+                log.warning("task %s: lease lost before commit; its result was dropped", task.id)
+
+    @contextlib.contextmanager
+    def _starting(self, nxt: list[Ahead]) -> Iterator[None]:
+        """Around a commit that starts `nxt` (in its thread): if it fails, they are reserved
+        again; if it lands, `_started`."""
+        try:
+            yield
         except BaseException:
             with self._ahead_lock:
                 for a in nxt:
                     a.state = "reserved"
             raise
         self._started(nxt)
-        for task, _ in done:
-            if task.id not in committed:
-                log.warning("task %s: lease lost before commit; its result was dropped", task.id)
 
     def _started(self, nxt: list[Ahead]) -> None:
         """Tasks a commit started (called in its thread): ready to run, or given back if their
@@ -401,7 +410,7 @@ class Execution:
         start_next = start_next and not self._groupable.get(task.model, False)
         nxt = self._next_to_start(task.model) if start_next else []
         then_start = [(a.task.id, a.task.lease_token or "") for a in nxt]
-        try:
+        with self._starting(nxt):
             if ctx.cancelled:
                 store.acknowledge_cancel(task.id, token, then_start)
             elif error is not None:
@@ -429,12 +438,6 @@ class Execution:
                     log.warning(
                         "task %s: lease lost before commit; its result was dropped", task.id
                     )
-        except BaseException:
-            with self._ahead_lock:
-                for a in nxt:
-                    a.state = "reserved"
-            raise
-        self._started(nxt)
 
     def _backoff(self, task: Task) -> float | None:
         attempts = task.counted_attempts

@@ -91,12 +91,10 @@ class Worker(Claiming, Execution):
         # of several tasks run one after another in one thread hop and committed together
         # (group commit), about `prefetch_s` of work each, so that short tasks cost a fraction
         # of a round trip. The run length follows each model's measured task time.
-        self._groupable = {
-            m: bool(specs) and all(plain(h) for h in specs)
-            for m in self.models
-            for specs in [[h for h in registry.handlers.values() if h.model == m]]
-        }
-        self._run_len: dict[str, int] = defaultdict(lambda: 1)
+        self._groupable: dict[str, bool] = {}
+        for m in self.models:
+            specs = [h for h in registry.handlers.values() if h.model == m]
+            self._groupable[m] = bool(specs) and all(plain(h) for h in specs)
         self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
         self._waiting: dict[str, int] = {}  # tasks waiting per model, at the last reconcile
         self._arrived = asyncio.Event()  # the store says tasks may have arrived
@@ -321,9 +319,7 @@ class Worker(Claiming, Execution):
             waiting = dict(ready.get(model, {}))
             for a in self._ahead[model]:
                 waiting[a.task.level] = waiting.get(a.task.level, 0) + 1
-            self._waiting[model] = sum(waiting.values())
-            if self._groupable[model]:
-                self._run_len[model] = self._run_length(model, self._waiting[model])
+            self._waiting[model] = sum(waiting.values())  # `_per` follows it
             per = self._per(model)  # one proxy per slot of up to `per` tasks
             if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
                 self._stale.add(model)
