@@ -257,61 +257,44 @@ def test_group_commit_commits_each_task_fenced_by_its_own_token(store: Store, cl
     assert store.finish_many([Finished(a, tok[a], "1")]) == []  # exactly one commit
 
 
-def test_a_grouped_task_whose_worker_died_runs_alone_and_gets_its_attempt_back_if_innocent(
+def test_a_grouped_task_whose_worker_died_gets_its_attempt_back_and_runs_alone(
     store: Store, clock: Clock
 ) -> None:
-    """Any task of a group may have killed the worker: each goes back (never failed for good by
-    it), runs alone from then on, and gets the attempt back once an attempt of its own ends
-    normally; the one that kills its worker runs out of attempts as if it had run alone."""
-    a, b, c, d = add(store, n=4, max_attempts=1)
-    store.claim("m", "w1", limit=4, lease_s=30)
+    """Any task of a group may have killed the worker: none loses an attempt for it, and each
+    runs alone from then on, so the one that kills its worker runs out of attempts by itself."""
+    a, b, c = add(store, n=3, max_attempts=1)
+    store.claim("m", "w1", limit=3, lease_s=30)
     clock.t += 31
-    assert store.reclaim_expired() == 4
-    for tid in (a, b, c, d):
+    assert store.reclaim_expired() == 3
+    for tid in (a, b, c):
         t = store.get(tid)
-        assert (t.status, t.attempts, t.run_alone, t.refund_due, t.worker_id) == (
+        assert (t.status, t.attempts, t.run_alone, t.worker_id) == (
             TaskStatus.QUEUED,
-            1,
-            True,
+            0,
             True,
             None,
         )
-        assert t.counted_attempts == 0
-        assert "runs alone from now on" in (t.error or "")
-        assert t.errors[-1]["attempt"] == 1
+        assert t.errors[-1]["counted"] is False
+        assert "runs alone" in (t.error or "")
     # A task that must run alone is never started in a group: it comes back reserved ...
-    got = store.claim("m", "w2", limit=4, lease_s=30, start=4)
-    assert [(t.id, t.attempts, t.started_at) for t in got] == [(x, 1, None) for x in (a, b, c, d)]
+    got = store.claim("m", "w2", limit=3, lease_s=30, start=3)
+    assert [(t.id, t.attempts, t.started_at) for t in got] == [(x, 0, None) for x in (a, b, c)]
     tok = {t.id: t.lease_token or "" for t in got}
     assert store.start([(a, tok[a]), (b, tok[b])]) == []
     assert store.finish_many([], then_start=[(a, tok[a]), (b, tok[b])]) == []
-    assert store.get(a).attempts == 1
-    # ... and started by itself. Ending normally gives the group's attempt back, once.
-    for tid in (a, b, c, d):
-        assert store.start([(tid, tok[tid])]) == [tid]
-        assert (store.get(tid).attempts, store.get(tid).started_in_group) == (2, False)
-    assert store.finish(a, tok[a], "ok")
-    assert store.fail(b, tok[b], "boom", retry_in_s=0.0)  # its own one attempt: failed
-    store.cancel(c)
-    assert store.acknowledge_cancel(c, tok[c])
-    assert [(store.get(x).status, store.get(x).attempts) for x in (a, b, c)] == [
-        (TaskStatus.SUCCEEDED, 1),
-        (TaskStatus.FAILED, 1),
-        (TaskStatus.CANCELLED, 1),
-    ]
-    assert not store.get(b).refund_due
-    assert store.get(b).run_alone
-    assert store.get(b).errors[-1]["attempt"] == 1
-    # If its worker dies while it runs alone, that attempt counts: out of attempts, it fails.
+    assert store.get(a).attempts == 0
+    # ... and started by itself; if its worker dies now, the attempt counts.
+    assert store.start([(a, tok[a])]) == [a]
+    assert (store.get(a).attempts, store.get(a).started_in_group) == (1, False)
     clock.t += 31
-    assert store.reclaim_expired() == 1
-    assert (store.get(d).status, store.get(d).attempts) == (TaskStatus.FAILED, 2)
-    # A manual retry forgets the marks; a claim of one starts a task alone.
-    assert store.retry(d) is TaskStatus.QUEUED
-    assert not store.get(d).run_alone
-    assert not store.get(d).refund_due
-    (td,) = store.claim("m", "w3", limit=1, lease_s=30)
-    assert (td.id, td.attempts, td.started_in_group) == (d, 1, False)
+    assert store.reclaim_expired() == 3
+    assert store.get(a).status is TaskStatus.FAILED
+    assert (store.get(b).status, store.get(b).attempts) == (TaskStatus.QUEUED, 0)
+    # A claim of one starts it (alone), and a manual retry forgets the mark.
+    (tb,) = store.claim("m", "w3", limit=1, lease_s=30)
+    assert (tb.id, tb.attempts, tb.started_in_group) == (b, 1, False)
+    assert store.retry(a) is TaskStatus.QUEUED
+    assert not store.get(a).run_alone
 
 
 def test_purge_deletes_old_finished_tasks_only(store: Store, clock: Clock) -> None:

@@ -16,13 +16,10 @@ Semantics every adapter shares (tests/contract holds the one suite they all pass
   them, while a task whose handler kills the worker still runs out of attempts.
 - Tasks started by one call together with others (a claim or `start` of several, `then_start`
   of several) are a *group*: a worker runs them one after another and commits them together
-  (`finish_many`). If its lease expires, any task of the group may have killed the worker: each
-  grouped task goes back to the queue (never failed for good by it), its attempt counted, and
-  is marked `run_alone` with a refund due. A `run_alone` task is never started in a group (a call
-  starting several leaves it reserved; start it by itself). When its next attempt ends other than
-  by an expired lease (`finish`, `fail`, `acknowledge_cancel`), it was not the culprit: the
-  attempt counted at the group's death is given back. So a task that kills its worker runs out
-  of attempts as if it had always run alone, and its neighbours lose none.
+  (`finish_many`). If its lease expires, a grouped task gets that attempt back (the worker died,
+  and any task of the group may have killed it) and is marked `run_alone`. A `run_alone` task is
+  never started in a group (a call starting several leaves it reserved; start it by itself), so
+  a task that kills its worker runs out of attempts alone, and its neighbours lose none.
 - `reclaim_expired` returns tasks whose lease ran out to the queue (or fails them when out of
   attempts; reserved and grouped ones always go back, cancelled-while-running ones end
   cancelled).
@@ -216,12 +213,6 @@ class Task:
     interactive: bool = False
     started_in_group: bool = False  # this attempt started with others (see the module docs)
     run_alone: bool = False  # its worker died while it ran in a group: never group it again
-    refund_due: bool = False  # ... and that attempt is given back when its next one ends
-
-    @property
-    def counted_attempts(self) -> int:
-        """Attempts that count: `attempts`, less one counted at a group's death and due back."""
-        return self.attempts - self.refund_due
 
     @property
     def level(self) -> Level:
@@ -238,11 +229,10 @@ class Finished:
 
 
 def grouped_expiry(worker_id: str | None) -> str:
-    """The error recorded when a grouped task's lease expires."""
+    """The error recorded when a grouped task's lease expires (its attempt does not count)."""
     return (
         f"lease expired on worker {worker_id} (worker died or stalled) while this task was in a "
-        "group run with others: it runs alone from now on, and this attempt is given back if "
-        "its next one ends normally"
+        "group run with others: the attempt is not counted, and the task runs alone from now on"
     )
 
 

@@ -202,7 +202,7 @@ class MemoryStore:
                 if t is None:
                     continue
                 self._tasks[d.task_id] = dataclasses.replace(
-                    _settled(t),
+                    t,
                     status=TaskStatus.SUCCEEDED,
                     result=json.loads(d.result_json),
                     lease_token=None,
@@ -229,7 +229,7 @@ class MemoryStore:
             if t is None:
                 return False
             self._tasks[task_id] = dataclasses.replace(
-                _settled(t),
+                t,
                 status=status,
                 lease_token=None,
                 lease_expires_at=None,
@@ -253,7 +253,6 @@ class MemoryStore:
             if t is None:
                 return False
             now = self._clock()
-            t = _settled(t)
             errors = [*t.errors, {"attempt": t.attempts, "error": error, "at": now}]
             if retry_in_s is not None and t.attempts < t.max_attempts:
                 self._tasks[task_id] = dataclasses.replace(
@@ -328,7 +327,6 @@ class MemoryStore:
                     started_at=None,
                     started_in_group=False,
                     run_alone=False,
-                    refund_due=False,
                 )
                 self._tasks[task_id] = t
                 self._wakeups.fire()
@@ -572,13 +570,6 @@ class MemoryStore:
         pass
 
 
-def _settled(t: Task) -> Task:
-    """A task whose attempt ends other than by an expired lease: a refund due is given back."""
-    if t.refund_due and t.started_at is not None:
-        return dataclasses.replace(t, attempts=t.attempts - 1, refund_due=False)
-    return t
-
-
 def _expired(t: Task, now: float) -> Task:
     """A running task whose lease ran out: what `reclaim_expired` makes of it."""
     t = dataclasses.replace(t, lease_token=None, lease_expires_at=None)
@@ -586,17 +577,18 @@ def _expired(t: Task, now: float) -> Task:
         return dataclasses.replace(t, status=TaskStatus.CANCELLED, finished_at=now)
     if t.started_at is None:  # reserved, never started: no attempt was used
         return dataclasses.replace(t, status=TaskStatus.QUEUED, worker_id=None)
-    if t.started_in_group:  # any task of its group may have killed the worker
+    if t.started_in_group:  # any task of its group may have killed the worker: not counted
         error = grouped_expiry(t.worker_id)
+        entry = {"attempt": t.attempts, "error": error, "at": now, "counted": False}
         return dataclasses.replace(
             t,
             status=TaskStatus.QUEUED,
             worker_id=None,
+            attempts=t.attempts - 1,
             started_in_group=False,
             run_alone=True,
-            refund_due=True,
             error=error,
-            errors=[*t.errors, {"attempt": t.attempts, "error": error, "at": now}],
+            errors=[*t.errors, entry],
         )
     error = f"lease expired on worker {t.worker_id} (worker died or stalled)"
     errors = [*t.errors, {"attempt": t.attempts, "error": error, "at": now}]

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from corral.store.base import Finished, StoreError
-from corral.store.sql import _CLAIMABLE, _QUALIFIED, _SETTLE, Dialect, SqlStore, Tx
+from corral.store.sql import _CLAIMABLE, _QUALIFIED, Dialect, SqlStore, Tx
 
 DIALECT = Dialect(
     serial_pk="BIGSERIAL PRIMARY KEY",
@@ -62,7 +62,7 @@ class _PgTx:
 
 # Group commit (`finish_many`) in one statement: start the next tasks, commit the finished
 # ones, and announce a freed serial key, if any, to other processes.
-_FINISH_MANY = f"""
+_FINISH_MANY = """
 WITH started AS (
     UPDATE corral_tasks SET attempts = attempts + 1, started_at = :now, started_in_group = :grp
     FROM unnest(:s_ids::text[], :s_tokens::text[]) AS s(id, token)
@@ -72,7 +72,7 @@ WITH started AS (
     RETURNING corral_tasks.id),
 done AS (
     UPDATE corral_tasks SET status = 'succeeded', result = f.result, lease_token = NULL,
-        lease_expires_at = NULL, finished_at = :now, {_SETTLE}
+        lease_expires_at = NULL, finished_at = :now
     FROM unnest(:ids::text[], :tokens::text[], :results::text[]) AS f(id, token, result)
     WHERE corral_tasks.id = f.id AND corral_tasks.status = 'running'
       AND corral_tasks.lease_token = f.token

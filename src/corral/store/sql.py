@@ -162,7 +162,7 @@ CREATE TABLE corral_workers (
         (
             7,
             # Group commit: tasks started together, and tasks that must run alone (see
-            # store.base): run_alone 1 = alone with an attempt due back, 2 = alone.
+            # store.base: a grouped task's attempt does not count if its worker dies).
             """
 ALTER TABLE corral_tasks ADD COLUMN started_in_group INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE corral_tasks ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
@@ -204,14 +204,9 @@ _START_SQL = (
     "WHERE id = :start_id AND status = 'running' AND lease_token = :start_token "
     "AND started_at IS NULL AND (:start_group = 0 OR run_alone = 0) RETURNING id"
 )
-# An attempt that ends other than by an expired lease gives back an attempt due (store.base).
-_SETTLE = (
-    "attempts = attempts - CASE WHEN run_alone = 1 AND started_at IS NOT NULL THEN 1 ELSE 0 END, "
-    "run_alone = CASE WHEN run_alone = 1 AND started_at IS NOT NULL THEN 2 ELSE run_alone END"
-)
 _FINISH_SETS = (
     "status = 'succeeded', result = :result, lease_token = NULL, lease_expires_at = NULL, "
-    f"finished_at = :now, {_SETTLE}"
+    "finished_at = :now"
 )
 
 
@@ -242,7 +237,6 @@ def _task(row: Mapping[str, Any]) -> Task:
         batch_id=row["batch_id"],
         started_in_group=bool(row["started_in_group"]),
         run_alone=bool(row["run_alone"]),
-        refund_due=row["run_alone"] == 1,
     )
 
 
@@ -512,8 +506,7 @@ RETURNING {_QUALIFIED}"""
         with self._tx(write=True) as tx:
             self._start(tx, then_start)
             rows = tx.run(
-                "SELECT attempts - CASE WHEN run_alone = 1 AND started_at IS NOT NULL THEN 1 "
-                "ELSE 0 END AS attempts, max_attempts, errors, serial_key FROM corral_tasks "
+                "SELECT attempts, max_attempts, errors, serial_key FROM corral_tasks "
                 "WHERE id = :id AND status = 'running' AND lease_token = :token",
                 {"id": task_id, "token": token},
             )
@@ -540,8 +533,7 @@ RETURNING {_QUALIFIED}"""
                     "finished_at = :now"
                 )
             tx.run(
-                f"UPDATE corral_tasks SET {sets}, error = :error, errors = :errors, {_SETTLE} "
-                "WHERE id = :id",
+                f"UPDATE corral_tasks SET {sets}, error = :error, errors = :errors WHERE id = :id",
                 {
                     "after": now + (retry_in_s or 0.0),
                     "now": now,
@@ -577,7 +569,7 @@ RETURNING {_QUALIFIED}"""
                 task_id,
                 token,
                 "status = 'cancelled', lease_token = NULL, lease_expires_at = NULL, "
-                f"finished_at = :now, {_SETTLE}",
+                "finished_at = :now",
                 {"now": self._clock()},
                 then_start,
             )
@@ -624,36 +616,39 @@ RETURNING {_QUALIFIED}"""
                 {"now": now},
             )
             for row in rows:
-                error, errors, grouped = None, row["errors"], 0
+                error, errors, refund = None, row["errors"], 0
                 if row["cancel_requested"]:
                     status = "cancelled"
                 elif row["started_at"] is None:  # reserved, never started: no attempt used
                     status = "queued"
-                else:
-                    if row["started_in_group"]:  # any task of its group may have killed it
-                        status, grouped = "queued", 1
-                        error = grouped_expiry(row["worker_id"])
-                    else:
-                        error = (
-                            f"lease expired on worker {row['worker_id']} (worker died or stalled)"
-                        )
-                        final = int(row["attempts"]) >= int(row["max_attempts"])
-                        status = "failed" if final else "queued"
+                elif row["started_in_group"]:  # any task of its group may have killed it
+                    status, refund = "queued", 1
+                    error = grouped_expiry(row["worker_id"])
                     entry = {"attempt": int(row["attempts"]), "error": error, "at": now}
-                    errors = json.dumps([*json.loads(row["errors"]), entry])
+                    errors = json.dumps([*json.loads(row["errors"]), {**entry, "counted": False}])
+                else:
+                    error = f"lease expired on worker {row['worker_id']} (worker died or stalled)"
+                    errors = json.dumps(
+                        [
+                            *json.loads(row["errors"]),
+                            {"attempt": int(row["attempts"]), "error": error, "at": now},
+                        ]
+                    )
+                    final = int(row["attempts"]) >= int(row["max_attempts"])
+                    status = "failed" if final else "queued"
                 tx.run(
                     "UPDATE corral_tasks SET status = :status, lease_token = NULL, "
                     "lease_expires_at = NULL, worker_id = CASE WHEN :status = 'queued' THEN NULL "
                     "ELSE worker_id END, finished_at = :finished, error = COALESCE(:error, error), "
-                    "errors = :errors, started_in_group = 0, "
-                    "run_alone = CASE WHEN :grouped = 1 THEN 1 ELSE run_alone END "
+                    "errors = :errors, attempts = attempts - :refund, started_in_group = 0, "
+                    "run_alone = CASE WHEN :refund = 1 THEN 1 ELSE run_alone END "
                     "WHERE id = :id AND status = 'running'",
                     {
                         "status": status,
                         "finished": None if status == "queued" else now,
                         "error": error,
                         "errors": errors,
-                        "grouped": grouped,
+                        "refund": refund,
                         "id": row["id"],
                     },
                 )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.store.base import Finished, StoreBusy, StoreError
-from corral.store.sql import _SETTLE, Dialect, SqlStore, Tx
+from corral.store.sql import Dialect, SqlStore, Tx
 
 DIALECT = Dialect(
     serial_pk="INTEGER PRIMARY KEY AUTOINCREMENT",
@@ -35,9 +35,9 @@ FROM (SELECT value ->> 0 AS id, value ->> 1 AS token FROM json_each(:items)) AS 
 WHERE corral_tasks.id = s.id AND corral_tasks.status = 'running'
   AND corral_tasks.lease_token = s.token AND corral_tasks.started_at IS NULL
   AND corral_tasks.run_alone = 0"""
-_FINISH_MANY = f"""
+_FINISH_MANY = """
 UPDATE corral_tasks SET status = 'succeeded', result = f.result, lease_token = NULL,
-    lease_expires_at = NULL, finished_at = :now, {_SETTLE}
+    lease_expires_at = NULL, finished_at = :now
 FROM (SELECT value ->> 0 AS id, value ->> 1 AS token, value ->> 2 AS result
       FROM json_each(:items)) AS f
 WHERE corral_tasks.id = f.id AND corral_tasks.status = 'running'

@@ -153,7 +153,7 @@ class Execution:
 
     async def _run_group(self, tasks: list[Task]) -> None:
         """A run: the tasks one after another in one thread hop, committed together."""
-        ctxs = [TaskContext(t.id, t.counted_attempts, t.max_attempts, t.model) for t in tasks]
+        ctxs = [TaskContext(t.id, t.attempts, t.max_attempts, t.model) for t in tasks]
         me = asyncio.current_task()
         assert me is not None
         for t, ctx in zip(tasks, ctxs, strict=True):  # cancellations reach these contexts
@@ -254,7 +254,7 @@ class Execution:
             self.store.release(t.id, t.lease_token or "")
 
     async def _run_batch(self, spec: HandlerSpec, tasks: list[Task]) -> None:
-        ctxs = [TaskContext(t.id, t.counted_attempts, t.max_attempts, t.model) for t in tasks]
+        ctxs = [TaskContext(t.id, t.attempts, t.max_attempts, t.model) for t in tasks]
         work = asyncio.ensure_future(self._execute_batch(spec, tasks, ctxs))
         for t, ctx in zip(tasks, ctxs, strict=True):
             # Not "async" for the heartbeats: cancelling one task must not cancel the batch
@@ -314,7 +314,7 @@ class Execution:
             self._commit(task, task.lease_token or "", ctx, result, error)
 
     async def _run(self, task: Task) -> None:
-        ctx = TaskContext(task.id, task.counted_attempts, task.max_attempts, task.model)
+        ctx = TaskContext(task.id, task.attempts, task.max_attempts, task.model)
         token = task.lease_token or ""
         spec = self.registry.handlers.get(task.kind)
         try:
@@ -440,11 +440,10 @@ class Execution:
                     )
 
     def _backoff(self, task: Task) -> float | None:
-        attempts = task.counted_attempts
-        if attempts >= task.max_attempts:
+        if task.attempts >= task.max_attempts:
             return None
         return float(
-            min(self.settings.retry_base_s * 2 ** (attempts - 1), self.settings.retry_max_s)
+            min(self.settings.retry_base_s * 2 ** (task.attempts - 1), self.settings.retry_max_s)
         )
 
 
