@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,9 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[postgres]' 'huey>=2.5' 'procrastinate>=3' \
 	  'pgqueuer==1.6.0' 'asyncpg>=0.29' 'litellm[proxy]'
 	touch $(BENCH_VENV)/.installed
+
+bench-cluster: $(STAMP)
+	$(BIN)/python benchmarks/bench_cluster.py
 
 bench-queue: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/bench_queue.py

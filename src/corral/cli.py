@@ -19,7 +19,7 @@ from corral.cli_tasks import db_app, tasks_app, worker_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
 from corral.errors import CorralError
-from corral.policy_names import POLICY_NAMES, PolicyName
+from corral.policy_names import POLICY_NAMES, SIM_POLICY_NAMES, PolicyName, SimPolicyName
 
 # Each command imports what it runs: `corral sim-backend` starts in a fraction of the time the
 # simulator's, the config's and the worker's imports would take, and the demo's swaps are that
@@ -92,25 +92,35 @@ def config_check(
 
 
 def _policies(requested: list[str] | None, config: Config) -> list[PolicyName]:
+    """Corral's policies only (the live system runs them)."""
+    out = _sim_policies(requested, config, POLICY_NAMES)
+    return [p for p in POLICY_NAMES if p in out]
+
+
+def _sim_policies(
+    requested: list[str] | None,
+    config: Config,
+    names: tuple[SimPolicyName, ...] = SIM_POLICY_NAMES,
+) -> list[SimPolicyName]:
     if not requested:
         return [config.scheduler.policy]
-    out: list[PolicyName] = []
+    out: list[SimPolicyName] = []
     for p in requested:
         if p == "all":
-            out.extend(x for x in POLICY_NAMES if x not in out)
-        elif p in POLICY_NAMES:
+            out.extend(x for x in names if x not in out)
+        elif p in names:
             if p not in out:
                 out.append(p)
         else:
             raise typer.BadParameter(
-                f"unknown policy {p!r}; choose from {', '.join(POLICY_NAMES)} or all",
+                f"unknown policy {p!r}; choose from {', '.join(names)} or all",
                 param_hint="--policy",
             )
     return out
 
 
 def _run_all(
-    config: Config, trace: Trace, policies: list[PolicyName], show_progress: bool
+    config: Config, trace: Trace, policies: list[SimPolicyName], show_progress: bool
 ) -> tuple[list[Run], list[dict[str, Any]]]:
     from corral.sim.engine import simulate
     from corral.sim.metrics import summarize
@@ -132,7 +142,7 @@ def _run_all(
             def tick(done: int, total: int, task: Any = task) -> None:
                 progress.update(task, completed=done)
 
-            runs.append(simulate(config.with_policy(policy), trace, progress=tick))
+            runs.append(simulate(config, trace, progress=tick, policy=policy))
     return runs, [summarize(r) for r in runs]
 
 
@@ -153,7 +163,8 @@ PolicyOption = Annotated[
     typer.Option(
         "--policy",
         "-p",
-        help="Policy to run; repeat to compare; 'all' runs all five. Default: the config's.",
+        help="Policy to run; repeat to compare; 'all' runs them all (simulate: also the "
+        "lru-route baseline, Ray Serve's rule). Default: the config's.",
     ),
 ]
 
@@ -234,7 +245,7 @@ def simulate_cmd(
             yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
         )
         trace.write(save_scenario / "trace.jsonl")
-    policies = _policies(policy, config)
+    policies = _sim_policies(policy, config)
     show_progress = not as_json and sys.stderr.isatty() and len(trace.lines) >= 20_000
     runs, results = _run_all(config, trace, policies, show_progress)
     if out is not None:

@@ -285,6 +285,13 @@ def worker_cmd(
             "excepted). Default: keep them.",
         ),
     ] = None,
+    affinity: Annotated[
+        bool,
+        typer.Option(
+            help="With other workers on the database, load each model on one worker (a second "
+            "only for a backlog worth it); --no-affinity: schedule this device alone.",
+        ),
+    ] = True,
 ) -> None:
     """Run a worker for an app's queue until SIGTERM/SIGINT."""
     from corral.worker.runtime import WorkerSettings
@@ -298,6 +305,7 @@ def worker_cmd(
             prefetch=prefetch,
             shutdown_timeout_s=shutdown_timeout_s,
             retention_s=retention_s,
+            affinity=affinity,
         )
         err.print(
             f"corral worker: {app} on {queue.url} "

@@ -297,6 +297,57 @@ def test_a_grouped_task_whose_worker_died_gets_its_attempt_back_and_runs_alone(
     assert not store.get(a).run_alone
 
 
+def test_a_dead_workers_last_words_blame_the_running_task_and_clear_its_group(
+    store: Store, clock: Clock
+) -> None:
+    """`blame_death` names the tasks that were running: they count the attempt when the lease
+    expires (as if started alone); the rest of the worker's groups lose nothing and are not
+    made to run alone; a task started alone keeps its counted attempt."""
+    a, b, c, d, e = add(store, n=5, max_attempts=1)
+    got = {t.id: t for t in store.claim("m", "w1", limit=3, lease_s=30)}  # a group of three
+    (td,) = store.claim("m", "w1", limit=1, lease_s=30)  # one started alone
+    (other,) = store.claim("m", "w2", limit=1, lease_s=30)  # another worker's group-less task
+    assert (td.id, other.id) == (d, e)
+    assert store.blame_death("w1", [(b, got[b].lease_token or "")]) == 3  # a, b and c
+    assert store.blame_death("w1", [(b, got[b].lease_token or "")]) == 3  # idempotent
+    clock.t += 31
+    assert store.reclaim_expired() == 5
+    blamed = store.get(b)
+    assert (blamed.status, blamed.attempts, blamed.run_alone) == (TaskStatus.FAILED, 1, False)
+    assert [x.get("counted", True) for x in blamed.errors] == [True]
+    for tid in (a, c):
+        t = store.get(tid)
+        assert (t.status, t.attempts, t.run_alone) == (TaskStatus.QUEUED, 0, False)
+        assert t.errors[-1]["counted"] is False
+        assert "runs alone" not in (t.error or "")
+    assert store.get(d).status is TaskStatus.FAILED  # started alone: its attempt counted
+    assert store.get(e).status is TaskStatus.FAILED  # not w1's: untouched by its words
+    # Cleared tasks keep running in groups.
+    again = store.claim("m", "w3", limit=2, lease_s=30)
+    assert {t.id for t in again} == {a, c}
+    assert all(t.started_in_group and t.attempts == 1 for t in again)
+
+
+def test_stale_last_words_change_nothing(store: Store, clock: Clock) -> None:
+    """Words naming a task no longer running under that worker and token (reclaimed, torn or
+    made up) leave the group rule in force."""
+    a, b = add(store, n=2, max_attempts=2)
+    got = {t.id: t for t in store.claim("m", "w1", limit=2, lease_s=30)}
+    assert store.blame_death("w1", [(a, "not-the-token")]) == 0
+    assert store.blame_death("w2", [(a, got[a].lease_token or "")]) == 0
+    assert store.blame_death("w1", [(a, got[a].lease_token or ""), ("nope", "x")]) == 0
+    clock.t += 31
+    assert store.reclaim_expired() == 2
+    for tid in (a, b):
+        t = store.get(tid)
+        assert (t.status, t.attempts, t.run_alone) == (TaskStatus.QUEUED, 0, True)
+    # With nothing running, a dead worker's groups are all cleared.
+    got = {t.id: t for t in store.claim("m", "w4", limit=2, lease_s=30, start=2)}
+    assert all(t.started_at is None for t in got.values())  # run_alone: reserved, not grouped
+    assert store.start([(a, got[a].lease_token or "")]) == [a]
+    assert store.blame_death("w4", []) == 0  # a started alone: nothing of a group to clear
+
+
 def test_purge_deletes_old_finished_tasks_only(store: Store, clock: Clock) -> None:
     ok, bad, gone, live, queued = add(store, n=5, max_attempts=1)
     (line,) = store.enqueue_many([NewTask("k", "m", {}, batch_id="batch_1")])
@@ -640,8 +691,9 @@ def test_newer_schema_is_a_clear_error(tmp_path: Path, pg_schema: str) -> None:
     ):
         SqliteStore(tmp_path / "t.db")
     p = PostgresStore(PG_URL, schema=pg_schema)
-    p._conn.execute("INSERT INTO corral_schema (version) VALUES (99)")
     p.close()
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {pg_schema}.corral_schema (version) VALUES (99)")
     with pytest.raises(SchemaTooNew):
         PostgresStore(PG_URL, schema=pg_schema)
 
@@ -825,3 +877,26 @@ def test_workers_are_seen_refreshed_and_forgotten(store: Store, clock: Clock) ->
     store.worker_gone("w2")
     store.worker_gone("w2")  # idempotent
     assert store.workers(0) == {"w1": ["a"]}
+
+
+def test_residency_is_replaced_per_worker_ages_out_and_goes_with_the_worker(
+    store: Store, clock: Clock
+) -> None:
+    start = clock.t
+    store.set_residency("w1", [("gpu0", "a", "loading")])
+    store.set_residency("w2", [("gpu0", "b", "ready"), ("gpu1", "c", "ready")])
+    store.set_residency("w1", [("gpu0", "a", "ready")])  # replaces, not adds
+    rows = store.residency(start - 1)
+    assert [(r.worker_id, r.device, r.model, r.state) for r in rows] == [
+        ("w1", "gpu0", "a", "ready"),
+        ("w2", "gpu0", "b", "ready"),
+        ("w2", "gpu1", "c", "ready"),
+    ]
+    assert all(r.seen_at == start for r in rows)
+    clock.t += 30
+    store.set_residency("w1", [("gpu0", "a", "ready")])  # a heartbeat: w1 still holds a
+    assert [(r.worker_id, r.model) for r in store.residency(start + 1)] == [("w1", "a")]
+    store.set_residency("w1", [])  # unloaded everything
+    assert [r.worker_id for r in store.residency(start - 1)] == ["w2", "w2"]
+    store.worker_gone("w2")
+    assert store.residency(start - 1) == []

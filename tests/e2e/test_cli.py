@@ -114,7 +114,14 @@ def test_simulate_out_writes_csv_and_plots(files: tuple[Path, Path], tmp_path: P
     out = tmp_path / "out"
     corral("simulate", "-c", files[0], "-t", files[1], "-p", "all", "--out", out)
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert {r["policy"] for r in rows} == {"fifo", "grouped", "fifo-plus", "priority", "cost"}
+    assert {r["policy"] for r in rows} == {
+        "fifo",
+        "grouped",
+        "fifo-plus",
+        "priority",
+        "cost",
+        "lru-route",
+    }
     assert {r["model"] for r in rows} == {"*", "a", "b"}
     for name in ("loads.png", "wait_cdf.png", "timeline.png"):
         data = (out / name).read_bytes()
@@ -135,7 +142,15 @@ def test_bad_trace_names_the_line(files: tuple[Path, Path], tmp_path: Path) -> N
 def test_scenarios_list_run_and_save(tmp_path: Path) -> None:
     listed = json.loads(corral("simulate", "--list-scenarios", "--json").stdout)
     names = [s["name"] for s in listed["scenarios"]]
-    assert names == ["approvals", "agents", "two-batches", "poisson", "chat-batch"]
+    assert names == [
+        "approvals",
+        "agents",
+        "two-batches",
+        "poisson",
+        "chat-batch",
+        "devices-4",
+        "devices-8",
+    ]
     p = corral(
         "simulate",
         "--scenario",

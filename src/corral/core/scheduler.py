@@ -524,6 +524,12 @@ class Scheduler:
             return False
         if c is not forced and self._class_preempts(victims, c):
             return True  # one way only (batch never preempts), so no progress rule is needed
+        if c is forced and not self._solo and any(v.count for v in victims):
+            # Several devices: an overdue model takes the next device whose model runs dry (it
+            # goes first for it), never one whose model still has work. Forcing swaps there
+            # turned an unmeetable bound into thrash: on `devices-4`, max_wait_s 120 made cost's
+            # mean wait 404 s against 109 s without a bound; now 89 s (docs/design/scheduler.md).
+            return False
         if c is forced:
             # Quantum: max_wait_s may end a visit only after it has served for min_visit_swaps
             # times the swap that began it, so turn-taking under overload cannot collapse into

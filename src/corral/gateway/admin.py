@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from corral.gateway.batches import BatchRuntime
 from corral.gateway.errors import error
 from corral.gateway.proxy import unknown_model
 from corral.gateway.runtime import Gateway
+from corral.store import StoreError
 
 
 class EventStream(StreamingResponse):
@@ -34,9 +36,21 @@ def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None)
     router = APIRouter()
     metrics = gateway.metrics
 
+    # A thread of its own: through an outage the default executor's threads all wait on the
+    # store's retries, and a health check queued behind them would answer only once it ended.
+    pinger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-health")
+
     @router.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        """`ok`; `degraded` while the task store (batches) cannot be reached, saying why:
+        interactive requests do not need it, so the gateway stays up."""
+        if batches is None:
+            return {"status": "ok"}
+        try:
+            await asyncio.get_running_loop().run_in_executor(pinger, batches.store.ping)
+        except StoreError as exc:
+            return {"status": "degraded", "store": str(exc)}
+        return {"status": "ok", "store": "ok"}
 
     @router.get("/api/models/{model}/logs", response_class=PlainTextResponse)
     async def logs(model: str, lines: int = 200) -> Response:

@@ -33,6 +33,7 @@ from corral.gateway.batches import routes as batch_routes
 from corral.gateway.errors import (
     error,
     http_error,
+    store_unavailable,
     validation_error,
 )
 from corral.gateway.llamaswap_routes import llamaswap_routes
@@ -46,6 +47,7 @@ from corral.gateway.proxy import (
     upstream_path,
 )
 from corral.gateway.runtime import Gateway
+from corral.store import StoreBusy, StoreUnavailable
 
 
 class ApiKeys:
@@ -150,6 +152,8 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         app.include_router(batch_routes(batches, max_upload))
         app.add_exception_handler(BatchError, batch_refused)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(StoreUnavailable, store_unavailable)
+    app.add_exception_handler(StoreBusy, store_unavailable)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(ModelRoutes, handle=px.handle)
     if keys:  # added last: outermost, so it guards the model routes too

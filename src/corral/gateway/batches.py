@@ -43,7 +43,7 @@ from corral.gateway.openapi import (
     json_body,
 )
 from corral.gateway.runtime import Gateway
-from corral.store import Store
+from corral.store import Store, StoreBusy, StoreUnavailable
 from corral.worker.registry import ModelHooks, Registry, current_task
 from corral.worker.runtime import Worker, WorkerSettings
 
@@ -199,6 +199,8 @@ class BatchRuntime:
                     self._live = live
                     for hook in due:
                         await self._deliver(client, hook.batch_id, hook.url, hook.body)
+                except (StoreUnavailable, StoreBusy) as exc:  # the store logged the outage
+                    log.warning("batch tick skipped: %s", exc)
                 except Exception:  # keep ending batches whatever one tick hit
                     log.exception("batch tick failed")
                 await asyncio.sleep(every_s)

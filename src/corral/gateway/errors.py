@@ -47,6 +47,18 @@ async def validation_error(_: Request, exc: Exception) -> Response:
     return error(400, message or "invalid request", "invalid_request_error", param=param)
 
 
+async def store_unavailable(_: Request, exc: Exception) -> Response:
+    """The task store could not be reached (after its own retries) or stayed locked: 503 with
+    Retry-After, which the official clients retry; nothing was lost."""
+    return error(
+        503,
+        f"the task store is unavailable: {exc}; try again shortly",
+        "server_error",
+        code="store_unavailable",
+        headers={"Retry-After": "5"},
+    )
+
+
 def stream_error(message: str) -> bytes:
     """A server-sent event carrying an error, as OpenAI sends one mid-stream (the official
     clients raise it as an `APIError`)."""

@@ -19,6 +19,8 @@ from typing import Any
 
 from corral.config import Config
 from corral.core import Request, Scheduler
+from corral.policy_names import SimPolicyName
+from corral.sim.lru_route import LruRoute
 from corral.sim.trace import Trace, TraceLine
 
 _FINISH, _LOAD, _ARRIVAL, _TIMER = 0, 1, 2, 3
@@ -80,7 +82,11 @@ class Simulation:
         *,
         check: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        policy: SimPolicyName | None = None,
     ) -> None:
+        """`policy`: run this one rather than `config`'s (a baseline such as `lru-route` too)."""
+        if policy is not None and policy != "lru-route":
+            config = config.with_policy(policy)
         self.config = config
         self.trace = trace
         self.now = 0.0
@@ -110,7 +116,11 @@ class Simulation:
                 self._next_in_session[a.line] = b
         for name, reqs in self._sessions.items():
             self._push(starts[name], _ARRIVAL, reqs[0].line, reqs[0])
-        self.scheduler = Scheduler(config, self, lambda: self.now)
+        self.scheduler: Scheduler | LruRoute = (
+            LruRoute(config, self, lambda: self.now)
+            if policy == "lru-route"
+            else Scheduler(config, self, lambda: self.now)
+        )
         self._where: dict[str, str] = {}  # model -> device, from load effects alone
         self._running: dict[str, int] = defaultdict(int)
         self._dev_running: dict[str, int] = defaultdict(int)
@@ -316,6 +326,8 @@ def simulate(
     *,
     check: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    policy: SimPolicyName | None = None,
 ) -> Run:
-    """Run `config`'s policy over `trace` on a virtual clock."""
-    return Simulation(config, trace, check=check, progress=progress).run()
+    """Run `config`'s policy (or `policy`, a simulator baseline too) over `trace` on a virtual
+    clock."""
+    return Simulation(config, trace, check=check, progress=progress, policy=policy).run()

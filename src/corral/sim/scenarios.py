@@ -133,22 +133,30 @@ scheduler: {policy: cost, max_wait_s: 120}
         "<scenario poisson>",
     )
     rng = random.Random(3)
-    rate = 0.6 / 2.0  # requests/s for load 0.6 at a 2 s mean service
     names = ["llama-8b", "qwen-7b", "mistral-7b"]
+    # Load 0.6 at a 2 s mean service.
+    lines = _poisson_hour(rng, 0.6 / 2.0, lambda: rng.choice(names))
+    return Scenario("poisson", poisson.__doc__ or "", cfg, _trace("poisson", lines))
+
+
+def _poisson_hour(
+    rng: random.Random, rate: float, model: Callable[[], str]
+) -> list[dict[str, object]]:
+    """An hour of Poisson arrivals at `rate` per second, each for `model()`, with exponential
+    service times of 2 s mean."""
     t = 0.0
     lines: list[dict[str, object]] = []
     while True:
         t += rng.expovariate(rate)
         if t > 3600:
-            break
+            return lines
         lines.append(
             {
                 "t": round(t, 3),
-                "model": rng.choice(names),
+                "model": model(),
                 "service_s": round(rng.expovariate(1 / 2.0) + 0.01, 3),
             }
         )
-    return Scenario("poisson", poisson.__doc__ or "", cfg, _trace("poisson", lines))
 
 
 def chat_batch() -> Scenario:
@@ -187,12 +195,52 @@ scheduler: {policy: cost, max_wait_s: 120}
     return Scenario("chat-batch", chat_batch.__doc__ or "", cfg, _trace("chat-batch", lines))
 
 
+def _devices(n_devices: int, n_models: int, seed: int) -> Scenario:
+    """Poisson traffic for an hour to `n_models` models on `n_devices` devices, each model
+    filling a device (swaps of 4-30 s), popularity skewed (Zipf, s = 1: the first model takes
+    about a quarter of the traffic on 16 models), load about 0.67 per device, 2 s mean service."""
+    name = f"devices-{n_devices}"
+    rng = random.Random(seed)
+    models = [f"m{i:02d}" for i in range(n_models)]
+    lines_cfg = ["models:"]
+    for m in models:
+        load_s = round(rng.uniform(4, 30), 1)
+        lines_cfg.append(
+            f"  {m}: {{load_s: {load_s}, unload_s: {round(load_s / 10, 1)}, service_s: 2, "
+            "memory_gb: 24}"
+        )
+    lines_cfg.append("devices:")
+    lines_cfg += [f"  - {{name: gpu{d}, memory_gb: 24}}" for d in range(n_devices)]
+    lines_cfg.append("scheduler: {policy: cost, max_wait_s: 120}")
+    cfg = parse_config("\n".join(lines_cfg) + "\n", f"<scenario {name}>")
+    popularity = [1.0 / (k + 1) for k in range(n_models)]
+    # Load 0.67 per device at a 2 s mean service.
+    lines = _poisson_hour(rng, 0.67 * n_devices / 2.0, lambda: rng.choices(models, popularity)[0])
+    return Scenario(name, _devices.__doc__ or "", cfg, _trace(name, lines))
+
+
+def devices_4() -> Scenario:
+    """Four devices, 16 models, each filling a device; skewed popularity, Poisson for an hour
+    at load 0.67 per device, 4-30 s swaps (the multi-device case of issue 10)."""
+    sc = _devices(4, 16, seed=10)
+    return Scenario(sc.name, devices_4.__doc__ or "", sc.config, sc.trace)
+
+
+def devices_8() -> Scenario:
+    """Eight devices, 20 models, each filling a device; skewed popularity, Poisson for an hour
+    at load 0.67 per device, 4-30 s swaps."""
+    sc = _devices(8, 20, seed=11)
+    return Scenario(sc.name, devices_8.__doc__ or "", sc.config, sc.trace)
+
+
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "approvals": approvals,
     "agents": agents,
     "two-batches": two_batches,
     "poisson": poisson,
     "chat-batch": chat_batch,
+    "devices-4": devices_4,
+    "devices-8": devices_8,
 }
 
 

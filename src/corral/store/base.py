@@ -20,6 +20,10 @@ Semantics every adapter shares (tests/contract holds the one suite they all pass
   and any task of the group may have killed it) and is marked `run_alone`. A `run_alone` task is
   never started in a group (a call starting several leaves it reserved; start it by itself), so
   a task that kills its worker runs out of attempts alone, and its neighbours lose none.
+- Unless the dead worker's last words are known: a worker on the same host reads which tasks
+  were running when it died (`corral.worker.last_words`) and calls `blame_death`. Those tasks
+  then count the attempt as tasks started alone do; the rest of its groups get theirs back and
+  are not marked `run_alone` (they were not running, so none of them killed it).
 - `reclaim_expired` returns tasks whose lease ran out to the queue (or fails them when out of
   attempts; reserved and grouped ones always go back, cancelled-while-running ones end
   cancelled).
@@ -74,6 +78,12 @@ class SchemaTooNew(StoreError):
 class StoreBusy(StoreError):
     """The database stayed locked beyond the busy timeout; the operation changed nothing and can
     be retried."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached for the store's patience (a dropped connection, a
+    restart, a cut network path). The message says whether the operation may have taken effect;
+    a worker waits and goes on, a front door answers 503."""
 
 
 class QueueFull(StoreError):
@@ -220,6 +230,18 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class Residency:
+    """A model a live worker holds: `state` is "loading" or "ready"; `seen_at` when the worker
+    last said so (epoch seconds)."""
+
+    worker_id: str
+    device: str
+    model: str
+    state: str
+    seen_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A success for `finish_many`: the result already as JSON text (`json.dumps`)."""
 
@@ -228,8 +250,14 @@ class Finished:
     result_json: str
 
 
-def grouped_expiry(worker_id: str | None) -> str:
-    """The error recorded when a grouped task's lease expires (its attempt does not count)."""
+def grouped_expiry(worker_id: str | None, cleared: bool = False) -> str:
+    """The error recorded when a grouped task's lease expires (its attempt does not count).
+    `cleared`: the worker's last words named the tasks it was running, and this was not one."""
+    if cleared:
+        return (
+            f"lease expired on worker {worker_id} (the worker died) while this task waited in a "
+            "group run, not running: the attempt is not counted"
+        )
     return (
         f"lease expired on worker {worker_id} (worker died or stalled) while this task was in a "
         "group run with others: the attempt is not counted, and the task runs alone from now on"
@@ -385,12 +413,36 @@ class Store(Protocol):
         them); returns how many were deleted."""
         ...
 
+    def blame_death(self, worker_id: str, running: Sequence[tuple[str, str]]) -> int:
+        """Worker `worker_id` died (its process is gone) while running the tasks `running`, as
+        (id, lease token): when their leases expire, those count the attempt (as tasks started
+        alone do), and its other grouped tasks get theirs back without being marked
+        `run_alone`. Changes nothing, and returns 0, unless every one of `running` is still
+        running under that worker and token (a stale record leaves the group rule in force);
+        returns how many tasks it settled. Idempotent."""
+        ...
+
+    def ping(self) -> None:
+        """Check, within about `connect_timeout_s` and without retrying, that the database
+        answers; raises `StoreUnavailable` (saying why) if not. For health checks."""
+        ...
+
     def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
         """Record that worker `worker_id` is alive and serves `models` (now)."""
         ...
 
     def worker_gone(self, worker_id: str) -> None:
-        """Forget the worker (it stopped cleanly)."""
+        """Forget the worker and what it held (it stopped cleanly)."""
+        ...
+
+    def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
+        """Replace what worker `worker_id` holds with `resident`, (device, model, state) each,
+        stamped now; a worker calls it on every load and unload and with each `worker_seen`.
+        A dead worker's rows age out: readers pass `seen_after`."""
+        ...
+
+    def residency(self, seen_after: float) -> builtins.list[Residency]:
+        """Models held by workers that said so after `seen_after`, by worker and model."""
         ...
 
     def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
@@ -496,6 +548,9 @@ class Store(Protocol):
     # True when `subscribe` also hears of work added by other processes (PostgreSQL's
     # LISTEN/NOTIFY), so an idle worker may poll rarely.
     wakes_other_processes: bool
+    # Names the database in files a worker keeps about it on this host (its last words); None
+    # where no other process can share it.
+    identity: str | None
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         """Call `wake()` (from any thread) soon after tasks may have become claimable: enqueued,

@@ -20,6 +20,7 @@ from corral.store.base import (
     Level,
     NewTask,
     QueueFull,
+    Residency,
     StoredFile,
     Task,
     TaskNotFound,
@@ -33,6 +34,7 @@ class MemoryStore:
     """Thread-safe; nothing survives the process."""
 
     wakes_other_processes = False  # there are no other processes
+    identity: str | None = None  # nor files about it
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -43,6 +45,8 @@ class MemoryStore:
         self._files: dict[str, tuple[int, StoredFile]] = {}
         self._workers: dict[str, tuple[list[str], float]] = {}
         self._batches: dict[str, Batch] = {}
+        self._residency: dict[str, list[Residency]] = {}
+        self._cleared: set[str] = set()  # grouped tasks a dead worker's last words cleared
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         return self._wakeups.add(wake)
@@ -342,11 +346,32 @@ class MemoryStore:
                     and t.lease_expires_at is not None
                     and t.lease_expires_at < now
                 ):
-                    self._tasks[t.id] = _expired(t, now)
+                    cleared = t.id in self._cleared
+                    self._cleared.discard(t.id)
+                    self._tasks[t.id] = _expired(t, now, cleared)
                     moved += 1
             if moved:
                 self._wakeups.fire()
             return moved
+
+    def blame_death(self, worker_id: str, running: Sequence[tuple[str, str]]) -> int:
+        with self._lock:
+            mine = [
+                t
+                for t in self._tasks.values()
+                if t.status is TaskStatus.RUNNING and t.worker_id == worker_id
+            ]
+            held = {(t.id, t.lease_token) for t in mine if t.started_at is not None}
+            if not all(r in held for r in running):
+                return 0
+            blamed = {task_id for task_id, _ in running}
+            for t in mine:
+                if t.id in blamed:
+                    self._cleared.discard(t.id)
+                    self._tasks[t.id] = dataclasses.replace(t, started_in_group=False)
+                elif t.started_in_group:
+                    self._cleared.add(t.id)
+            return len(blamed | {t.id for t in mine if t.id in self._cleared})
 
     def purge(self, finished_before: float, limit: int = 10_000) -> int:
         ended = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
@@ -531,6 +556,19 @@ class MemoryStore:
     def worker_gone(self, worker_id: str) -> None:
         with self._lock:
             self._workers.pop(worker_id, None)
+            self._residency.pop(worker_id, None)
+
+    def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
+        with self._lock:
+            now = self._clock()
+            self._residency[worker_id] = [
+                Residency(worker_id, dev, m, st, now) for dev, m, st in resident
+            ]
+
+    def residency(self, seen_after: float) -> list[Residency]:
+        with self._lock:
+            rows = [r for rs in self._residency.values() for r in rs if r.seen_at > seen_after]
+        return sorted(rows, key=lambda r: (r.worker_id, r.model))
 
     def workers(self, seen_after: float) -> dict[str, list[str]]:
         with self._lock:
@@ -566,19 +604,23 @@ class MemoryStore:
                 per[t.status] = per.get(t.status, 0) + 1
             return out
 
+    def ping(self) -> None:
+        pass  # always here
+
     def close(self) -> None:
         pass
 
 
-def _expired(t: Task, now: float) -> Task:
-    """A running task whose lease ran out: what `reclaim_expired` makes of it."""
+def _expired(t: Task, now: float, cleared: bool = False) -> Task:
+    """A running task whose lease ran out: what `reclaim_expired` makes of it. `cleared`: its
+    worker's last words showed it was not running (see `blame_death`)."""
     t = dataclasses.replace(t, lease_token=None, lease_expires_at=None)
     if t.cancel_requested:
         return dataclasses.replace(t, status=TaskStatus.CANCELLED, finished_at=now)
     if t.started_at is None:  # reserved, never started: no attempt was used
         return dataclasses.replace(t, status=TaskStatus.QUEUED, worker_id=None)
     if t.started_in_group:  # any task of its group may have killed the worker: not counted
-        error = grouped_expiry(t.worker_id)
+        error = grouped_expiry(t.worker_id, cleared)
         entry = {"attempt": t.attempts, "error": error, "at": now, "counted": False}
         return dataclasses.replace(
             t,
@@ -586,7 +628,7 @@ def _expired(t: Task, now: float) -> Task:
             worker_id=None,
             attempts=t.attempts - 1,
             started_in_group=False,
-            run_alone=True,
+            run_alone=t.run_alone or not cleared,
             error=error,
             errors=[*t.errors, entry],
         )

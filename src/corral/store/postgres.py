@@ -1,19 +1,32 @@
 """PostgreSQL store, for several workers and hosts: `FOR UPDATE SKIP LOCKED` claims, so
 concurrent workers never wait on each other's rows, and LISTEN/NOTIFY wake-ups, so an idle worker
-hears of new work at once instead of polling hard. Needs the `postgres` extra (psycopg 3)."""
+hears of new work at once instead of polling hard. Connections come from a pool
+(`psycopg_pool`); an operation whose connection drops is tried again on a fresh one for up to
+`patience_s` (`store/outage.py` says which may be). Needs the `postgres` extra (psycopg 3)."""
 
 from __future__ import annotations
 
+import builtins
 import functools
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from corral.store.base import Finished, StoreError
+from corral.store.base import (
+    Batch,
+    Finished,
+    NewTask,
+    StoredFile,
+    StoreError,
+    StoreUnavailable,
+    Task,
+    new_ids,
+)
+from corral.store.outage import Lost, Outage
 from corral.store.sql import _CLAIMABLE, _QUALIFIED, Dialect, SqlStore, Tx
 
 DIALECT = Dialect(
@@ -26,6 +39,9 @@ DIALECT = Dialect(
 )
 _PARAM = re.compile(r"(?<!:):([a-z_]+)")
 log = logging.getLogger("corral.store")
+# The pool logs every failed reconnection attempt (twice a second through an outage); the
+# store's own lines say when the database became unreachable and when it was back.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 _LISTEN_TICK_S = 0.1  # how often the listener checks whether the store is closing
 
 
@@ -102,10 +118,15 @@ UPDATE corral_tasks SET status = 'running',
     started_at = CASE WHEN {_STARTS} THEN :now ELSE NULL END,
     started_in_group = CASE WHEN {_STARTS} AND :start > 1 AND cardinality(p.a) > 1
                        THEN 1 ELSE 0 END,
-    lease_token = {DIALECT.new_token}, lease_expires_at = :expires, worker_id = :worker
+    lease_token = :nonce || lpad(to_hex(corral_tasks.seq), 16, '0'),
+    lease_expires_at = :expires, worker_id = :worker
 FROM p
 WHERE corral_tasks.seq = ANY(p.a)
 RETURNING {_QUALIFIED}"""
+# A claim whose connection dropped while it committed: the tasks it leased, if it did. Its
+# tokens start with the claim's nonce, which nothing else knows.
+_CLAIMED = f"""SELECT {_QUALIFIED} FROM corral_tasks
+WHERE worker_id = :worker AND status = 'running' AND left(lease_token, 32) = :nonce"""
 
 _INSERT_COLUMNS = (
     "id",
@@ -134,24 +155,65 @@ class PostgresStore(SqlStore):
         schema: str | None = None,
         clock: Callable[[], float] = time.time,
         migrate: bool = True,
+        pool_size: int = 4,
+        patience_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
     ) -> None:
+        """`pool_size`: connections at most (threads of one process run transactions side by
+        side); `patience_s`: how long an operation keeps trying through an outage before
+        `StoreUnavailable`; `connect_timeout_s`: for each connection attempt (the first one, at
+        start, fails with `StoreError` after it)."""
         super().__init__(clock)
         try:
             import psycopg
             from psycopg.rows import dict_row
+            from psycopg_pool import ConnectionPool
         except ImportError:  # pragma: no cover - depends on the installation
             raise StoreError("PostgreSQL needs psycopg 3: pip install 'corral[postgres]'") from None
         if schema is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", schema):
             raise StoreError(f"schema must be a lower-case SQL identifier; got {schema!r}")
         self.url = url
         self.schema = schema
-        try:
-            self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-            if schema is not None:
-                self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-                self._conn.execute(f"SET search_path TO {schema}")
+        self.connect_timeout_s = connect_timeout_s
+        self.outage = Outage(f"PostgreSQL at {_redact(url)}", patience_s)
+        try:  # the schema first, so that every pooled connection can use it
+            with psycopg.connect(url, connect_timeout=max(1, round(connect_timeout_s))) as conn:
+                conn.autocommit = True
+                if schema is not None:
+                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                info = conn.info
+                self.identity = (
+                    f"postgresql:{info.hostaddr or info.host}:{info.port}/{info.dbname}/"
+                    f"{schema or ''}"
+                )
         except psycopg.Error as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {_redact(url)}: {exc}") from None
+
+        def configure(conn: Any) -> None:
+            if schema is not None:
+                conn.execute(f"SET search_path TO {schema}")
+
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, pool_size),
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "connect_timeout": max(1, round(connect_timeout_s)),
+                # A peer gone silent (a cut network path, a host that died) is noticed in
+                # about 20 s rather than never.
+                "keepalives": 1,
+                "keepalives_idle": 10,
+                "keepalives_interval": 5,
+                "keepalives_count": 2,
+            },
+            configure=configure,
+            open=False,
+            name=f"corral-{schema or 'public'}",
+            reconnect_timeout=float("inf"),  # keep trying in the background through an outage
+        )
+        self._pool.open()
         self._lock = threading.Lock()
         # NOTIFY channels are per database: one per schema keeps test schemas apart.
         self._channel = f"corral_{schema or 'public'}"
@@ -162,17 +224,32 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _tx(self, write: bool, single: bool = False) -> Iterator[Tx]:
+        """A pooled connection's transaction. A dropped connection raises `Lost` (for
+        `self.outage`, which tries again); `maybe_done` when it dropped during the commit (a
+        single statement is its own commit)."""
         import psycopg
+        from psycopg_pool import PoolTimeout
 
-        with self._lock:
-            try:
-                if single:  # autocommit: one statement is its own transaction, one round trip
-                    yield _PgTx(self._conn)
-                else:
-                    with self._conn.transaction():
-                        yield _PgTx(self._conn)
-            except psycopg.Error as exc:
-                raise StoreError(f"PostgreSQL error: {exc}") from exc
+        try:
+            conn = self._pool.getconn(timeout=self.connect_timeout_s)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise Lost(exc, maybe_done=False) from exc
+        committing = single
+        try:
+            if single:  # autocommit: one statement is its own transaction, one round trip
+                yield _PgTx(conn)
+            else:
+                with conn.transaction():
+                    yield _PgTx(conn)
+                    committing = True
+        except psycopg.OperationalError as exc:
+            if conn.broken or conn.closed:
+                raise Lost(exc, maybe_done=committing) from exc
+            raise StoreError(f"PostgreSQL error: {exc}") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"PostgreSQL error: {exc}") from exc
+        finally:
+            self._pool.putconn(conn)  # a broken one is dropped, and replaced in the background
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
         """COPY for more than a few rows: one stream, rows encoded in C (a pipelined executemany
@@ -207,9 +284,6 @@ class PostgresStore(SqlStore):
             self._wakeups.fire()  # the statement announced it to other processes
         return committed
 
-    def _claim_sql(self) -> str:
-        return _CLAIM
-
     def _announce(self, tx: Tx) -> None:
         tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})
 
@@ -231,23 +305,188 @@ class PostgresStore(SqlStore):
         may have missed some) wakes the subscribers. Polling stays as the safety net."""
         import psycopg
 
+        failing = False
         while not self._closing.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True) as conn:
                     conn.execute(f"LISTEN {self._channel}")
+                    failing = False
                     self._wakeups.fire()
                     while not self._closing.is_set():
                         for _ in conn.notifies(timeout=_LISTEN_TICK_S):
                             self._wakeups.fire()
             except psycopg.Error as exc:
-                log.warning("LISTEN %s failed (%s); retrying in 1 s", self._channel, exc)
+                if not failing:  # once per outage: the store's own line says when it ends
+                    log.warning(
+                        "LISTEN %s lost (%s); reconnecting every 1 s, polling meanwhile",
+                        self._channel,
+                        " ".join(str(exc).split()),
+                    )
+                failing = True
                 self._closing.wait(1.0)
+
+    def ping(self) -> None:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        try:
+            conn = self._pool.getconn(timeout=min(1.0, self.connect_timeout_s))
+            try:
+                conn.execute("SELECT 1")
+            finally:
+                self._pool.putconn(conn)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            down = self.outage.down_since
+            since = f" (for {time.monotonic() - down:.0f} s)" if down is not None else ""
+            why = " ".join(str(exc).split())
+            raise StoreUnavailable(f"{self.outage.name} is unreachable{since}: {why}") from None
 
     def close(self) -> None:
         self._closing.set()
         if self._listener is not None:
             self._listener.join(timeout=2 * _LISTEN_TICK_S)
-        self._conn.close()
+        self._pool.close()
+
+    # --- through an outage (store/outage.py) --------------------------------------------------
+    def enqueue(self, task: NewTask) -> str:
+        (row,) = self._rows([task])  # its id is known before the first try
+        task_id = str(row["id"])
+        self.outage.call(
+            "an enqueue",
+            lambda: self._store_row(row),
+            idempotent=False,
+            resolve=lambda: True if self._stored([task_id]) else None,
+        )
+        return task_id
+
+    def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
+        rows = self._rows(tasks)
+        ids = [str(r["id"]) for r in rows]
+        self.outage.call(
+            "an enqueue",
+            lambda: self._store_rows(rows, max_queued),
+            idempotent=False,
+            resolve=lambda: True if self._stored(ids) else None,
+        )
+        return ids
+
+    def _stored(self, ids: Sequence[str]) -> bool:
+        """Whether an enqueue whose commit may have been lost landed (all or none: one
+        transaction)."""
+        with self._tx(write=False, single=True) as tx:
+            return bool(
+                ids and tx.run("SELECT 1 AS x FROM corral_tasks WHERE id = :id", {"id": ids[0]})
+            )
+
+    def claim(
+        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+    ) -> builtins.list[Task]:
+        nonce = new_ids(1)[0]
+        params = {
+            "worker": worker_id,
+            "model": model,
+            "limit": limit,
+            "start": limit if start is None else start,
+            "nonce": nonce,
+        }
+        return self.outage.call(
+            "a claim",
+            lambda: self._claim(_CLAIM, params, lease_s),
+            idempotent=False,
+            resolve=lambda: self._claim(_CLAIMED, params, lease_s) or None,  # what it leased
+        )
+
+    def add_file(self, file: StoredFile) -> None:
+        self.outage.call(
+            "a file's record",
+            lambda: SqlStore.add_file(self, file),
+            idempotent=False,
+            resolve=lambda: True if self._file_stored(file.id) else None,
+        )
+
+    def _file_stored(self, file_id: str) -> bool:
+        with self._tx(write=False, single=True) as tx:
+            return bool(tx.run("SELECT 1 AS x FROM corral_files WHERE id = :id", {"id": file_id}))
+
+    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        # `tasks` may be a generator: tried again only if it was not read yet.
+        return self.outage.call(
+            "a batch's creation",
+            lambda: SqlStore.create_batch(self, batch, tasks),
+            idempotent=False,
+        )
+
+    def start_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
+    ) -> Batch | None:
+        return self.outage.call(
+            "a batch's start",
+            lambda: SqlStore.start_batch(self, batch_id, status, data, tasks),
+            idempotent=False,
+        )
+
+    def update_batch(
+        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
+    ) -> Batch | None:
+        return self.outage.call(  # a compare-and-set: a lost "set" would read as a lost race
+            "a batch's update",
+            lambda: SqlStore.update_batch(self, batch_id, status, data, expect),
+            idempotent=False,
+        )
+
+    def delete_file(self, file_id: str) -> StoredFile:
+        return self.outage.call(
+            "a file's deletion", lambda: SqlStore.delete_file(self, file_id), idempotent=False
+        )
+
+
+def _through_outages(name: str) -> Callable[..., Any]:
+    """`SqlStore.<name>`, tried again through an outage: it is idempotent, a read, or a write
+    fenced by a lease token (one that landed before its connection dropped writes nothing the
+    second time and returns what a lost lease does)."""
+    base = getattr(PostgresStore, name)  # its own, or SqlStore's
+
+    @functools.wraps(base)
+    def method(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
+        return self.outage.call(name, lambda: base(self, *args, **kwargs))
+
+    return method
+
+
+for _name in (
+    "schema_version",
+    "check_schema",
+    "upgrade",  # each migration checks the version in its own transaction
+    "start",
+    "heartbeat",
+    "finish",
+    "finish_many",
+    "fail",
+    "release",
+    "acknowledge_cancel",
+    "cancel",
+    "retry",
+    "reclaim_expired",
+    "blame_death",
+    "purge",
+    "get_file",
+    "list_files",
+    "get_batch",
+    "list_batches",
+    "batch_counts",
+    "batch_tasks",
+    "cancel_batch",
+    "get",
+    "worker_seen",
+    "worker_gone",
+    "workers",
+    "set_residency",  # replaces the worker's rows: the same rows again
+    "residency",
+    "list",
+    "counts",
+    "ready_counts",
+):
+    setattr(PostgresStore, _name, _through_outages(_name))
 
 
 def _redact(url: str) -> str:

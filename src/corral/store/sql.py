@@ -21,6 +21,7 @@ from corral.store.base import (
     Level,
     NewTask,
     QueueFull,
+    Residency,
     SchemaTooNew,
     StoredFile,
     StoreError,
@@ -168,6 +169,21 @@ ALTER TABLE corral_tasks ADD COLUMN started_in_group INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE corral_tasks ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
 """,
         ),
+        (
+            8,
+            # Which worker holds which model on which device: a cluster of workers on one
+            # database loads each model where it costs least, once (model affinity).
+            f"""
+CREATE TABLE corral_residency (
+    worker_id TEXT NOT NULL,
+    device TEXT NOT NULL,
+    model TEXT NOT NULL,
+    state TEXT NOT NULL,
+    seen_at {d.real} NOT NULL,
+    PRIMARY KEY (worker_id, model)
+);
+""",
+        ),
     ]
 
 
@@ -245,6 +261,7 @@ class SqlStore:
 
     dialect: Dialect
     wakes_other_processes = False
+    identity: str | None = None
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -324,12 +341,15 @@ class SqlStore:
         notify = self._notify_sql()
         if not (notify and self.dialect.cte_writes):
             return self.enqueue_many([task])[0]
-        # One statement, so one round trip in autocommit: the insert and its announcement.
         (row,) = self._rows([task])
-        with self._tx(write=True, single=True) as tx:
-            tx.run(f"WITH added AS ({_INSERT} RETURNING 1 AS x) {notify}", row)
-        self._woken()
+        self._store_row(row)
         return str(row["id"])
+
+    def _store_row(self, row: dict[str, Any]) -> None:
+        """One statement, so one round trip in autocommit: the insert and its announcement."""
+        with self._tx(write=True, single=True) as tx:
+            tx.run(f"WITH added AS ({_INSERT} RETURNING 1 AS x) {self._notify_sql()}", row)
+        self._woken()
 
     def _notify_sql(self) -> str:
         """A SELECT that announces new work to other processes, or "" where there are none."""
@@ -337,13 +357,16 @@ class SqlStore:
 
     def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
         rows = self._rows(tasks)
+        self._store_rows(rows, max_queued)
+        return [r["id"] for r in rows]
+
+    def _store_rows(self, rows: list[dict[str, Any]], max_queued: int | None) -> None:
         with self._tx(write=True) as tx:
             if max_queued is not None and rows:
                 self._check_room(tx, rows[0]["kind"], rows[0]["model"], len(rows), max_queued)
             self._insert(tx, rows)
             self._announce(tx)
         self._woken()
-        return [r["id"] for r in rows]
 
     def _rows(self, tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
         """Insert parameters for `tasks`, every payload validated before any is stored."""
@@ -386,20 +409,20 @@ class SqlStore:
     def claim(
         self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
     ) -> builtins.list[Task]:
+        params = {
+            "worker": worker_id,
+            "model": model,
+            "limit": limit,
+            "start": limit if start is None else start,
+        }
+        return self._claim(self._claim_sql(), params, lease_s)
+
+    def _claim(self, sql: str, params: Mapping[str, Any], lease_s: float) -> builtins.list[Task]:
+        """Run a claim statement (or a read of a claim's tasks) with `:now` and `:expires`
+        added; the tasks in claim order."""
         now = self._clock()
-        sql = self._claim_sql()
         with self._tx(write=True, single=True) as tx:
-            rows = tx.run(
-                sql,
-                {
-                    "expires": now + lease_s,
-                    "worker": worker_id,
-                    "now": now,
-                    "model": model,
-                    "limit": limit,
-                    "start": limit if start is None else start,
-                },
-            )
+            rows = tx.run(sql, {**params, "now": now, "expires": now + lease_s})
         tasks = (_task(r) for r in rows)
         return sorted(tasks, key=lambda t: (not t.interactive, -t.priority, t.seq))
 
@@ -621,9 +644,9 @@ RETURNING {_QUALIFIED}"""
                     status = "cancelled"
                 elif row["started_at"] is None:  # reserved, never started: no attempt used
                     status = "queued"
-                elif row["started_in_group"]:  # any task of its group may have killed it
-                    status, refund = "queued", 1
-                    error = grouped_expiry(row["worker_id"])
+                elif row["started_in_group"]:  # any task of its group may have killed it ...
+                    status, refund = "queued", int(row["started_in_group"])  # (2: cleared)
+                    error = grouped_expiry(row["worker_id"], cleared=refund == 2)
                     entry = {"attempt": int(row["attempts"]), "error": error, "at": now}
                     errors = json.dumps([*json.loads(row["errors"]), {**entry, "counted": False}])
                 else:
@@ -640,7 +663,8 @@ RETURNING {_QUALIFIED}"""
                     "UPDATE corral_tasks SET status = :status, lease_token = NULL, "
                     "lease_expires_at = NULL, worker_id = CASE WHEN :status = 'queued' THEN NULL "
                     "ELSE worker_id END, finished_at = :finished, error = COALESCE(:error, error), "
-                    "errors = :errors, attempts = attempts - :refund, started_in_group = 0, "
+                    "errors = :errors, attempts = attempts - CASE WHEN :refund > 0 THEN 1 "
+                    "ELSE 0 END, started_in_group = 0, "
                     "run_alone = CASE WHEN :refund = 1 THEN 1 ELSE run_alone END "
                     "WHERE id = :id AND status = 'running'",
                     {
@@ -657,6 +681,30 @@ RETURNING {_QUALIFIED}"""
         if rows:
             self._woken()
         return len(rows)
+
+    def blame_death(self, worker_id: str, running: Sequence[tuple[str, str]]) -> int:
+        """`started_in_group` 2 marks a grouped task cleared by its worker's last words (see
+        `reclaim_expired`); a blamed one goes to 0, as if started alone."""
+        with self._tx(write=True) as tx:
+            for task_id, token in running:
+                if not tx.run(
+                    "SELECT 1 AS x FROM corral_tasks WHERE id = :id AND lease_token = :token "
+                    "AND worker_id = :worker AND status = 'running' AND started_at IS NOT NULL",
+                    {"id": task_id, "token": token, "worker": worker_id},
+                ):
+                    return 0
+            cleared = tx.run(
+                "UPDATE corral_tasks SET started_in_group = 2 WHERE worker_id = :worker "
+                "AND status = 'running' AND started_in_group IN (1, 2) RETURNING id",
+                {"worker": worker_id},
+            )
+            for task_id, token in running:
+                tx.run(
+                    "UPDATE corral_tasks SET started_in_group = 0 WHERE id = :id "
+                    "AND lease_token = :token",
+                    {"id": task_id, "token": token},
+                )
+        return len({r["id"] for r in cleared} | {task_id for task_id, _ in running})
 
     def purge(self, finished_before: float, limit: int = 10_000) -> int:
         with self._tx(write=True, single=True) as tx:
@@ -863,8 +911,42 @@ RETURNING {_QUALIFIED}"""
             )
 
     def worker_gone(self, worker_id: str) -> None:
-        with self._tx(write=True, single=True) as tx:
+        with self._tx(write=True) as tx:
             tx.run("DELETE FROM corral_workers WHERE id = :id", {"id": worker_id})
+            tx.run("DELETE FROM corral_residency WHERE worker_id = :id", {"id": worker_id})
+
+    def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
+        now = self._clock()
+        params: dict[str, Any] = {"id": worker_id}
+        others = ""  # the rows of models it no longer holds go (all of them if it holds none)
+        if resident:
+            others = f" AND model NOT IN ({_in('keep', [m for _, m, _ in resident], params)})"
+        with self._tx(write=True) as tx:
+            # An upsert, not delete-then-insert: two calls at once cannot collide.
+            tx.run(f"DELETE FROM corral_residency WHERE worker_id = :id{others}", params)
+            if resident:
+                tx.run_many(
+                    "INSERT INTO corral_residency (worker_id, device, model, state, seen_at) "
+                    "VALUES (:w, :device, :model, :state, :now) ON CONFLICT (worker_id, model) "
+                    "DO UPDATE SET device = excluded.device, state = excluded.state, "
+                    "seen_at = excluded.seen_at",
+                    [
+                        {"w": worker_id, "device": dev, "model": m, "state": st, "now": now}
+                        for dev, m, st in resident
+                    ],
+                )
+
+    def residency(self, seen_after: float) -> builtins.list[Residency]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                "SELECT worker_id, device, model, state, seen_at FROM corral_residency "
+                "WHERE seen_at > :t ORDER BY worker_id, model",
+                {"t": seen_after},
+            )
+        return [
+            Residency(r["worker_id"], r["device"], r["model"], r["state"], float(r["seen_at"]))
+            for r in rows
+        ]
 
     def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
         with self._tx(write=False, single=True) as tx:

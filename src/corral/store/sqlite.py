@@ -9,6 +9,7 @@ file; one connection per store object, guarded by a lock for threads.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -74,6 +75,7 @@ class SqliteStore(SqlStore):
         super().__init__(clock)
         self.path = str(path)
         memory = self.path == ":memory:"
+        self.identity = None if memory else f"sqlite:{os.path.realpath(self.path)}"
         if not memory and not Path(self.path).is_file() and (read_only or not create):
             raise StoreError(
                 f"no database at {self.path!r} (this command never creates one: check the path, "
@@ -149,6 +151,10 @@ class SqliteStore(SqlStore):
         if keyed:
             self._woken()
         return committed
+
+    def ping(self) -> None:
+        with self._tx(write=False) as tx:
+            tx.run("SELECT 1 AS x")
 
     def close(self) -> None:
         """Close the connection once no transaction is running on it: a thread still inside

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 
 from corral.core import Scheduler
 from corral.store import Store, Task
-from corral.worker.execute import Ahead, counted
+from corral.worker.execute import TRANSIENT, Ahead, counted
 from corral.worker.settings import WorkerSettings
 
 
@@ -99,14 +99,19 @@ class Claiming:
         tasks += alone
         need = n - len(tasks)
         if need and claim:
-            got = await asyncio.to_thread(
-                self.store.claim,
-                model,
-                self.worker_id,
-                need + self._ahead_wanted(model),
-                self.settings.lease_s,
-                need,
-            )
+            try:
+                got = await asyncio.to_thread(
+                    self.store.claim,
+                    model,
+                    self.worker_id,
+                    need + self._ahead_wanted(model),
+                    self.settings.lease_s,
+                    need,
+                )
+            except TRANSIENT:
+                if not tasks:
+                    raise
+                got = []  # run those it has: they are started, and would expire unrun
             tasks += got[:need]  # a task that must run alone comes back reserved (see above)
             now = time.monotonic()
             with self._ahead_lock:

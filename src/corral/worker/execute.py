@@ -19,14 +19,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from corral.core import Request, RequestState, Scheduler
-from corral.store import Finished, Store, Task
+from corral.store import Finished, Store, StoreBusy, StoreUnavailable, Task
 from corral.worker import batching, isolate
 from corral.worker.heartbeats import Heartbeats
+from corral.worker.last_words import LastWords
 from corral.worker.registry import Fail, Handler, HandlerSpec, Registry, TaskContext, _current
 from corral.worker.settings import WorkerSettings
 from corral.worker.split import run_split, run_split_async
 
 log = logging.getLogger("corral.worker")
+# Store errors a worker waits out: the database is unreachable (after the store's own retries)
+# or locked by another process. Anything else is a bug or a misconfiguration: it stops the worker.
+TRANSIENT = (StoreUnavailable, StoreBusy)
 
 
 class Ahead:
@@ -49,6 +53,7 @@ class Execution:
     registry: Registry
     settings: WorkerSettings
     _beats: Heartbeats
+    _words: LastWords
     _running: dict[str, asyncio.Task[None]]
     _ahead_lock: threading.Lock
     _wake: asyncio.Event
@@ -115,6 +120,16 @@ class Execution:
             left = [t for call in calls for t in call]  # shutdown: those never began
             await asyncio.shield(asyncio.to_thread(self._release_all, left))
             raise
+        except TRANSIENT as exc:  # a commit could not reach the database (the store retried)
+            left = [t for call in calls for t in call]
+            log.warning(
+                "model %s: stopped a slot (%s); its uncommitted tasks run again once their "
+                "leases expire",
+                tasks[0].model,
+                exc,
+            )
+            with contextlib.suppress(*TRANSIENT):
+                await asyncio.to_thread(self._release_all, left)
         finally:
             for t in tasks:
                 self._running.pop(t.id, None)
@@ -181,6 +196,7 @@ class Execution:
                     continue
                 fn: Handler = spec.fn
                 reset = _current.set(ctx)
+                said = self._words.say((task,))
                 result: Any
                 try:
                     if spec.split_on_failure:
@@ -188,10 +204,12 @@ class Execution:
                     else:
                         result = fn(task.payload)
                 except Exception as exc:  # the handler failed: record it, maybe retry
+                    self._words.unsay(said)
                     self._commit(task, token, ctx, None, exc, start_next=False)
                     continue
                 finally:
                     _current.reset(reset)
+                self._words.unsay(said)
                 if not spec.keep_result:
                     result = None
                 if ctx.cancelled or alone:
@@ -260,12 +278,14 @@ class Execution:
             # Not "async" for the heartbeats: cancelling one task must not cancel the batch
             # (its result is dropped at the commit instead).
             self._beats.add(t, t.lease_token or "", ctx, work, False)
+        said = self._words.say(tasks)
         try:
             await work
         except asyncio.CancelledError:
             await asyncio.shield(asyncio.to_thread(self._release_all, tasks))
             raise
         finally:
+            self._words.unsay(said)
             for t in tasks:
                 self._beats.remove(t.id)
 
@@ -334,6 +354,7 @@ class Execution:
 
             work = asyncio.ensure_future(self._execute(fn, spec, task, token, ctx))
             self._beats.add(task, token, ctx, work, spec.is_async)
+            said = self._words.say((task,))
             try:
                 await work
             except asyncio.CancelledError:
@@ -341,6 +362,7 @@ class Execution:
                 await asyncio.shield(asyncio.to_thread(self.store.release, task.id, token))
                 raise
             finally:
+                self._words.unsay(said)
                 self._beats.remove(task.id)
         finally:
             self._running.pop(task.id, None)

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from corral.store import Lease, Store, Task
+from corral.store import Lease, Store, StoreUnavailable, Task
 from corral.worker.registry import TaskContext
 
 log = logging.getLogger("corral.worker")
@@ -75,6 +75,8 @@ class Heartbeats:
             for b in beats:
                 try:
                     state = self.store.heartbeat(b.task.id, b.token, self.lease_s)
+                except StoreUnavailable:  # the store said so; the next round tries again
+                    break
                 except Exception as exc:  # a database blip: the next round tries again
                     log.warning("task %s: heartbeat failed: %s", b.task.id, exc)
                     continue

@@ -33,11 +33,13 @@ from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.errors import CorralError
 from corral.limits import PRESENCE_S
-from corral.store import Level, Store, Task, TaskStatus
+from corral.store import Level, Residency, Store, StoreError, Task, TaskStatus
 from corral.worker import batching
+from corral.worker.affinity import ModelView, shown
 from corral.worker.claims import Claiming
-from corral.worker.execute import Ahead, Execution, describe, plain
+from corral.worker.execute import TRANSIENT, Ahead, Execution, describe, plain
 from corral.worker.heartbeats import Heartbeats
+from corral.worker.last_words import LastWords, hear_the_dead
 from corral.worker.registry import Registry
 from corral.worker.settings import WorkerSettings
 
@@ -119,6 +121,13 @@ class Worker(Claiming, Execution):
         self._beats: Heartbeats  # set by `run`
         # Models with queued tasks no live worker serves, with how many (updated each lease/2).
         self.unserved: dict[str, int] = {}
+        # Model affinity (worker/affinity.py): what this worker holds, (device, state) per
+        # model; the live workers and the models each serves (each lease/2); the table's rows.
+        self._held: dict[str, tuple[str, str]] = {}
+        self._live: dict[str, list[str]] = {}
+        self._residency: list[Residency] = []
+        self._cluster_read_at = 0.0
+        self._residency_lock = asyncio.Lock()
 
     # --- sharing a scheduler ------------------------------------------------------------------
     def attach(self, scheduler: Scheduler) -> None:
@@ -142,11 +151,54 @@ class Worker(Claiming, Execution):
         self.loads.append((model, tuple(evict)))
         for name in evict:
             self.evicted(name)
+            self._held.pop(name, None)
+        self._held[model] = (device, "loading")
+        self._publish()
         self._spawn(self._swap(model, device, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
         self.evicted(model)
+        self._held.pop(model, None)
+        self._publish()
         self._spawn(self._unload(model, device))
+
+    def _publish(self) -> None:
+        """Tell other workers what this one holds, at once (a worker starting beside it must
+        not load the same model meanwhile)."""
+        if self.settings.affinity and not self._attached:
+            self._spawn(self._send_residency())
+
+    async def _send_residency(self) -> None:
+        """One at a time, each with what it holds by then: the last write is the latest."""
+        async with self._residency_lock:
+            rows = [(dev, m, st) for m, (dev, st) in self._held.items()]
+            try:
+                await asyncio.to_thread(self.store.set_residency, self.worker_id, rows)
+            except StoreError as exc:  # said again with the next presence
+                log.warning("could not record this worker's models: %s", exc)
+
+    def _clustered(self) -> bool:
+        """Other workers serve this database (affinity applies)."""
+        return (
+            self.settings.affinity
+            and not self._attached
+            and (len(self._live) > 1 or any(r.worker_id != self.worker_id for r in self._residency))
+        )
+
+    def _shown(self, ready: dict[str, dict[Level, int]]) -> set[str]:
+        """The models whose waiting tasks this worker's scheduler sees (worker/affinity.py)."""
+        sched = self._sched()
+        views = {}
+        for m in self.models:
+            rec = sched.models[m]
+            views[m] = ModelView(
+                waiting=sum(ready.get(m, {}).values()),
+                load_s=rec.load_est,
+                task_s=rec.service_est / max(1, self._per(m)) / max(1, rec.concurrency),
+            )
+        live = dict(self._live)
+        live.setdefault(self.worker_id, list(self.models))
+        return shown(self.worker_id, views, set(self._held), live, self._residency)
 
     def dispatch(self, request: Request) -> None:
         assert isinstance(request, _Proxy)
@@ -189,6 +241,7 @@ class Worker(Claiming, Execution):
 
         unsubscribe = self.store.subscribe(wake)
         self._beats = Heartbeats(self.store, self.settings.lease_s, loop)
+        self._words = LastWords(self.store, self.worker_id)
         poll_s = (
             self.settings.idle_poll_s if self.store.wakes_other_processes else self.settings.poll_s
         )
@@ -197,23 +250,37 @@ class Worker(Claiming, Execution):
             while not self._stop.is_set():
                 self._wake.clear()  # before the scan: a wake-up during it is not lost
                 now = time.monotonic()
-                if now >= next_reclaim:
-                    await asyncio.to_thread(self.store.reclaim_expired)
-                    if self.settings.retention_s is not None:
-                        await asyncio.to_thread(
-                            self.store.purge, time.time() - self.settings.retention_s
-                        )
-                    self._report_unserved(await asyncio.to_thread(self._presence))
-                    next_reclaim = now + self.settings.lease_s / 2
-                scan_started = time.monotonic()
-                seen = self._moves_seen()
-                ready, scan_s = await asyncio.to_thread(self._timed_ready_counts)
-                self._reconcile(ready, seen)
-                if until_idle and self._idle(ready) and await self._drained():
-                    self._report_unserved(await asyncio.to_thread(self._presence))
-                    return
+                try:
+                    if now >= next_reclaim:
+                        # Dead workers' last words first: they say how to count their leases.
+                        await asyncio.to_thread(hear_the_dead, self.store)
+                        await asyncio.to_thread(self.store.reclaim_expired)
+                        if self.settings.retention_s is not None:
+                            await asyncio.to_thread(
+                                self.store.purge, time.time() - self.settings.retention_s
+                            )
+                        self._report_unserved(await asyncio.to_thread(self._presence))
+                        if next_reclaim == 0.0 and self.settings.affinity and not self._attached:
+                            # Workers started together see each other before the first load.
+                            await asyncio.sleep(0.3)
+                        next_reclaim = now + self.settings.lease_s / 2
+                    scan_started = time.monotonic()
+                    seen = self._moves_seen()
+                    ready, scan_s = await asyncio.to_thread(self._timed_ready_counts)
+                    self._reconcile(ready, seen)
+                    if until_idle and self._idle(ready) and await self._drained():
+                        self._report_unserved(await asyncio.to_thread(self._presence))
+                        return
+                except TRANSIENT as exc:  # the store said so, once; wait and look again
+                    log.warning("worker %s waits for the database: %s", self.worker_id, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), poll_s)
+                    continue
+                # In a cluster, other workers' loads change what this one should do, and
+                # nothing announces them: look at the normal poll rate.
+                wait_s = self.settings.poll_s if self._clustered() else poll_s
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(poll_s, next_reclaim - now))
+                    await asyncio.wait_for(self._wake.wait(), min(wait_s, next_reclaim - now))
                 # The scan is O(queued tasks): however often wake-ups come, it never takes more
                 # than a tenth of the time.
                 await asyncio.sleep(max(0.0, 9 * scan_s - (time.monotonic() - scan_started)))
@@ -225,6 +292,7 @@ class Worker(Claiming, Execution):
                 self._beats.stop()
                 with contextlib.suppress(Exception):  # a store already gone: it ages out
                     await asyncio.to_thread(self.store.worker_gone, self.worker_id)
+                self._words.close()
 
     def _woken(self) -> None:
         self._wake.set()
@@ -236,6 +304,9 @@ class Worker(Claiming, Execution):
         self.store.worker_seen(self.worker_id, self.models)
         window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
         live = self.store.workers(time.time() - window_s)
+        if self.settings.affinity and not self._attached:  # its rows stay fresh
+            rows = [(dev, m, st) for m, (dev, st) in self._held.items()]
+            self.store.set_residency(self.worker_id, rows)
         served = set(self.models).union(*live.values())
         counts = self.store.counts()
         return {
@@ -263,6 +334,15 @@ class Worker(Claiming, Execution):
         the wait for a free thread on a busy machine does not count as the scan's cost."""
         started = time.monotonic()
         ready = self.store.ready_counts()
+        if self.settings.affinity and not self._attached and started >= self._cluster_read_at:
+            # Who else serves the database, and what they hold: fresh enough to place loads
+            # (at most every 0.2 s: two small reads beside the scan). Both are said again
+            # every lease_s / 2: a worker silent for a whole lease is dead (its tasks come
+            # back then too), and its models are nobody's.
+            since = time.time() - self.settings.lease_s
+            self._live = self.store.workers(since)
+            self._residency = self.store.residency(since)
+            self._cluster_read_at = started + 0.2
         return ready, time.monotonic() - started
 
     def _idle(self, ready: dict[str, dict[Level, int]]) -> bool:
@@ -311,9 +391,12 @@ class Worker(Claiming, Execution):
         sched = self._sched()
         now = time.monotonic()
         wanted: list[tuple[Level, str, int]] = []
+        shown = self._shown(ready) if self._clustered() else None
         for model in self.models:
             if now < self._cooldown_until.get(model, 0.0):
                 continue
+            if shown is not None and model not in shown:
+                ready = {**ready, model: {}}  # another worker's, or not worth a second copy
             # Proxies wanted = tasks waiting for one: queued in the store, plus tasks claimed
             # ahead into the buffer, minus what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
@@ -370,19 +453,24 @@ class Worker(Claiming, Execution):
         want = len(proxies) * per
         async with self._move(model):
             try:
-                tasks = await self._take(model, want)
-                # Short, yet tasks are held here: a concurrent claim took them into the buffer,
-                # or a commit is writing one's start mark. They are this model's work and the
-                # proxies stand for them: take them, or the proxies would end empty and the
-                # model look idle with tasks left (and be swapped out, and back).
+                try:
+                    tasks = await self._take(model, want)
+                except TRANSIENT as exc:  # claimed nothing (a claim is never half-taken)
+                    log.warning("model %s: claim failed, will try again: %s", model, exc)
+                # Short, yet tasks are held here: a concurrent claim took them into the buffer
+                # (or is taking them: claims run side by side on a pooled store), or a commit
+                # is writing one's start mark. They are this model's work and the proxies
+                # stand for them: take them, or the proxies would end empty and the model look
+                # idle with tasks left (and be swapped out, and back).
                 deadline = time.monotonic() + 1.0
-                while len(tasks) < want and self._holding(model):
+                while len(tasks) < want and (self._holding(model) or self._moving[model] > 1):
                     if time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.001)
                     tasks += await self._take(model, want - len(tasks), claim=False)
                 if tasks and len(tasks) < want and fill_s > 0:
-                    tasks += await self._fill(model, want - len(tasks), fill_s)
+                    with contextlib.suppress(*TRANSIENT):  # run those it has
+                        tasks += await self._fill(model, want - len(tasks), fill_s)
             finally:
                 self._unclaimed[model] -= len(proxies)
         # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
@@ -415,8 +503,13 @@ class Worker(Claiming, Execution):
                 if hooks is not None and hooks.load is not None:
                     await _maybe_await(hooks.load)
             except Exception as exc:
+                self._held.pop(model, None)
+                self._publish()
                 sched.on_load_failed(model, describe(exc))
                 return
+        if model in self._held:
+            self._held[model] = (device, "ready")
+            self._publish()
         sched.on_load_finished(
             model,
             load_s=time.monotonic() - unloaded,
