@@ -5,6 +5,7 @@ never count toward `max_queue`; and the batch runs on afterwards."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,12 +75,15 @@ def test_chat_beside_a_running_batch_waits_at_most_a_swap(gw: Gateway, model: st
     status = gw.status()
     assert status["models"]["bulk"]["queued_by_class"]["batch"] > 20  # beyond max_queue
 
+    # A person: a question, then 2 s to read the answer and type. Twenty of them, so that the
+    # p95 is the 19th wait, not the slowest (with ten, "p95" was the max, and one sim process
+    # slow to start on a loaded CI machine, still within the max bound, failed the p95 bound).
     waits = []
-    for i in range(10):  # a person: a question, then 2 s to read the answer and type
+    for i in range(20):
         waits.append(ask(gw, model, i))
         time.sleep(2.0)
     ordered = sorted(waits)
-    p95 = ordered[round(0.95 * (len(ordered) - 1))]
+    p95 = ordered[math.ceil(0.95 * len(ordered)) - 1]  # nearest rank
     assert p95 <= P95_BOUND_S, waits
     assert max(waits) <= MAX_BOUND_S, waits
 
