@@ -277,6 +277,11 @@ class ServerConfig(_Strict):
         description="Uploaded and result files (default: $XDG_DATA_HOME/corral or "
         "~/.local/share/corral).",
     )
+    advertise_url: str | None = Field(
+        default=None,
+        description="Where the other `corral serve` nodes sharing this store reach this one, "
+        "like http://10.0.0.2:8080 (default: http://<listen>, unless it binds every address).",
+    )
     list_aliases: bool = Field(
         default=False,
         description="List each alias in GET /v1/models too (llama-swap's includeAliasesInList).",
@@ -294,6 +299,25 @@ class ServerConfig(_Strict):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"listen must be host:port, like 127.0.0.1:8080; got {listen!r}")
         return listen
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _advertise_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"advertise_url must be an http(s) URL, like http://10.0.0.2:8080; got {url!r}"
+            )
+        return url.rstrip("/") if url is not None else None
+
+    def advertised_url(self) -> str | None:
+        """The URL other nodes reach this one at: `advertise_url`, or `listen`'s address unless
+        it binds every address (then nobody can tell which one to use)."""
+        if self.advertise_url is not None:
+            return self.advertise_url
+        host, _, port = self.listen.rpartition(":")
+        if host in ("0.0.0.0", "::", "[::]", "*"):
+            return None
+        return f"http://{host}:{port}"
 
 
 class BatchConfig(_Strict):

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -682,6 +683,32 @@ def test_a_database_from_schema_1_upgrades_and_keeps_its_tasks(
     old.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_processes_starting_at_once_on_a_new_database_migrate_it_once(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Several nodes or workers started together on an empty database: each opens the store
+    (and migrates it) at the same moment; none fails, each step is applied once."""
+    schema = request.getfixturevalue("pg_schema") if kind == "postgres" else ""
+
+    def open_one(_: int) -> SqliteStore | PostgresStore:
+        if kind == "sqlite":
+            return SqliteStore(tmp_path / "t.db")
+        return PostgresStore(PG_URL, schema=schema)
+
+    with ThreadPoolExecutor(8) as pool:
+        stores = list(pool.map(open_one, range(8)))
+    try:
+        with stores[0]._tx(write=False) as tx:
+            rows = tx.run("SELECT version FROM corral_schema ORDER BY version")
+        assert [r["version"] for r in rows] == list(range(1, LATEST + 1))  # each step once
+        add(stores[1])
+        assert stores[2].counts() == {"m": {TaskStatus.QUEUED: 1}}
+    finally:
+        for s in stores:
+            s.close()
+
+
 def test_newer_schema_is_a_clear_error(tmp_path: Path, pg_schema: str) -> None:
     s = SqliteStore(tmp_path / "t.db")
     s._conn.execute("INSERT INTO corral_schema (version) VALUES (99)")
@@ -877,6 +904,21 @@ def test_workers_are_seen_refreshed_and_forgotten(store: Store, clock: Clock) ->
     store.worker_gone("w2")
     store.worker_gone("w2")  # idempotent
     assert store.workers(0) == {"w1": ["a"]}
+
+
+def test_nodes_are_the_workers_that_said_a_url(store: Store, clock: Clock) -> None:
+    assert store.nodes(0) == {}
+    store.worker_seen("plain", ["a"])  # a `corral worker`: no URL
+    store.worker_seen("n1", ["a", "b"], url="http://10.0.0.1:8080")
+    clock.t += 10
+    store.worker_seen("n2", ["a"], url="http://10.0.0.2:8080")
+    assert store.nodes(clock.t - 60) == {"n1": "http://10.0.0.1:8080", "n2": "http://10.0.0.2:8080"}
+    assert store.nodes(clock.t - 5) == {"n2": "http://10.0.0.2:8080"}  # n1 silent for 10 s
+    assert set(store.workers(clock.t - 60)) == {"plain", "n1", "n2"}  # nodes are workers too
+    store.worker_seen("n1", ["a"], url="http://10.0.0.9:8080")  # moved
+    assert store.nodes(clock.t - 5)["n1"] == "http://10.0.0.9:8080"
+    store.worker_gone("n2")
+    assert store.nodes(0) == {"n1": "http://10.0.0.9:8080"}
 
 
 def test_residency_is_replaced_per_worker_ages_out_and_goes_with_the_worker(

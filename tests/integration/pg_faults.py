@@ -82,11 +82,13 @@ class PrivatePostgres:
 
 
 class TcpProxy:
-    """127.0.0.1:<port> forwarding to `target_port`. `outage(s)` cuts every open connection and
-    refuses new ones (nothing listens) for `s` seconds: a dropped network path."""
+    """<host>:<port> (127.0.0.1 unless said) forwarding to 127.0.0.1:`target_port`. `outage(s)`
+    cuts every open connection and refuses new ones (nothing listens) for `s` seconds: a
+    dropped network path."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
         self.target_port = target_port
+        self.host = host
         self.port = free_port()
         self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -97,7 +99,7 @@ class TcpProxy:
     def _listen(self) -> None:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
+        s.bind((self.host, self.port))
         s.listen(64)
         self._listener = s
         threading.Thread(target=self._accept, args=(s,), daemon=True).start()

@@ -30,7 +30,8 @@ class FileStorage:
     @contextlib.contextmanager
     def _atomic(self, file_id: str) -> Iterator[BinaryIO]:
         """An open file that becomes `file_id` (whole, synced) only if the block succeeds."""
-        tmp = self.root / f".{file_id}.part"
+        # A name of its own: two nodes of a cluster sharing the folder may write one file.
+        tmp = self.root / f".{file_id}.{uuid.uuid4().hex[:8]}.part"
         try:
             with tmp.open("wb") as f:
                 yield f

@@ -102,7 +102,9 @@ class BatchService:
         self.store.add_file(f)
         return f
 
-    def file(self, file_id: str) -> StoredFile:
+    def file(self, file_id: str, read: bool = False) -> StoredFile:
+        """The file's record; `read`: its bytes must be readable here (503 if another node of a
+        cluster wrote them to a folder this one does not share)."""
         try:
             f = self.store.get_file(file_id)
         except FileNotFound:
@@ -110,6 +112,14 @@ class BatchService:
         if f.expires_at is not None and f.expires_at <= self.clock():
             self._forget(f)
             raise BatchError(404, f"file {file_id!r} has expired", "file_not_found")
+        if read and not Path(f.path).is_file():
+            raise BatchError(
+                503,
+                f"file {file_id!r} was written to {f.path}, which this server cannot read: the "
+                "`corral serve` nodes sharing a store must share server.data_dir too (one "
+                "folder, mounted at the same path on every host)",
+                "file_unavailable",
+            )
         return f
 
     def list_files(
@@ -212,7 +222,7 @@ class BatchService:
         webhook_url = webhook_url or (metadata or {}).get("webhook_url")
         if webhook_url:
             self._check_webhook(webhook_url)
-        source = self.file(input_file_id)
+        source = self.file(input_file_id, read=True)
         if source.purpose != "batch":
             raise BatchError(
                 400,
@@ -281,7 +291,7 @@ class BatchService:
         """Check a `validating` batch's file and start it (or fail it)."""
         now = self.clock()
         try:
-            source = self.file(b.data["input_file_id"])
+            source = self.file(b.data["input_file_id"], read=True)
             status, data, lines = self._checked(b.id, b.data, Path(source.path), now)
         except BatchError as exc:
             problem = {"code": exc.code, "message": str(exc), "param": exc.param, "line": None}

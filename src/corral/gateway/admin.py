@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from corral.config import Config
 from corral.gateway.batches import BatchRuntime
+from corral.gateway.cluster import Cluster
 from corral.gateway.errors import error
 from corral.gateway.proxy import unknown_model
 from corral.gateway.runtime import Gateway
@@ -32,7 +33,9 @@ class EventStream(StreamingResponse):
     media_type = "text/event-stream"
 
 
-def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None) -> APIRouter:
+def admin_routes(
+    config: Config, gateway: Gateway, batches: BatchRuntime | None, cluster: Cluster | None = None
+) -> APIRouter:
     router = APIRouter()
     metrics = gateway.metrics
 
@@ -128,8 +131,11 @@ def admin_routes(config: Config, gateway: Gateway, batches: BatchRuntime | None)
     @router.get("/api/status")
     async def status() -> dict[str, Any]:
         """The gateway's state: devices, models and their queues (per class), recent swaps and
-        decisions, and the batches not yet ended with their progress and ETA."""
+        decisions, the batches not yet ended with their progress and ETA, and the cluster's
+        nodes with the models each holds."""
         out = gateway.status()
+        if cluster is not None:
+            out["cluster"] = cluster.status()
         out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
         return out
 

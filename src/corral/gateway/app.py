@@ -30,6 +30,7 @@ from corral.gateway.admin import admin_routes
 from corral.gateway.batches import BatchRuntime
 from corral.gateway.batches import refused as batch_refused
 from corral.gateway.batches import routes as batch_routes
+from corral.gateway.cluster import Cluster
 from corral.gateway.errors import (
     error,
     http_error,
@@ -124,6 +125,17 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     pool = Upstream()
     keys = [k.encode() for k in config.server.api_keys]
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
+    cluster = (
+        Cluster(
+            batches.store,
+            gateway,
+            config.server.advertised_url(),
+            lambda: pool.session,
+            window_s=batches.worker.settings.lease_s,
+        )
+        if batches is not None
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -133,11 +145,13 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
             batches.start(pool.session)
         preload = [m for name in config.server.preload if (m := config.resolve(name))]
         warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
+        view = asyncio.ensure_future(cluster.run()) if cluster is not None else None
         try:
             yield
         finally:
-            if warm is not None:
-                warm.cancel()
+            for t in (warm, view):
+                if t is not None:
+                    t.cancel()
             if batches is not None:
                 await batches.close()
             await gateway.close()
@@ -146,6 +160,9 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     app = FastAPI(title="Corral", version=__version__, lifespan=lifespan, docs_url=None)
     app.state.gateway = gateway
     px = Proxy(config, gateway, pool)
+    px.cluster = cluster
+    if batches is not None and cluster is not None:
+        batches.leads = cluster.leads
 
     if batches is not None:
         max_upload = int(config.batch.max_file_mb * 1024 * 1024)
@@ -159,7 +176,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     if keys:  # added last: outermost, so it guards the model routes too
         app.add_middleware(ApiKeys, keys=keys)
     app.include_router(openai_routes(px))
-    app.include_router(admin_routes(config, gateway, batches))
+    app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))
     openapi.install(app)
     return app

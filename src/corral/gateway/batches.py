@@ -120,10 +120,16 @@ class BatchRuntime:
         # A short lease: after a crash, the restarted server takes the lines its last run held
         # within seconds (heartbeats renew it every second while a line runs).
         # On shutdown, running lines get 5 s to finish, then go back to the queue.
-        settings = WorkerSettings(lease_s=10.0, shutdown_timeout_s=5.0)
-        self.worker = Worker(store, registry, config, settings)
+        # Its URL makes it a node of a cluster, with the gateway's name.
+        settings = WorkerSettings(
+            lease_s=10.0, shutdown_timeout_s=5.0, url=config.server.advertised_url()
+        )
+        self.worker = Worker(store, registry, config, settings, worker_id=gateway.node_id)
         self._tasks: list[asyncio.Task[Any]] = []
         self._live = 0
+        # Whether this node ends batches (validation, finalizing, expiry, webhooks): in a
+        # cluster one node does (gateway/cluster.py), so a webhook is sent once.
+        self.leads: Callable[[], bool] = lambda: True
 
     def session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "the batch runtime is not started"
@@ -192,6 +198,9 @@ class BatchRuntime:
     async def _ticks(self, every_s: float = 0.25) -> None:
         async with httpx.AsyncClient(timeout=10) as client:
             while True:
+                if not self.leads():  # another node of the cluster ends batches
+                    await asyncio.sleep(every_s)
+                    continue
                 try:
                     live, due = await asyncio.to_thread(self.service.tick)
                     if live or self._live:  # the dashboard refreshes its batch list on these
@@ -286,7 +295,7 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
 
     @router.get("/v1/files/{file_id}/content", responses=content("application/jsonl"))
     async def file_content(file_id: str) -> Response:
-        f = await call(svc.file, file_id)
+        f = await call(svc.file, file_id, read=True)
         return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
 
     @router.post(

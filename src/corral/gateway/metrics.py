@@ -89,6 +89,12 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
             registry=r,
         )
+        self.forwarded = Counter(
+            "corral_forwarded",
+            "Requests sent on to the cluster node that holds their model.",
+            ["model"],
+            registry=r,
+        )
         self.requests = Counter(
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )

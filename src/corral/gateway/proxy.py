@@ -24,6 +24,7 @@ from corral.gateway.runtime import Gateway, Rejected
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
+    from corral.gateway.cluster import Cluster
     from corral.gateway.coalesce import Coalescer
 
 # The model-routed endpoints, as llama-swap routes them (internal/server/server.go): a JSON body
@@ -117,6 +118,11 @@ class Proxy:
         self.metrics = gateway.metrics
         self.max_body = int(config.server.max_body_mb * 1024 * 1024)
         self._coalescers: dict[str, Coalescer] = {}
+        self.cluster: Cluster | None = None  # several nodes on one store: requests move
+
+    async def elsewhere(self, request: Request, model: str, body: bytes) -> Response | None:
+        """The answer of the cluster node that holds `model`, or None to serve it here."""
+        return None if self.cluster is None else await self.cluster.forward(request, model, body)
 
     async def read_body(self, request: Request) -> bytes | Response:
         declared = request.headers.get("content-length")
@@ -268,6 +274,7 @@ class Proxy:
         # How long the request waited for its model (queue and swap): clients, benchmarks and
         # `corral replay` read it to tell waiting from serving.
         out_headers["x-corral-wait-ms"] = f"{wait_s * 1000:.1f}"
+        out_headers["x-corral-node"] = self.gateway.node_id  # who served it, in a cluster
         if not stream:  # read whole: one response message instead of a chunk loop
             resp.release()
             self.gateway.finished(r)
@@ -378,6 +385,8 @@ class Proxy:
         priority = self.priority_of(request, {})
         if isinstance(priority, Response):
             return priority
+        if (sent := await self.elsewhere(request, model, body)) is not None:
+            return sent
         return await self.serve(request, model, path, body, priority, stream=True, openai=True)
 
     async def handle_query(self, request: Request, path: str) -> Response:
@@ -388,6 +397,8 @@ class Proxy:
         priority = self.priority_of(request, {})
         if isinstance(priority, Response):
             return priority
+        if (sent := await self.elsewhere(request, model, b"")) is not None:
+            return sent
         return await self.serve(request, model, path, b"", priority, stream=False, openai=True)
 
     async def handle(self, request: Request, path: str) -> Response:
@@ -413,6 +424,8 @@ class Proxy:
         priority = self.priority_of(request, data)
         if isinstance(priority, Response):
             return priority
+        if (sent := await self.elsewhere(request, model, body)) is not None:
+            return sent  # the body as it came: that node resolves the model itself
         served = self.gateway.backends[model].served_name
         filters = self.config.models[model].filters
         if name != served or "priority" in data or filters is not None:

@@ -12,7 +12,10 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
+import socket
 import time
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -118,6 +121,8 @@ class Gateway:
         self.swaps: deque[Swap] = deque(maxlen=100)
         self.swap_count = 0
         self.started_at = time.time()
+        # This node's name in a cluster (gateway/cluster.py), and its batch worker's.
+        self.node_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
     # --- lifecycle ----------------------------------------------------------------------------
     def claim(self) -> None:
@@ -178,11 +183,14 @@ class Gateway:
         if self._worker is not None:
             for name in evict:
                 self._worker.evicted(name)
+                self._worker.held(name, None)
+            self._worker.held(model, device, "loading")
         self._ops[model] = self._spawn(self._swap(model, device, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
         if self._worker is not None:
             self._worker.evicted(model)
+            self._worker.held(model, None)
         self._ops[model] = self._spawn(self._unload(model, device))
 
     def dispatch(self, request: Request) -> None:
@@ -255,9 +263,9 @@ class Gateway:
 
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         async with self._device_lock[device]:  # after an unload issued before it
-            await self._swap_now(model, evict)
+            await self._swap_now(model, device, evict)
 
-    async def _swap_now(self, model: str, evict: tuple[str, ...]) -> None:
+    async def _swap_now(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
         swap = Swap(model, evict, time.time())
         self.swaps.append(swap)
@@ -279,11 +287,13 @@ class Gateway:
             swap.error = str(exc)
             log.error("%s%s", exc, f"\n{exc.log_tail}" if exc.log_tail else "")
             self.publish("load_failed", model=model, error=str(exc))
+            self._held(model, None)
             sched.on_load_failed(model, str(exc))
             return
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
         self.publish("loaded", model=model, load_s=swap.load_s, unload_s=swap.unload_s)
         log.info("loaded %s in %.2f s (evicted %s)", model, swap.load_s, ", ".join(evict) or "-")
+        self._held(model, device)
         sched.on_load_finished(model, load_s=swap.load_s, unload_s=swap.unload_s)
 
     def _exited(self, model: str, code: int) -> None:
@@ -294,7 +304,13 @@ class Gateway:
         self.publish("crashed", model=model, exit_code=code)
         tail = self.backends[model].log_tail(8)
         log.error("model %s: its server %s%s", model, exit_reason(code), f"\n{tail}")
+        self._held(model, None)
         self._sched().on_model_lost(model)
+
+    def _held(self, model: str, device: str | None) -> None:
+        """Tell the cluster (through the attached worker) what this node holds."""
+        if self._worker is not None:
+            self._worker.held(model, device)
 
     # --- status -------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -427,8 +427,9 @@ class Store(Protocol):
         answers; raises `StoreUnavailable` (saying why) if not. For health checks."""
         ...
 
-    def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
-        """Record that worker `worker_id` is alive and serves `models` (now)."""
+    def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
+        """Record that worker `worker_id` is alive and serves `models` (now); `url`: where a
+        `corral serve` node is reached by the others (None: a plain worker)."""
         ...
 
     def worker_gone(self, worker_id: str) -> None:
@@ -447,6 +448,11 @@ class Store(Protocol):
 
     def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
         """Workers seen after `seen_after` (epoch seconds), each with the models it serves."""
+        ...
+
+    def nodes(self, seen_after: float) -> dict[str, str]:
+        """The workers seen after `seen_after` that said a `url` (`corral serve` nodes), each
+        with it."""
         ...
 
     def get(self, task_id: str) -> Task:

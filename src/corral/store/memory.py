@@ -43,7 +43,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._wakeups = Wakeups()
         self._files: dict[str, tuple[int, StoredFile]] = {}
-        self._workers: dict[str, tuple[list[str], float]] = {}
+        self._workers: dict[str, tuple[list[str], float, str | None]] = {}
         self._batches: dict[str, Batch] = {}
         self._residency: dict[str, list[Residency]] = {}
         self._cleared: set[str] = set()  # grouped tasks a dead worker's last words cleared
@@ -549,9 +549,9 @@ class MemoryStore:
         with self._lock:
             return copy.deepcopy(self._get(task_id))
 
-    def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
+    def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
         with self._lock:
-            self._workers[worker_id] = (list(models), self._clock())
+            self._workers[worker_id] = (list(models), self._clock(), url)
 
     def worker_gone(self, worker_id: str) -> None:
         with self._lock:
@@ -574,8 +574,16 @@ class MemoryStore:
         with self._lock:
             return {
                 w: list(models)
-                for w, (models, seen_at) in sorted(self._workers.items())
+                for w, (models, seen_at, _) in sorted(self._workers.items())
                 if seen_at > seen_after
+            }
+
+    def nodes(self, seen_after: float) -> dict[str, str]:
+        with self._lock:
+            return {
+                w: url
+                for w, (_, seen_at, url) in sorted(self._workers.items())
+                if seen_at > seen_after and url is not None
             }
 
     def list(

@@ -36,6 +36,8 @@ DIALECT = Dialect(
     lock_skip="FOR UPDATE SKIP LOCKED",
     cte_writes=True,
     kind_lock="SELECT pg_advisory_xact_lock(hashtext('corral_kind:' || :kind)) AS x",
+    migrate_lock="SELECT pg_advisory_xact_lock(hashtext('corral_migrate:' || current_schema())) "
+    "AS x",
 )
 _PARAM = re.compile(r"(?<!:):([a-z_]+)")
 log = logging.getLogger("corral.store")
@@ -179,8 +181,10 @@ class PostgresStore(SqlStore):
         try:  # the schema first, so that every pooled connection can use it
             with psycopg.connect(url, connect_timeout=max(1, round(connect_timeout_s))) as conn:
                 conn.autocommit = True
-                if schema is not None:
-                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                if schema is not None:  # one at a time: at once, two would collide
+                    with conn.transaction():
+                        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
+                        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
                 info = conn.info
                 self.identity = (
                     f"postgresql:{info.hostaddr or info.host}:{info.port}/{info.dbname}/"
@@ -480,6 +484,7 @@ for _name in (
     "worker_seen",
     "worker_gone",
     "workers",
+    "nodes",
     "set_residency",  # replaces the worker's rows: the same rows again
     "residency",
     "list",

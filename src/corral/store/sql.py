@@ -55,6 +55,9 @@ class Dialect:
     # A statement taking a transaction-scoped lock on `:kind` (bounded kinds' submits), or ""
     # where write transactions are serialised already.
     kind_lock: str = ""
+    # A statement taking a transaction-scoped lock on migrating this schema (several processes
+    # starting at once on a new database), or "" where write transactions are serialised.
+    migrate_lock: str = ""
 
 
 def migrations(d: Dialect) -> list[tuple[int, str]]:
@@ -183,6 +186,12 @@ CREATE TABLE corral_residency (
     PRIMARY KEY (worker_id, model)
 );
 """,
+        ),
+        (
+            9,
+            # Where a worker that is a `corral serve` node is reached: nodes forward requests
+            # for a model to the node that holds it.
+            "ALTER TABLE corral_workers ADD COLUMN url TEXT;",
         ),
     ]
 
@@ -318,7 +327,10 @@ class SqlStore:
         steps = migrations(self.dialect)
         latest = steps[-1][0]
         applied = []
+        lock = self.dialect.migrate_lock
         with self._tx(write=True) as tx:
+            if lock:
+                tx.run(lock)
             tx.run("CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)")
         current = self.schema_version()
         if current > latest:
@@ -330,6 +342,13 @@ class SqlStore:
             if version <= current:
                 continue
             with self._tx(write=True) as tx:
+                # Under the lock, look again: a process starting beside this one (a second
+                # worker, another node) may have applied it meanwhile.
+                if lock:
+                    tx.run(lock)
+                rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
+                if int(rows[0]["v"] or 0) >= version:
+                    continue
                 for statement in filter(str.strip, sql.split(";")):
                     tx.run(statement)
                 tx.run("INSERT INTO corral_schema (version) VALUES (:v)", {"v": version})
@@ -901,13 +920,19 @@ RETURNING {_QUALIFIED}"""
             raise TaskNotFound(f"no task with id {task_id!r}")
         return _task(rows[0])
 
-    def worker_seen(self, worker_id: str, models: Sequence[str]) -> None:
+    def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
         with self._tx(write=True, single=True) as tx:
             tx.run(
-                "INSERT INTO corral_workers (id, models, seen_at) VALUES (:id, :models, :now) "
+                "INSERT INTO corral_workers (id, models, seen_at, url) "
+                "VALUES (:id, :models, :now, :url) "
                 "ON CONFLICT (id) DO UPDATE SET models = excluded.models, "
-                "seen_at = excluded.seen_at",
-                {"id": worker_id, "models": json.dumps(list(models)), "now": self._clock()},
+                "seen_at = excluded.seen_at, url = excluded.url",
+                {
+                    "id": worker_id,
+                    "models": json.dumps(list(models)),
+                    "now": self._clock(),
+                    "url": url,
+                },
             )
 
     def worker_gone(self, worker_id: str) -> None:
@@ -955,6 +980,15 @@ RETURNING {_QUALIFIED}"""
                 {"t": seen_after},
             )
         return {r["id"]: json.loads(r["models"]) for r in rows}
+
+    def nodes(self, seen_after: float) -> dict[str, str]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                "SELECT id, url FROM corral_workers WHERE seen_at > :t AND url IS NOT NULL "
+                "ORDER BY id",
+                {"t": seen_after},
+            )
+        return {r["id"]: r["url"] for r in rows}
 
     def list(
         self,

@@ -146,6 +146,15 @@ class Worker(Claiming, Execution):
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
         self._spawn(self._release_ahead(model))
 
+    def held(self, model: str, device: str | None, state: str = "ready") -> None:
+        """Attached: the adapter that does the loads says what this node holds (`device` None:
+        no longer), for the other workers and nodes of the cluster (worker/affinity.py)."""
+        if device is None:
+            self._held.pop(model, None)
+        else:
+            self._held[model] = (device, state)
+        self._publish()
+
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         self.loads.append((model, tuple(evict)))
@@ -165,7 +174,7 @@ class Worker(Claiming, Execution):
     def _publish(self) -> None:
         """Tell other workers what this one holds, at once (a worker starting beside it must
         not load the same model meanwhile)."""
-        if self.settings.affinity and not self._attached:
+        if self.settings.affinity:
             self._spawn(self._send_residency())
 
     async def _send_residency(self) -> None:
@@ -179,10 +188,8 @@ class Worker(Claiming, Execution):
 
     def _clustered(self) -> bool:
         """Other workers serve this database (affinity applies)."""
-        return (
-            self.settings.affinity
-            and not self._attached
-            and (len(self._live) > 1 or any(r.worker_id != self.worker_id for r in self._residency))
+        return self.settings.affinity and (
+            len(self._live) > 1 or any(r.worker_id != self.worker_id for r in self._residency)
         )
 
     def _shown(self, ready: dict[str, dict[Level, int]]) -> set[str]:
@@ -260,7 +267,7 @@ class Worker(Claiming, Execution):
                                 self.store.purge, time.time() - self.settings.retention_s
                             )
                         self._report_unserved(await asyncio.to_thread(self._presence))
-                        if next_reclaim == 0.0 and self.settings.affinity and not self._attached:
+                        if next_reclaim == 0.0 and self.settings.affinity:
                             # Workers started together see each other before the first load.
                             await asyncio.sleep(0.3)
                         next_reclaim = now + self.settings.lease_s / 2
@@ -301,10 +308,10 @@ class Worker(Claiming, Execution):
     def _presence(self) -> dict[str, int]:
         """Say this worker is alive (in a thread); returns the models with queued tasks that no
         live worker serves, with how many."""
-        self.store.worker_seen(self.worker_id, self.models)
+        self.store.worker_seen(self.worker_id, self.models, self.settings.url)
         window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
         live = self.store.workers(time.time() - window_s)
-        if self.settings.affinity and not self._attached:  # its rows stay fresh
+        if self.settings.affinity:  # its rows stay fresh
             rows = [(dev, m, st) for m, (dev, st) in self._held.items()]
             self.store.set_residency(self.worker_id, rows)
         served = set(self.models).union(*live.values())
@@ -334,7 +341,7 @@ class Worker(Claiming, Execution):
         the wait for a free thread on a busy machine does not count as the scan's cost."""
         started = time.monotonic()
         ready = self.store.ready_counts()
-        if self.settings.affinity and not self._attached and started >= self._cluster_read_at:
+        if self.settings.affinity and started >= self._cluster_read_at:
             # Who else serves the database, and what they hold: fresh enough to place loads
             # (at most every 0.2 s: two small reads beside the scan). Both are said again
             # every lease_s / 2: a worker silent for a whole lease is dead (its tasks come

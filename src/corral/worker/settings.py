@@ -31,3 +31,6 @@ class WorkerSettings:
     # least), a second copy only when its backlog is worth it (worker/affinity.py). False: each
     # worker schedules its device as if it were alone.
     affinity: bool = True
+    # A `corral serve` node's URL, said with its presence: the other nodes forward requests for
+    # the models it holds there (gateway/cluster.py). None: a plain worker.
+    url: str | None = None
