@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.e2e.test_batches import chat_line, finish, upload
-from tests.e2e.test_gateway import SIM, Gateway, serve
+from tests.e2e.test_gateway import SIM, Gateway, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +105,9 @@ def test_batch_lines_never_fill_max_queue(gw: Gateway, tmp_path: Path, policy: s
         endpoint="/v1/chat/completions",
         completion_window="24h",
     )
-    assert gw.status()["models"]["bulk"]["queued_by_class"]["batch"] > 20
+    # Queued once the gateway's batch worker has seen the lines (a gateway just started waits
+    # 0.3 s before its first look, for the nodes of a cluster started with it).
+    wait_for(lambda: gw.status()["models"]["bulk"]["queued_by_class"]["batch"] > 20, 5)
     assert ask(gw, "bulk", 0) >= 0  # answered, not 429
     with contextlib.suppress(openai.ConflictError):  # under fifo the batch may be done by now
         client.batches.cancel(batch.id)
