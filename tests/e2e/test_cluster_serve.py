@@ -243,11 +243,13 @@ def test_a_node_killed_mid_batch_loses_nothing_its_lines_finish_on_the_others(
             endpoint="/v1/chat/completions",
             completion_window="24h",
         )
-        # Each model runs on one node: with three free nodes, no model is loaded twice.
+        # Each model runs on one node, and a second copy goes only to a node left free (never
+        # evicting work), while the backlog is worth a load; without affinity every node
+        # would swap between all three models.
         wait_for(lambda: all(loads(nodes).values()), timeout_s=30)
         wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 60, 30)  # type: ignore[union-attr]
         before = loads(nodes)
-        assert sum(before.values()) <= len(MODELS) + 1, before
+        assert all(n <= 2 for n in before.values()), before
         statuses = [nd.gw.status() for nd in nodes]
         holders = [
             nd
