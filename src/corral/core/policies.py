@@ -186,7 +186,16 @@ class Cost(Policy):
                 urgent.append((r.arrived_at, m))
         if not urgent:
             return order
-        first = [m for _, m in sorted(urgent, key=lambda x: (x[0], x[1].name))]
+        # EDF while it can still keep the deadline: a queue whose deadline is lost even if it
+        # went first behind the urgent ones before it keeps its value's place. Under overload,
+        # plain EDF turns into arrival order for everyone, every deadline missed and the mean
+        # wait up too (devices-4, docs/design/scheduler.md).
+        first: list[ModelRecord] = []
+        t = now
+        for at, m in sorted(urgent, key=lambda x: (x[0], x[1].name)):
+            t += m.load_est + self.work_s(m)
+            if t <= at + bound:
+                first.append(m)
         return first + [m for m in order if m not in first]
 
     def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:

@@ -40,6 +40,13 @@ _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
 _OVERDUE = "overdue"
 _LINGER = "linger:"
+
+
+def _lingers(m: ModelRecord, now: float) -> bool:
+    """m is idle but its next request is expected soon (the policy's linger)."""
+    return m.linger_until is not None and now < m.linger_until
+
+
 _QUANTUM = "quantum:"
 _TTL = "ttl:"
 
@@ -524,7 +531,7 @@ class Scheduler:
             return False
         if c is not forced and self._class_preempts(victims, c):
             return True  # one way only (batch never preempts), so no progress rule is needed
-        if c is forced and not self._solo and any(v.count for v in victims):
+        if c is forced and not self._solo and any(v.count or _lingers(v, now) for v in victims):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there
             # turned an unmeetable bound into thrash: on `devices-4`, max_wait_s 120 made cost's
