@@ -33,14 +33,14 @@ from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.errors import CorralError
 from corral.limits import PRESENCE_S
-from corral.store import Level, Residency, Store, StoreError, Task, TaskStatus
+from corral.store import Level, Residency, Store, Task, TaskStatus
 from corral.worker import batching
-from corral.worker.affinity import ModelView, shown
 from corral.worker.claims import Claiming
 from corral.worker.execute import TRANSIENT, Ahead, Execution, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords, hear_the_dead
 from corral.worker.registry import Registry
+from corral.worker.residency import Residing
 from corral.worker.settings import WorkerSettings
 
 __all__ = ["Worker", "WorkerSettings"]
@@ -58,7 +58,7 @@ class _Proxy(Request):
         return (self.model, (not self.batch, self.priority))
 
 
-class Worker(Claiming, Execution):
+class Worker(Claiming, Execution, Residing):
     """Run with `await worker.run()` (until `stop()`), or `run(until_idle=True)` to drain."""
 
     def __init__(
@@ -146,15 +146,6 @@ class Worker(Claiming, Execution):
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
         self._spawn(self._release_ahead(model))
 
-    def held(self, model: str, device: str | None, state: str = "ready") -> None:
-        """Attached: the adapter that does the loads says what this node holds (`device` None:
-        no longer), for the other workers and nodes of the cluster (worker/affinity.py)."""
-        if device is None:
-            self._held.pop(model, None)
-        else:
-            self._held[model] = (device, state)
-        self._publish()
-
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         self.loads.append((model, tuple(evict)))
@@ -170,42 +161,6 @@ class Worker(Claiming, Execution):
         self._held.pop(model, None)
         self._publish()
         self._spawn(self._unload(model, device))
-
-    def _publish(self) -> None:
-        """Tell other workers what this one holds, at once (a worker starting beside it must
-        not load the same model meanwhile)."""
-        if self.settings.affinity:
-            self._spawn(self._send_residency())
-
-    async def _send_residency(self) -> None:
-        """One at a time, each with what it holds by then: the last write is the latest."""
-        async with self._residency_lock:
-            rows = [(dev, m, st) for m, (dev, st) in self._held.items()]
-            try:
-                await asyncio.to_thread(self.store.set_residency, self.worker_id, rows)
-            except StoreError as exc:  # said again with the next presence
-                log.warning("could not record this worker's models: %s", exc)
-
-    def _clustered(self) -> bool:
-        """Other workers serve this database (affinity applies)."""
-        return self.settings.affinity and (
-            len(self._live) > 1 or any(r.worker_id != self.worker_id for r in self._residency)
-        )
-
-    def _shown(self, ready: dict[str, dict[Level, int]]) -> set[str]:
-        """The models whose waiting tasks this worker's scheduler sees (worker/affinity.py)."""
-        sched = self._sched()
-        views = {}
-        for m in self.models:
-            rec = sched.models[m]
-            views[m] = ModelView(
-                waiting=sum(ready.get(m, {}).values()),
-                load_s=rec.load_est,
-                task_s=rec.service_est / max(1, self._per(m)) / max(1, rec.concurrency),
-            )
-        live = dict(self._live)
-        live.setdefault(self.worker_id, list(self.models))
-        return shown(self.worker_id, views, set(self._held), live, self._residency)
 
     def dispatch(self, request: Request) -> None:
         assert isinstance(request, _Proxy)
@@ -312,8 +267,7 @@ class Worker(Claiming, Execution):
         window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
         live = self.store.workers(time.time() - window_s)
         if self.settings.affinity:  # its rows stay fresh
-            rows = [(dev, m, st) for m, (dev, st) in self._held.items()]
-            self.store.set_residency(self.worker_id, rows)
+            self.store.set_residency(self.worker_id, self._rows())
         served = set(self.models).union(*live.values())
         counts = self.store.counts()
         return {
@@ -341,15 +295,7 @@ class Worker(Claiming, Execution):
         the wait for a free thread on a busy machine does not count as the scan's cost."""
         started = time.monotonic()
         ready = self.store.ready_counts()
-        if self.settings.affinity and started >= self._cluster_read_at:
-            # Who else serves the database, and what they hold: fresh enough to place loads
-            # (at most every 0.2 s: two small reads beside the scan). Both are said again
-            # every lease_s / 2: a worker silent for a whole lease is dead (its tasks come
-            # back then too), and its models are nobody's.
-            since = time.time() - self.settings.lease_s
-            self._live = self.store.workers(since)
-            self._residency = self.store.residency(since)
-            self._cluster_read_at = started + 0.2
+        self._read_cluster(started)
         return ready, time.monotonic() - started
 
     def _idle(self, ready: dict[str, dict[Level, int]]) -> bool:
