@@ -31,6 +31,7 @@ class Claiming:
     _slot: dict[str, tuple[int, float]]
     _groupable: dict[str, bool]
     _task_s: dict[str, float]
+    _runs_measured: dict[str, int]
     _waiting: dict[str, int]
 
     def _sched(self) -> Scheduler:
@@ -132,17 +133,23 @@ class Claiming:
         (`_per` derives it from this and the last count of waiting tasks)."""
         prev = self._task_s.get(model)
         self._task_s[model] = task_s if prev is None else 0.7 * prev + 0.3 * task_s
+        self._runs_measured[model] = self._runs_measured.get(model, 0) + 1
 
     def _run_length(self, model: str, waiting: int) -> int:
         """About `prefetch_s` of work at the measured task time (at most `prefetch` tasks), but
-        never so long that fewer slots than the model's concurrency get the waiting tasks."""
+        never so long that fewer slots than the model's concurrency get the waiting tasks.
+        Slow start: a worker's runs of a model grow 1, 2, 4, ... up to that, so a worker that
+        dies young (a crash loop, kill -9) has committed most of what it finished; with its
+        first run at full length it committed nothing, every next worker began again at the same
+        tasks, and the one running at each death was blamed again and again."""
         task_s = self._task_s.get(model)
         if task_s is None:
             return 1  # not measured yet: a task at a time, as a long task would want
         by_time = int(self.settings.prefetch_s / max(task_s, 1e-6))
         concurrency = self._sched().models[model].concurrency
         spread = -(-waiting // max(1, concurrency))
-        return max(1, min(self.settings.prefetch, by_time, spread))
+        ramp = 1 << min(self._runs_measured.get(model, 0), 20)
+        return max(1, min(self.settings.prefetch, by_time, spread, ramp))
 
     def _holding(self, model: str) -> bool:
         with self._ahead_lock:

@@ -98,6 +98,7 @@ class Worker(Claiming, Execution, Residing):
             specs = [h for h in registry.handlers.values() if h.model == m]
             self._groupable[m] = bool(specs) and all(plain(h) for h in specs)
         self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
+        self._runs_measured: dict[str, int] = {}  # runs measured per model (slow start)
         self._waiting: dict[str, int] = {}  # tasks waiting per model, at the last reconcile
         self._arrived = asyncio.Event()  # the store says tasks may have arrived
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
