@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import psycopg
 import pytest
@@ -149,11 +150,21 @@ def test_a_request_for_a_model_another_node_holds_is_forwarded_there_streams_inc
     assert len(pieces) >= 7  # chunk by chunk, not one buffered answer
     assert len("".join(pieces).split()) == 7
 
+    # Anthropic's official client, on /v1/messages: the same hop.
+    claude = anthropic.Anthropic(base_url=a.gw.url, api_key="unused", max_retries=0)
+    said = claude.messages.with_raw_response.create(
+        model="beta", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert said.headers["x-corral-node"] == b_id
+    block = said.parse().content[0]
+    assert isinstance(block, anthropic.types.TextBlock)
+    assert block.text
+
     mine = a.gw.status()
     assert mine["models"]["beta"]["state"] == "unloaded"  # a never loaded it
     assert mine["models"]["beta"]["dispatched"] == 0
     (to_b,) = [n for n in mine["cluster"]["nodes"] if n["id"] == b_id]
-    assert to_b["forwarded"] == 2
+    assert to_b["forwarded"] == 3
     # A model nobody else holds is served where it was asked for, and never forwarded twice.
     raw = client.chat.completions.with_raw_response.create(
         model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=2
