@@ -386,6 +386,14 @@ def serve_cmd(
             f"[yellow]warning[/yellow]: not served (no `cmd` or `upstream`): {', '.join(unserved)}",
             highlight=False,
         )
+    shared = (config.server.store or "").startswith(("postgresql://", "postgres://"))
+    if shared and config.server.advertised_url() is None:
+        err_console.print(
+            f"[yellow]warning[/yellow]: server.listen is {config.server.listen}, so the other "
+            "nodes sharing this store cannot tell where to reach this one: set "
+            "server.advertise_url (it still forwards requests to them)",
+            highlight=False,
+        )
     log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
     host, _, port = config.server.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -23,6 +23,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from corral.backends.process import free_port
 from tests.conftest import PG_URL
 from tests.e2e.netns import Hosts
 from tests.e2e.test_batches import chat_line, finish, lines_of, upload
@@ -287,3 +288,30 @@ def test_a_node_killed_mid_batch_loses_nothing_its_lines_finish_on_the_others(
         assert all(after[m] >= 1 for m in held), (held, after)  # its models moved over
         # The survivors saw it go: it left the cluster once its lease ran out.
         wait_for(lambda: len(survivors[0].gw.status()["cluster"]["nodes"]) == 2, timeout_s=30)
+
+
+def test_a_node_listening_on_every_address_is_told_to_say_its_url(tmp_path: Path) -> None:
+    """Its URL cannot be guessed: the other nodes could not forward to it. It says so at start
+    and does not advertise one (it still forwards to the others)."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    config = tmp_path / "corral.yaml"
+    config.write_text(
+        CONFIG + f"server:\n  log_dir: {tmp_path / 'logs'}\n  store: {PG_URL}?schema={schema}\n"
+        f"  data_dir: {tmp_path / 'data'}\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [CORRAL, "serve", "--config", str(config), "--listen", f"0.0.0.0:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _up(f"http://127.0.0.1:{port}"), timeout_s=30)
+        cluster_view = httpx.get(f"http://127.0.0.1:{port}/api/status").json()["cluster"]
+        assert cluster_view["url"] is None
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert "set server.advertise_url" in " ".join(err.split())

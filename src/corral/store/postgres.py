@@ -224,7 +224,11 @@ class PostgresStore(SqlStore):
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         if migrate:
-            self.upgrade()
+            try:
+                self.upgrade()
+            except BaseException:  # a schema too new, an unreachable database: no pool left open
+                self._pool.close()
+                raise
 
     @contextmanager
     def _tx(self, write: bool, single: bool = False) -> Iterator[Tx]:
