@@ -386,7 +386,9 @@ def serve_cmd(
             f"[yellow]warning[/yellow]: not served (no `cmd` or `upstream`): {', '.join(unserved)}",
             highlight=False,
         )
-    shared = (config.server.store or "").startswith(("postgresql://", "postgres://"))
+    from corral.store import POSTGRES_SCHEMES
+
+    shared = (config.server.store or "").startswith(POSTGRES_SCHEMES)
     if shared and config.server.advertised_url() is None:
         err_console.print(
             f"[yellow]warning[/yellow]: server.listen is {config.server.listen}, so the other "

@@ -27,7 +27,7 @@ def oldest_seq(m: ModelRecord) -> int:
     return r.seq if r is not None else _NEVER
 
 
-def _lingering(m: ModelRecord, now: float) -> bool:
+def lingering(m: ModelRecord, now: float) -> bool:
     return m.linger_until is not None and now < m.linger_until
 
 
@@ -43,7 +43,7 @@ class Policy:
         return sorted(candidates, key=lambda m: (oldest_seq(m), m.name))
 
     def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
-        return resident.count == 0 and not _lingering(resident, now)
+        return resident.count == 0 and not lingering(resident, now)
 
     def linger_s(self, m: ModelRecord, now: float) -> float:
         return 0.0
@@ -100,7 +100,7 @@ class Priority(Policy):
     def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
         if challenger.priority > resident.priority:
             return True
-        return resident.count == 0 and not _lingering(resident, now)
+        return resident.count == 0 and not lingering(resident, now)
 
     def linger_s(self, m: ModelRecord, now: float) -> float:
         return m.spec.unload_delay_s
@@ -200,7 +200,7 @@ class Cost(Policy):
 
     def should_yield(self, resident: ModelRecord, challenger: ModelRecord, now: float) -> bool:
         if resident.count == 0:
-            if not _lingering(resident, now):
+            if not lingering(resident, now):
                 return True
             # Lingering never holds the device against heavier work or an urgent queue.
             best = challenger.best()

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from corral.config import Config
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
-from corral.core.policies import Policy, make_policy
+from corral.core.policies import Policy, lingering, make_policy
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
@@ -40,11 +40,6 @@ _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
 _OVERDUE = "overdue"
 _LINGER = "linger:"
-
-
-def _lingers(m: ModelRecord, now: float) -> bool:
-    """m is idle but its next request is expected soon (the policy's linger)."""
-    return m.linger_until is not None and now < m.linger_until
 
 
 _QUANTUM = "quantum:"
@@ -531,7 +526,7 @@ class Scheduler:
             return False
         if c is not forced and self._class_preempts(victims, c):
             return True  # one way only (batch never preempts), so no progress rule is needed
-        if c is forced and not self._solo and any(v.count or _lingers(v, now) for v in victims):
+        if c is forced and not self._solo and any(v.count or lingering(v, now) for v in victims):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there
             # turned an unmeetable bound into thrash: on `devices-4`, max_wait_s 120 made cost's

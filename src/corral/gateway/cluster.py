@@ -27,6 +27,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from corral.gateway.errors import stream_error
+from corral.gateway.proxy import DROP, DROP_BACK
 from corral.gateway.runtime import Gateway
 from corral.store import Store, StoreError
 from corral.worker.affinity import rendezvous
@@ -37,10 +38,9 @@ FORWARDED = "x-corral-forwarded-by"  # the node that forwarded a request: serve 
 UNREACHABLE_S = 10.0  # a node that refused a connection is not tried again for this long
 CONNECT_S = 2.0  # a node that does not accept a connection within this is unreachable
 
-# Hop-by-hop headers, and those the client library sets itself; the API key goes on (every
-# node of a cluster has the same keys).
-_HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
-_HOP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
+# What the proxy drops on the way to a model server, except the API key and the priority: the
+# other node checks and schedules the request itself (every node has the same keys).
+_HOP = DROP - {"authorization", "proxy-authorization", "x-corral-priority"}
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class Cluster:
             return None
         self.forwarded[node.id] = self.forwarded.get(node.id, 0) + 1
         self.gateway.metrics.forwarded.labels(model).inc()
-        out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_BACK}
+        out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
         events = resp.headers.get("content-type", "").startswith("text/event-stream")
 
         async def relay() -> AsyncIterator[bytes]:

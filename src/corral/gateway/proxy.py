@@ -67,7 +67,7 @@ def upstream_path(path: str) -> str:
 
 
 # Hop-by-hop headers and those the client library/uvicorn set themselves.
-_DROP = {
+DROP = {
     "host",
     "content-length",
     "connection",
@@ -79,7 +79,7 @@ _DROP = {
     "authorization",
     "x-corral-priority",
 }
-_DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
+DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
 class Upstream:
@@ -235,7 +235,7 @@ class Proxy:
         """Send `body` to the model's server and relay its answer; `openai`: an OpenAI route,
         whose error answers reach the client in OpenAI's shape whatever the server sent."""
         backend = self.gateway.backends[model]
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP}
         headers.update(backend.headers)
         url = f"{backend.proxy_url}{path}"
         query = request.scope["query_string"]
@@ -270,7 +270,7 @@ class Proxy:
                 code="backend_unreachable",
             )
 
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_BACK}
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
         # How long the request waited for its model (queue and swap): clients, benchmarks and
         # `corral replay` read it to tell waiting from serving.
         out_headers["x-corral-wait-ms"] = f"{wait_s * 1000:.1f}"

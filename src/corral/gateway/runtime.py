@@ -181,16 +181,12 @@ class Gateway:
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         if self._worker is not None:
-            for name in evict:
-                self._worker.evicted(name)
-                self._worker.held(name, None)
-            self._worker.held(model, device, "loading")
+            self._worker.loading(model, device, evict)
         self._ops[model] = self._spawn(self._swap(model, device, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
         if self._worker is not None:
-            self._worker.evicted(model)
-            self._worker.held(model, None)
+            self._worker.gone(model)
         self._ops[model] = self._spawn(self._unload(model, device))
 
     def dispatch(self, request: Request) -> None:

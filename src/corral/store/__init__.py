@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")  # a store other hosts can share
+
+
 def open_store(
     url: str, *, migrate: bool = True, create: bool = True, read_only: bool = False
 ) -> Store:
@@ -74,7 +77,7 @@ def open_store(
         if not path:
             raise StoreError("sqlite URL needs a path: sqlite:///tasks.db")
         return SqliteStore(Path(path), migrate=migrate, create=create, read_only=read_only)
-    if url.startswith(("postgresql://", "postgres://")):
+    if url.startswith(POSTGRES_SCHEMES):
         from corral.store.postgres import PostgresStore
 
         base, _, query = url.partition("?")

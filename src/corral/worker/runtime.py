@@ -147,20 +147,28 @@ class Worker(Claiming, Execution, Residing):
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
         self._spawn(self._release_ahead(model))
 
-    # --- Effects ------------------------------------------------------------------------------
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
-        self.loads.append((model, tuple(evict)))
+    def loading(self, model: str, device: str, evict: Sequence[str]) -> None:
+        """A swap begins (this worker's, or the attached adapter's): the evicted models' tasks
+        claimed ahead go back, and the cluster hears what is held now, once."""
         for name in evict:
             self.evicted(name)
             self._held.pop(name, None)
         self._held[model] = (device, "loading")
         self._publish()
+
+    def gone(self, model: str) -> None:
+        """`model` is being unloaded (see `loading`)."""
+        self.evicted(model)
+        self.held(model, None)
+
+    # --- Effects ------------------------------------------------------------------------------
+    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+        self.loads.append((model, tuple(evict)))
+        self.loading(model, device, evict)
         self._spawn(self._swap(model, device, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
-        self.evicted(model)
-        self._held.pop(model, None)
-        self._publish()
+        self.gone(model)
         self._spawn(self._unload(model, device))
 
     def dispatch(self, request: Request) -> None:
@@ -457,13 +465,11 @@ class Worker(Claiming, Execution, Residing):
                 if hooks is not None and hooks.load is not None:
                     await _maybe_await(hooks.load)
             except Exception as exc:
-                self._held.pop(model, None)
-                self._publish()
+                self.held(model, None)
                 sched.on_load_failed(model, describe(exc))
                 return
         if model in self._held:
-            self._held[model] = (device, "ready")
-            self._publish()
+            self.held(model, device)
         sched.on_load_finished(
             model,
             load_s=time.monotonic() - unloaded,
