@@ -13,16 +13,19 @@ class Effects(Protocol):
     to the scheduler as events (`on_load_finished`, `on_request_finished`, `on_timer`, ...)."""
 
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
-        """Unload `evict` (in order, none has work in flight), then load `model` on `device`.
-        Report with `on_load_finished(model)` or `on_load_failed(model, reason)`."""
+        """Unload `evict` (in order, none has work in flight) from `device`, then load `model`
+        there. `model` may already run on another device: this is a second copy (a replica),
+        so adapters key what they run by (model, device). Report with
+        `on_load_finished(model, device=device)` or `on_load_failed(model, reason, device)`."""
 
     def unload(self, model: str, device: str) -> None:
-        """Unload `model` (idle, nothing in flight) from `device`; no report. The scheduler
-        counts its room as free at once, so device operations must run in the order issued:
-        a later `load` on `device` starts after this unload has finished."""
+        """Unload `model`'s copy (idle, nothing in flight) from `device`; no report. The
+        scheduler counts its room as free at once, so device operations must run in the order
+        issued: a later `load` on `device` starts after this unload has finished."""
 
     def dispatch(self, request: Request) -> None:
-        """Start serving `request` on its (ready) model; report `on_request_finished`."""
+        """Start serving `request` on the ready copy of its model on `request.device`; report
+        `on_request_finished`."""
 
     def reject(self, request: Request, reason: str) -> None:
         """`request` will never run; tell its submitter why."""

@@ -38,6 +38,7 @@ class Policy:
     bounded_wait = True  # honours scheduler.max_wait_s
     strict_order = False  # only the model of the oldest request may take new work
     classes = True  # interactive work before batch work (the baselines ignore classes)
+    replicas = False  # a model with a deep queue may get a second copy on another device
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         return sorted(candidates, key=lambda m: (oldest_seq(m), m.name))
@@ -127,6 +128,7 @@ class Cost(Policy):
     """
 
     name: PolicyName = "cost"
+    replicas = True
 
     def __init__(
         self,

@@ -43,6 +43,27 @@ _LINGER = "linger:"
 
 
 _QUANTUM = "quantum:"
+# Replicas (docs/design/scheduler.md): a model gets one more copy when its arrivals outpace the
+# copies it has (`ModelRecord.demand` above their number) and its backlog holds this many loads'
+# worth of work, so the new copy starts busy.
+REPLICA_LOADS = 2.0
+REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this busy
+# What a replica that becomes the primary brings with it.
+_RESIDENCY = (
+    "device",
+    "in_flight",
+    "last_level",
+    "linger_timer_at",
+    "linger_until",
+    "load_started_at",
+    "lost",
+    "quantum_timer_at",
+    "ready_at",
+    "recheck",
+    "served",
+    "state",
+    "yielding",
+)
 _TTL = "ttl:"
 
 Clock = Callable[[], float]
@@ -60,8 +81,15 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: Config, effects: Effects, clock: Clock, policy: Policy | None = None
+        self,
+        config: Config,
+        effects: Effects,
+        clock: Clock,
+        policy: Policy | None = None,
+        replicas: bool = True,
     ) -> None:
+        """`replicas=False`: one copy of a model at most, whatever the policy (adapters that
+        cannot run two copies of one model)."""
         self.config = config
         self.policy = policy if policy is not None else make_policy(config)
         self._fx = effects
@@ -81,6 +109,8 @@ class Scheduler:
             self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values()
         )
         self._strict = self.policy.strict_order
+        self._several = len(self.devices) > 1
+        self._replicas = replicas and self.policy.replicas and self._several
         self._weights: dict[int, float] = {}
         self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
         self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
@@ -106,6 +136,8 @@ class Scheduler:
         r.arrived_at = now
         r.state = _PENDING
         m.enqueue(r, self._weight(r.priority))
+        if self._replicas:
+            m.observe_arrival(now)
         if m.count == 1:
             self._pending[m] = None
         batch = r.batch and self._classes  # counted as batch work
@@ -121,6 +153,12 @@ class Scheduler:
                 self._need_decide = True  # new work may change the policy's mind
             else:
                 self._dispatch(m, now)
+            if m.copies:
+                for c in m.copies:
+                    if c.state is _READY and not c.yielding:
+                        self._dispatch(c, now)
+            if self._replicas and m.count and self._worth_copy(m, now):
+                self._need_decide = True
         elif state is _UNLOADED:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
@@ -130,42 +168,53 @@ class Scheduler:
         self._settle(now)
 
     def on_load_finished(
-        self, model: str, load_s: float | None = None, unload_s: float | None = None
+        self,
+        model: str,
+        load_s: float | None = None,
+        unload_s: float | None = None,
+        device: str | None = None,
     ) -> None:
-        """`model` is ready. Measured swap times, if given, refine the estimates."""
+        """`model` is ready (its copy on `device`; None: its only copy). Measured swap times, if
+        given, refine the estimates."""
         m = self.models[model]
-        self._move(m, _READY)
-        assert m.device is not None
-        m.device.loading = None
+        rec = self._copy(m, device)
+        self._move(rec, _READY)
+        assert rec.device is not None
+        rec.device.loading = None
         m.observe_swap(load_s, unload_s)
         now = self._clock()
-        m.ready_at = now
+        rec.ready_at = now
         if m.count == 0:
-            self._went_idle(m, now)
+            self._went_idle(rec, now)
         self._need_decide = True
         self._settle(now)
 
-    def on_load_failed(self, model: str, reason: str) -> None:
-        """`model` could not load: its pending requests are rejected with `reason`."""
+    def on_load_failed(self, model: str, reason: str, device: str | None = None) -> None:
+        """`model` could not load (its copy on `device`; None: its only copy): its pending
+        requests are rejected with `reason`, unless another copy of it serves them."""
         m = self.models[model]
-        self._move(m, _UNLOADED)
-        dev = m.device
+        rec = self._copy(m, device)
+        dev = rec.device
         assert dev is not None
         dev.loading = None
-        dev.residents.remove(m)
-        m.device = None
-        for r in m.pending():
-            self._drop(r, RequestState.REJECTED)
-            self._fx.reject(r, f"model {model!r} failed to load: {reason}")
+        self._leave_device(rec)
+        if m.state is _UNLOADED:
+            self._reject_all(m, f"model {model!r} failed to load: {reason}")
         self._need_decide = True
         self._settle(self._clock())
 
-    def on_model_lost(self, model: str) -> None:
-        """A loaded model's server died. It takes no new work; once its in-flight requests have
-        ended (the adapter fails them), it counts as unloaded, and its pending requests load it
-        again like any other model's. Ignored unless the model is ready."""
-        m = self.models[model]
-        if m.state is not _READY or m.lost:
+    def _reject_all(self, m: ModelRecord, reason: str) -> None:
+        for r in m.pending():
+            self._drop(r, RequestState.REJECTED)
+            self._fx.reject(r, reason)
+
+    def on_model_lost(self, model: str, device: str | None = None) -> None:
+        """A loaded model's server (its copy on `device`; None: its only copy) died. It takes
+        no new work; once its in-flight requests have ended (the adapter fails them), it counts
+        as unloaded, and its pending requests load it again like any other model's. Ignored
+        unless that copy is ready."""
+        m = self.models[model].copy_on(device)
+        if m is None or m.state is not _READY or m.lost:
             return
         m.lost = True
         now = self._clock()
@@ -182,9 +231,11 @@ class Scheduler:
         r.state = RequestState.DONE
         r.finished_at = now
         m = self.models[r.model]
-        m.in_flight -= 1
         if r.dispatched_at is not None:
             m.observe_service(now - r.dispatched_at)
+        if m.copies:
+            m = m.copy_on(r.device) or m
+        m.in_flight -= 1
         self._after_slot_freed(m, now)
 
     def on_cancel(self, r: Request) -> bool:
@@ -203,6 +254,8 @@ class Scheduler:
             r.state = RequestState.CANCELLED
             r.finished_at = now
             m = self.models[r.model]
+            if m.copies:
+                m = m.copy_on(r.device) or m
             m.in_flight -= 1
             self._after_slot_freed(m, now)
             return True
@@ -219,7 +272,8 @@ class Scheduler:
         plan: Plan | None = plan_placement(self._views(m, now))
         if plan is None:
             return "a swap is under way on every device that could hold it; try again after it"
-        victims = [self.models[n] for n in plan.evict]
+        dev = next(d for d in self.devices if d.name == plan.device)
+        victims = [dev.holding(n) for n in plan.evict]
         busy = [v for v in victims if v.count or v.in_flight or v.yielding]
         if busy:
             return "it would evict " + ", ".join(
@@ -227,7 +281,6 @@ class Scheduler:
             )
         if victims and not evict:
             return f"no free room: it would evict {', '.join(v.name for v in victims)}"
-        dev = next(d for d in self.devices if d.name == plan.device)
         self._start_load(m, dev, victims, now, "requested")
         self._need_decide = True
         self._settle(now)
@@ -240,11 +293,14 @@ class Scheduler:
         m = self.models[model]
         if m.state is _UNLOADED:
             return None
-        if m.state is not _READY:
+        if any(c.state is not _READY for c in (m, *m.copies)):
             return "it is loading; unload it once it is ready"
-        if m.count or m.in_flight:
-            return f"it has {m.count} queued and {m.in_flight} in flight requests"
+        in_flight = m.in_flight + sum(c.in_flight for c in m.copies)
+        if m.count or in_flight:
+            return f"it has {m.count} queued and {in_flight} in flight requests"
         now = self._clock()
+        for c in list(m.copies):
+            self._unload(c, now, "requested")
         self._unload(m, now, "requested")
         self._settle(now)
         return None
@@ -315,6 +371,8 @@ class Scheduler:
                     return True  # the same rule as `_class_preempts`, for one victim
             elif r.icount:
                 return False  # batch work never displaces interactive work
+        if self._replicas and r.count == 0 and not self._spare(r, now):
+            return False  # idle for a moment, but its arrivals keep a device busy
         return self.policy.should_yield(r, c, now)
 
     def _rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
@@ -341,7 +399,8 @@ class Scheduler:
             del self._pending[m]
 
     def _leave_device(self, m: ModelRecord) -> DeviceRecord:
-        """`m` is no longer resident (evicted, unloaded or lost); returns where it was."""
+        """`m` is no longer resident (evicted, unloaded, lost or failed to load); returns where
+        it was. A primary that leaves while a replica remains hands its place to the replica."""
         dev = m.device
         assert dev is not None
         dev.residents.remove(m)
@@ -349,7 +408,88 @@ class Scheduler:
         m.device = None
         m.lost = m.yielding = m.recheck = False
         m.linger_until = None  # idle_since stays: the next arrival still measures the gap
+        if m.primary is not None:
+            m.primary.copies.remove(m)
+        elif m.copies:
+            self._promote(m)
         return dev
+
+    def _promote(self, m: ModelRecord) -> None:
+        """Primary `m` just left: its first ready replica (else its first) becomes the primary
+        (the model's record stays the one the queue, the maps and the policies know)."""
+        c = next((c for c in m.copies if c.state is _READY), m.copies[0])
+        m.copies.remove(c)
+        dev = c.device
+        assert dev is not None
+        dev.residents[dev.residents.index(c)] = m
+        if dev.loading is c:
+            dev.loading = m
+        for name in _RESIDENCY:
+            setattr(m, name, getattr(c, name))
+        c.state, c.device = _UNLOADED, None
+
+    def _copy(self, m: ModelRecord, device: str | None) -> ModelRecord:
+        rec = m.copy_on(device)
+        if rec is None:
+            raise SchedulerBug(f"{m.name}: an event for a copy on {device!r}, which it lacks")
+        return rec
+
+    def _worth_copy(self, m: ModelRecord, now: float) -> bool:
+        """Does `m` want one more copy: do its arrivals outpace its copies, with a backlog of
+        REPLICA_LOADS loads' work? (O(1); at most one copy per device it may use.)"""
+        n = 1 + len(m.copies)
+        allowed = len(m.spec.devices) or len(self.devices)
+        if n >= allowed:
+            return False
+        backlog_s = m.count * m.service_est / m.concurrency
+        return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > n
+
+    def _has_work(self, v: ModelRecord, now: float) -> bool:
+        """Resident `v` has work, lingers for more, or is a copy its model still needs."""
+        return bool(v.count) or lingering(v, now) or (self._replicas and not self._spare(v, now))
+
+    def _copy_view(self, c: ModelRecord, d: DeviceRecord, now: float) -> ResidentView:
+        """A replica as placement sees it: spare (no work, no value) once it may go, else like
+        a resident with work, so placement looks elsewhere first."""
+        if self._spare(c, now):
+            return ResidentView(c.name, d.size_of(c), c.in_flight, 0, 0.0)
+        m = c.queue
+        return ResidentView(c.name, d.size_of(c), c.in_flight, max(m.count, 1), math.inf)
+
+    def _spare(self, v: ModelRecord, now: float) -> bool:
+        """May copy `v` (a replica, or the primary) make room for another model? Not while
+        its model's arrivals would keep the copies left REPLICA_BUSY busy (a model whose
+        arrivals keep a whole device busy keeps one copy even when idle for a moment), nor,
+        with several copies, while its backlog keeps each copy busy for half of
+        REPLICA_LOADS loads (half: hysteresis against `_worth_copy`). A copy that may not go
+        counts as a model with work, for overdue challengers too: they take the next device
+        whose model runs dry."""
+        m = v.queue
+        n = 1 + len(m.copies)
+        if n > 1 and m.count * m.service_est > 0.5 * REPLICA_LOADS * m.load_est * m.concurrency * n:
+            return False
+        return m.demand(now) < (REPLICA_BUSY * (n - 1) if n > 1 else 1.0)
+
+    def _replicate(self, now: float, before: Request | None = None) -> None:
+        """Give models with a deep queue a copy more, into free room or over residents that
+        are idle and not lingering; with `before`, only models with a request older."""
+        for m in list(self._pending):
+            if m.state is not _READY or m.yielding or m.lost or not self._worth_copy(m, now):
+                continue
+            if before is not None:
+                mine = m.oldest()
+                if mine is None or mine.seq > before.seq:
+                    continue
+            plan = plan_placement(self._views(m, now))
+            if plan is None:
+                continue
+            dev = next(d for d in self.devices if d.name == plan.device)
+            victims = [dev.holding(n) for n in plan.evict]
+            if any(v.in_flight or v.yielding or self._has_work(v, now) for v in victims):
+                continue
+            c = ModelRecord(m.name, m.spec, self._classes, primary=m)
+            m.copies.append(c)
+            self._start_load(c, dev, victims, now, "replica")
 
     def _unload_lost(self, m: ModelRecord) -> None:
         self._leave_device(m)  # its server is gone: nothing to unload
@@ -375,6 +515,7 @@ class Scheduler:
         self._unload(m, now, "ttl_s")
 
     def _after_slot_freed(self, m: ModelRecord, now: float) -> None:
+        """A request of copy `m` ended."""
         if m.lost:
             if m.in_flight == 0:
                 self._unload_lost(m)
@@ -387,13 +528,17 @@ class Scheduler:
         elif m.yielding:
             if m.in_flight == 0:
                 self._need_decide = True
-        elif m.count:
+        elif m.queue.count:
             self._dispatch(m, now)
-        if m.count == 0 and m.in_flight == 0 and m.state is _READY:
+        if m.queue.count == 0 and m.in_flight == 0 and m.state is _READY:
             self._went_idle(m, now)
         self._settle(now)
 
     def _went_idle(self, m: ModelRecord, now: float) -> None:
+        if m.primary is not None:  # a replica leaves once its model runs dry
+            if self._spare(m, now):
+                self._unload(m, now, "replica idle")
+            return
         m.idle_since = now
         linger = self.policy.linger_s(m, now)
         m.linger_until = now + linger if linger > 0 else None
@@ -403,18 +548,21 @@ class Scheduler:
             self._need_decide = True
 
     def _dispatch(self, m: ModelRecord, now: float) -> None:
-        """Start m's next requests while it has free slots: interactive first (overdue ones
-        first), then batch (overdue ones first)."""
+        """Start the next requests of m's queue (its primary's, for a replica) while copy m has
+        free slots: interactive first (overdue ones first), then batch (overdue ones first)."""
         if m.lost:
             return
         models = self.models
-        while m.in_flight < m.concurrency and m.count:
-            r = m.best()
+        q = m.primary or m
+        assert m.device is not None
+        device = m.device.name
+        while m.in_flight < m.concurrency and q.count:
+            r = q.best()
             assert r is not None
             max_wait = self._batch_max_wait_s if r.level < BATCH_BELOW else self._max_wait_s
             if max_wait is not None:
                 # The oldest of r's class (one class queued: the plain, cheaper scan).
-                old = m.oldest() if m.icount == m.count else m.oldest(r.level < BATCH_BELOW)
+                old = q.oldest() if q.icount == q.count else q.oldest(r.level < BATCH_BELOW)
                 if old is not None and old.arrived_at + max_wait <= now:
                     r = old
             if self._strict and m.served:  # an unserved model gets its round (progress rule)
@@ -425,11 +573,12 @@ class Scheduler:
                     # just considered; from an event's fast path, decide now.
                     self._need_decide = self._need_decide or not self._deciding
                     return
-            m.take(r, self._weight(r.priority))
-            if m.count == 0:
-                del self._pending[m]
+            q.take(r, self._weight(r.priority))
+            if q.count == 0:
+                del self._pending[q]
             r.state = _RUNNING
             r.dispatched_at = now
+            r.device = device
             m.in_flight += 1
             m.last_level = r.level
             m.served = True
@@ -477,14 +626,23 @@ class Scheduler:
     def _views(self, target: ModelRecord, now: float) -> list[DeviceView]:
         keep = self.policy.keep_value
         allowed = target.spec.devices
+        name = target.name
         return [
             DeviceView(
                 name=d.name,
                 capacity=d.capacity,
-                # A device the model may not use is one it does not fit on.
-                target_size=d.size_of(target) if not allowed or d.name in allowed else math.inf,
+                # A device the model may not use, or holds a copy of it, is one it does not fit.
+                target_size=(
+                    d.size_of(target)
+                    if (not allowed or d.name in allowed)
+                    and all(m.name != name for m in d.residents)
+                    else math.inf
+                ),
+                # A replica serves its model's queue; among residents with work it goes first.
                 residents=tuple(
                     ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
+                    if m.primary is None and (m.count or not self._replicas)
+                    else self._copy_view(m, d, now)
                     for m in d.residents
                 ),
                 busy=d.loading is not None,
@@ -507,26 +665,35 @@ class Scheduler:
         forced, next_deadline = self._overdue(now)
         if next_deadline is not None:
             self._arm_overdue(next_deadline)
+        if self._replicas and forced is not None:
+            # A model whose backlog is older than the overdue model's queue gets its copy first.
+            self._replicate(now, forced.oldest())
         candidates = [m for m in self._pending if m.state is _UNLOADED]
         if candidates:
             if self._solo:
                 self._swap_solo(candidates, forced, now)
             else:
                 self._swap_placed(candidates, forced, now)
+        if self._replicas:
+            self._replicate(now)
         for m in list(self.resident_models()):
-            if m.state is _READY and not m.yielding and m.count:
+            if m.state is _READY and not m.yielding and m.queue.count:
                 self._dispatch(m, now)
 
     def _yield_to(
         self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None, now: float
     ) -> bool:
         """Do `victims` make room for `c` (policy, max_wait and the progress rule)?"""
-        wants = c is forced or all(self._should_yield(v, c, now) for v in victims)
+        if not all(self._spare(v, now) for v in victims if v.primary is not None):
+            return False
+        wants = c is forced or all(
+            self._should_yield(v, c, now) for v in victims if v.primary is None
+        )
         if not wants:
             return False
         if c is not forced and self._class_preempts(victims, c):
             return True  # one way only (batch never preempts), so no progress rule is needed
-        if c is forced and not self._solo and any(v.count or lingering(v, now) for v in victims):
+        if c is forced and self._several and any(self._has_work(v, now) for v in victims):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there
             # turned an unmeetable bound into thrash: on `devices-4`, max_wait_s 120 made cost's
@@ -627,7 +794,7 @@ class Scheduler:
                 continue
             if evicting:
                 continue  # one eviction decision at a time; later ones only take free room
-            victims = [self.models[n] for n in plan.evict]
+            victims = [dev.holding(n) for n in plan.evict]
             if self._yield_to(victims, c, forced, now):
                 evicting = True
                 self._commit(c, dev, victims, forced, now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from bisect import insort
 from collections import deque
 
@@ -16,6 +17,8 @@ _BATCH_HALF = _BATCH_SHIFT >> 1  # a level below minus this is a batch level
 _EWMA_SERVICE = 0.2
 _EWMA_GAP = 0.3
 _EWMA_SWAP = 0.3
+_EWMA_DEMAND = 0.01  # about the last 100 arrivals or requests served
+_DEMAND_MIN_ARRIVALS = 20  # demand() says 0 until it has seen this many gaps
 BATCH_BELOW = -_BATCH_HALF  # `level < BATCH_BELOW`: a batch level (inline in hot paths)
 
 
@@ -45,9 +48,12 @@ class ModelRecord:
     __slots__ = (
         "_levels",
         "_order",
+        "arrival_gap_est",
+        "arrivals",
         "asked",
         "classes",
         "concurrency",
+        "copies",
         "count",
         "device",
         "gap_dev",
@@ -55,6 +61,7 @@ class ModelRecord:
         "icount",
         "idle_since",
         "in_flight",
+        "last_arrival_at",
         "last_level",
         "linger_timer_at",
         "linger_until",
@@ -62,11 +69,13 @@ class ModelRecord:
         "load_started_at",
         "lost",
         "name",
+        "primary",
         "priority",
         "quantum_timer_at",
         "ready_at",
         "recheck",
         "served",
+        "service_avg",
         "service_est",
         "spec",
         "state",
@@ -78,8 +87,19 @@ class ModelRecord:
         "yielding",
     )
 
-    def __init__(self, name: str, spec: ModelConfig, classes: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: ModelConfig,
+        classes: bool = True,
+        primary: ModelRecord | None = None,
+    ) -> None:
         self.name = name
+        # A second copy of a model on another device (a replica) is a record of its own with
+        # its own residency and an empty queue: it serves `primary`'s queue. The primary is
+        # resident whenever a copy is (a copy takes its place when it leaves).
+        self.primary = primary
+        self.copies: list[ModelRecord] = []
         self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
         self.priority = spec.priority
@@ -108,8 +128,12 @@ class ModelRecord:
         self.idle_since: float | None = None
         self.gap_est: float | None = None  # EWMA of idle gaps: went idle -> next arrival
         self.gap_dev = 0.0  # EWMA of the gaps' absolute deviation from gap_est
+        self.last_arrival_at: float | None = None
+        self.arrival_gap_est: float | None = None  # EWMA of the time between arrivals
+        self.arrivals = 0  # gaps observed (arrivals after the first)
         self.last_level = 0  # the level of the request it dispatched last
         self.service_est = spec.service_s
+        self.service_avg = spec.service_s  # a slower EWMA, for demand()
         self.load_est = spec.load_s
         self.unload_est = spec.unload_s
 
@@ -119,6 +143,20 @@ class ModelRecord:
     @property
     def resident(self) -> bool:
         return self.state is not Lifecycle.UNLOADED
+
+    @property
+    def queue(self) -> ModelRecord:
+        """The record whose queue this copy serves (itself, unless it is a replica)."""
+        return self.primary or self
+
+    def copy_on(self, device: str | None) -> ModelRecord | None:
+        """This model's copy (the primary or a replica) on `device`; the primary if None."""
+        if device is None or (self.device is not None and self.device.name == device):
+            return self
+        for c in self.copies:
+            if c.device is not None and c.device.name == device:
+                return c
+        return None
 
     # --- the top class, as policies see it ---------------------------------------------------
     @property
@@ -228,6 +266,30 @@ class ModelRecord:
     # --- estimates --------------------------------------------------------------------------
     def observe_service(self, seconds: float) -> None:
         self.service_est += _EWMA_SERVICE * (seconds - self.service_est)
+        self.service_avg += _EWMA_DEMAND * (seconds - self.service_avg)
+
+    def observe_arrival(self, now: float) -> None:
+        last = self.last_arrival_at
+        self.last_arrival_at = now
+        if last is None:
+            return
+        gap = now - last
+        self.arrivals += 1
+        # A plain mean over the first arrivals, then the EWMA: a few early gaps alone would
+        # make a cold model look hot.
+        est = self.arrival_gap_est
+        alpha = max(_EWMA_DEMAND, 1.0 / self.arrivals)
+        self.arrival_gap_est = gap if est is None else est + alpha * (gap - est)
+
+    def demand(self, now: float) -> float:
+        """Copies its arrivals keep busy (arrival rate x service time / concurrency), from
+        slow averages of the gaps between arrivals and of service times. A silence since the
+        last arrival of more than 8 mean gaps (0.03% of Poisson gaps) lowers the rate."""
+        est = self.arrival_gap_est
+        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
+            return 0.0
+        gap = max(est, (now - self.last_arrival_at) / 8)
+        return self.service_avg / (self.concurrency * gap) if gap > 0 else math.inf
 
     def observe_gap(self, seconds: float) -> None:
         g = self.gap_est
@@ -255,6 +317,10 @@ class DeviceRecord:
         self.capacity = spec.memory_gb if spec.memory_gb is not None else 1.0
         self.residents: list[ModelRecord] = []
         self.loading: ModelRecord | None = None
+
+    def holding(self, name: str) -> ModelRecord:
+        """The resident record (primary or replica) of model `name` here."""
+        return next(m for m in self.residents if m.name == name)
 
     def size_of(self, model: ModelRecord) -> float:
         """Room `model` takes here: its memory_gb, or the whole device when either lacks one."""

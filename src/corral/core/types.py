@@ -34,7 +34,8 @@ class Request:
     """One unit of work for one model.
 
     Adapters create it with `model`, `priority`, its service class and an opaque `id`; the
-    scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at` and `state`. Subclass
+    scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at`, `device` (which copy of
+    the model serves it) and `state`. Subclass
     it to carry payloads.
 
     The class: `batch=False` is interactive (someone is waiting: gateway requests), `batch=True`
@@ -45,6 +46,7 @@ class Request:
     __slots__ = (
         "arrived_at",
         "batch",
+        "device",
         "dispatched_at",
         "finished_at",
         "id",
@@ -64,6 +66,7 @@ class Request:
         self.seq = 0
         self.arrived_at = 0.0
         self.dispatched_at: float | None = None
+        self.device: str | None = None  # the device whose copy of the model serves it
         self.finished_at: float | None = None
         self.state = RequestState.NEW
 

@@ -121,12 +121,13 @@ class Simulation:
             if policy == "lru-route"
             else Scheduler(config, self, lambda: self.now)
         )
-        self._where: dict[str, str] = {}  # model -> device, from load effects alone
-        self._running: dict[str, int] = defaultdict(int)
+        # Copies are (model, device) pairs: a model may have a replica on a second device.
+        self._where: dict[str, set[str]] = defaultdict(set)  # from load effects alone
+        self._running: dict[tuple[str, str], int] = defaultdict(int)
         self._dev_running: dict[str, int] = defaultdict(int)
         self._busy_since: dict[str, float] = {}
-        self._resident_since: dict[str, float] = {}
-        self._ready: set[str] = set()
+        self._resident_since: dict[tuple[str, str], float] = {}
+        self._ready: set[tuple[str, str]] = set()
         self._run = Run(
             policy=self.scheduler.policy.name,
             config=config,
@@ -147,26 +148,25 @@ class Simulation:
         models = self.config.models
         if self.check:
             for v in evict:
-                if self._running[v]:
+                if self._running[v, device]:
                     raise InvariantViolation(f"t={now}: evicting {v} with work in flight")
-                if self._where.get(v) != device:
+                if device not in self._where[v]:
                     raise InvariantViolation(f"t={now}: evicting {v}, not resident on {device}")
-            if model in self._where:
-                raise InvariantViolation(f"t={now}: loading {model}, already resident")
+            if device in self._where[model]:
+                raise InvariantViolation(f"t={now}: loading {model}, already on {device}")
             allowed = models[model].devices
             if allowed and device not in allowed:
                 raise InvariantViolation(f"t={now}: loading {model} on {device}, not its device")
         for v in evict:
-            self._where.pop(v)
-            self._ready.discard(v)
-            since = self._resident_since.pop(v, now)
+            self._where[v].discard(device)
+            self._ready.discard((v, device))
+            since = self._resident_since.pop((v, device), now)
             self._run.segments.append(Segment(device, v, "resident", since, now))
-        self._where[model] = device
+        self._where[model].add(device)
         if self.check:
             dev = self._sizes[device]
-            used = sum(
-                dev.size_of(self.scheduler.models[m]) for m, d in self._where.items() if d == device
-            )
+            models_ = self.scheduler.models
+            used = sum(dev.size_of(models_[m]) for m, ds in self._where.items() if device in ds)
             if used > dev.capacity + _EPS:
                 raise InvariantViolation(
                     f"t={now}: {device} over capacity ({used} > {dev.capacity})"
@@ -177,18 +177,18 @@ class Simulation:
         self._run.segments.append(Segment(device, model, "swap", start, end))
         self._run.swap_s[device] += duration
         self._run.loads[model] += 1
-        self._push(end, _LOAD, self._next_seq(), model)
+        self._push(end, _LOAD, self._next_seq(), (model, device))
 
     def unload(self, model: str, device: str) -> None:
         now = self.now
         if self.check:
-            if self._running[model]:
+            if self._running[model, device]:
                 raise InvariantViolation(f"t={now}: unloading {model} with work in flight")
-            if self._where.get(model) != device or model not in self._ready:
+            if (model, device) not in self._ready:
                 raise InvariantViolation(f"t={now}: unloading {model}, not ready on {device}")
-        self._where.pop(model)
-        self._ready.discard(model)
-        since = self._resident_since.pop(model, now)
+        self._where[model].discard(device)
+        self._ready.discard((model, device))
+        since = self._resident_since.pop((model, device), now)
         self._run.segments.append(Segment(device, model, "resident", since, now))
         duration = self.config.models[model].unload_s
         start = max(now, self._free_at[device])
@@ -199,10 +199,13 @@ class Simulation:
     def dispatch(self, request: Request) -> None:
         assert isinstance(request, SimRequest)
         model = request.model
-        if self.check and model not in self._ready:
-            raise InvariantViolation(f"t={self.now}: dispatch to {model}, which is not ready")
-        self._running[model] += 1
-        device = self._where[model]
+        device = request.device
+        assert device is not None, "a dispatched request names its copy's device"
+        if self.check and (model, device) not in self._ready:
+            raise InvariantViolation(
+                f"t={self.now}: dispatch to {model} on {device}, which is not ready there"
+            )
+        self._running[model, device] += 1
         if self._dev_running[device] == 0:
             self._busy_since[device] = self.now
         self._dev_running[device] += 1
@@ -242,7 +245,6 @@ class Simulation:
         ai = 0
         running = self._running
         dev_running = self._dev_running
-        where = self._where
         busy = self._run.busy_s
         busy_since = self._busy_since
         has_sessions = bool(self._sessions)
@@ -281,9 +283,8 @@ class Simulation:
             kind = ev[1]
             if kind == _FINISH:
                 r = ev[3]
-                model = r.model
-                running[model] -= 1
-                device = where[model]
+                device = r.device
+                running[r.model, device] -= 1
                 dev_running[device] -= 1
                 if dev_running[device] == 0:
                     busy[device] += self.now - busy_since[device]
@@ -298,15 +299,15 @@ class Simulation:
                 r = ev[3]
                 on_request(r)
             elif kind == _LOAD:
-                model = ev[3]
-                self._ready.add(model)
-                self._resident_since[model] = self.now
-                sched.on_load_finished(model)
+                model, device = ev[3]
+                self._ready.add((model, device))
+                self._resident_since[model, device] = self.now
+                sched.on_load_finished(model, device=device)
             else:
                 key = ev[3]
                 sched.on_timer(key)
-        for model, since in self._resident_since.items():
-            self._run.segments.append(Segment(where[model], model, "resident", since, self.now))
+        for (model, device), since in self._resident_since.items():
+            self._run.segments.append(Segment(device, model, "resident", since, self.now))
         if progress is not None:
             progress(total, total)
         if self.check:

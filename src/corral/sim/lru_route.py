@@ -90,14 +90,20 @@ class LruRoute:
         self._advance(dev)
 
     def on_load_finished(
-        self, model: str, load_s: float | None = None, unload_s: float | None = None
+        self,
+        model: str,
+        load_s: float | None = None,
+        unload_s: float | None = None,
+        device: str | None = None,
     ) -> None:
         dev = self._where[model]
         dev.loading = None
         self._ready.add(model)
         self._advance(dev)
 
-    def on_load_failed(self, model: str, reason: str) -> None:  # not in the simulator
+    def on_load_failed(  # not in the simulator
+        self, model: str, reason: str, device: str | None = None
+    ) -> None:
         raise NotImplementedError
 
     def on_request_finished(self, r: Request) -> None:
@@ -134,6 +140,7 @@ class LruRoute:
                 self._touch(dev, model)
                 head.state = RequestState.RUNNING
                 head.dispatched_at = self._clock()
+                head.device = dev.rec.name
                 dev.running[model] = dev.running.get(model, 0) + 1
                 self._fx.dispatch(head)
                 continue
