@@ -31,6 +31,11 @@ class DeviceConfig(_Strict):
     memory_gb: PosGB | None = Field(
         default=None, description="Memory for models; without it the device holds one model."
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment for the model servers started on this device, such as "
+        "CUDA_VISIBLE_DEVICES; a model's own env wins.",
+    )
 
 
 class CoalesceConfig(_Strict):

@@ -18,15 +18,18 @@ from tests.unit.test_properties import EXAMPLES, configs
 pytestmark = pytest.mark.property
 
 
+Copy = tuple[str, str]  # (model, device): a model may run on two devices at once (a replica)
+
+
 class Books:
-    """The adapter's side: what is loading, running and dead, kept independently."""
+    """The adapter's side: what is loading, running and dead, kept independently, per copy."""
 
     def __init__(self) -> None:
         self.t = 0.0
-        self.loading: list[str] = []
+        self.loading: list[Copy] = []
         self.running: list[Request] = []
-        self.dead: set[str] = set()  # lost, and not loaded again since
-        self.resident: set[str] = set()  # loaded or loading, by the effects alone
+        self.dead: set[Copy] = set()  # lost, and not loaded again since
+        self.resident: set[Copy] = set()  # loaded or loading, by the effects alone
         self.unloads = 0
         self.timers: list[tuple[float, str]] = []
         self.scheduler: Scheduler | None = None
@@ -35,23 +38,33 @@ class Books:
         return self.t
 
     # Effects
+    def busy(self, copy: Copy) -> bool:
+        return any((r.model, r.device) == copy for r in self.running)
+
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         for v in evict:
-            assert not any(r.model == v for r in self.running), f"evicted {v} with work in flight"
-        self.loading.append(model)
-        self.dead.discard(model)
-        self.resident.difference_update(evict)
-        self.resident.add(model)
+            assert not self.busy((v, device)), f"evicted {v} on {device} with work in flight"
+            assert (v, device) in self.resident, f"evicted {v}, which is not on {device}"
+        copy = (model, device)
+        assert copy not in self.resident or copy in self.dead, f"{model} twice on {device}"
+        self.loading.append(copy)
+        self.dead.discard(copy)
+        self.resident.difference_update((v, device) for v in evict)
+        self.resident.add((model, device))
 
     def unload(self, model: str, device: str) -> None:
-        assert not any(r.model == model for r in self.running), f"unloaded {model} while busy"
-        assert model in self.resident, f"unloaded {model}, which is not resident"
-        assert model not in self.loading, f"unloaded {model} while it loads"
-        self.resident.discard(model)
+        copy = (model, device)
+        assert not self.busy(copy), f"unloaded {model} on {device} while busy"
+        assert copy in self.resident, f"unloaded {model}, which is not on {device}"
+        assert copy not in self.loading, f"unloaded {model} on {device} while it loads"
+        self.resident.discard(copy)
         self.unloads += 1
 
     def dispatch(self, r: Request) -> None:
-        assert r.model not in self.dead, f"dispatched {r.id} to {r.model}, whose server died"
+        copy = (r.model, r.device or "")
+        assert copy not in self.dead, f"dispatched {r.id} to {copy}, whose server died"
+        assert copy in self.resident, f"{copy} is not loaded"
+        assert copy not in self.loading, f"{copy} is still loading"
         self.running.append(r)
 
     def reject(self, r: Request, reason: str) -> None:
@@ -77,11 +90,37 @@ OPS = st.lists(
 )
 
 
+# Bursts of arrivals on few models and several devices: the cost policy makes second copies.
+HOT_OPS = st.lists(
+    st.tuples(
+        st.sampled_from([*("arrive",) * 6, "loaded", "loaded", "finish", "lose", "tick"]),
+        st.integers(0, 99),
+    ),
+    min_size=30,
+    max_size=150,
+)
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), OPS)
 def test_lost_servers_get_no_work_and_every_request_still_ends(
     config: Config, ops: list[tuple[str, int]]
 ) -> None:
+    run_ops(config, ops)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(models=2, devices=3), HOT_OPS)
+def test_replicas_lost_or_not_never_get_work_they_cannot_do(
+    config: Config, ops: list[tuple[str, int]]
+) -> None:
+    """The same invariants per copy, with replicas: a lost primary hands its place to a replica,
+    a lost replica takes no work, and every request ends."""
+    run_ops(config.with_policy("cost"), ops)
+
+
+def run_ops(config: Config, ops: list[tuple[str, int]]) -> int:
+    """Play `ops`, drain, check every request ended; returns how many replica loads there were."""
     books = Books()
     sched = Scheduler(config, books, books.clock)
     names = list(config.models)
@@ -95,12 +134,19 @@ def test_lost_servers_get_no_work_and_every_request_still_ends(
         elif op == "finish" and books.running:
             sched.on_request_finished(books.running.pop(k % len(books.running)))
         elif op == "loaded" and books.loading:
-            sched.on_load_finished(books.loading.pop(k % len(books.loading)))
+            model, device = books.loading.pop(k % len(books.loading))
+            sched.on_load_finished(model, device=device)
         elif op == "lose":
-            model = names[k % len(names)]
-            if sched.models[model].state.value == "ready":
-                books.dead.add(model)
-            sched.on_model_lost(model)
+            m = sched.models[names[k % len(names)]]
+            copies = [c for c in (m, *m.copies) if c.device is not None]
+            if not copies:
+                sched.on_model_lost(m.name)  # not loaded: ignored
+                return
+            c = copies[k % len(copies)]
+            assert c.device is not None
+            if c.state.value == "ready":
+                books.dead.add((m.name, c.device.name))
+            sched.on_model_lost(m.name, c.device.name)
         elif op == "load_request":
             sched.on_load_requested(names[k % len(names)], evict=k % 2 == 0)
         elif op == "unload_request":
@@ -127,3 +173,17 @@ def test_lost_servers_get_no_work_and_every_request_still_ends(
             break
     unfinished = [r for r in requests if r.state not in (RequestState.DONE, RequestState.REJECTED)]
     assert not unfinished, unfinished[:3]
+    return sum(1 for d in sched.decisions if d.reason == "replica")
+
+
+def test_the_hot_operations_do_make_replicas() -> None:
+    """The property above is not vacuous: a plain burst on two devices makes a second copy."""
+    config = Config.model_validate(
+        {
+            "models": {"m0": {"load_s": 1, "service_s": 2}, "m1": {"load_s": 1}},
+            "devices": [{"name": "g0"}, {"name": "g1"}, {"name": "g2"}],
+        }
+    )
+    ops = [("arrive", 0)] * 40 + [("loaded", 0), ("tick", 0)] + [("arrive", 0)] * 40
+    ops += [("loaded", 0), ("finish", 0)] * 10
+    assert run_ops(config, ops) >= 1

@@ -109,13 +109,19 @@ class ProcessBackend:
         on_exit: Callable[[int], None] | None = None,
         port: int | None = None,
         record: ServerRecord | None = None,
+        label: str | None = None,
     ) -> None:
         """`record`: where the running server's pid is kept, so the next gateway stops it if
-        this one is killed before it could."""
+        this one is killed before it could. `label`: tells this server's log from the model's
+        other copies' (`<model>@<label>.log`)."""
         self.spec = spec
         self._record = record
-        self.log_path = log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', spec.model)}.log"
-        self._on_exit = on_exit
+        name = spec.model if label is None else f"{spec.model}@{label}"
+        self.log_path = log_dir / f"{re.sub(r'[^A-Za-z0-9_.@-]', '_', name)}.log"
+        # The environment of the device it starts on (set before each start); the model's own
+        # `env` wins over it.
+        self.device_env: Mapping[str, str] = {}
+        self.on_exit = on_exit
         self._fixed_port = port
         self.port: int | None = None
         self.proxy_url = ""
@@ -149,6 +155,7 @@ class ProcessBackend:
         self.proxy_url = substitute(self.spec.proxy, values, f"{what} proxy").rstrip("/")
         env = {
             **os.environ,
+            **self.device_env,
             **{k: substitute(v, values, f"{what} env {k}") for k, v in self.spec.env.items()},
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,8 +220,8 @@ class ProcessBackend:
         assert proc is not None
         code = await proc.wait()
         self._forget(proc)
-        if not self._stopping and self._on_exit is not None:
-            self._on_exit(code)
+        if not self._stopping and self.on_exit is not None:
+            self.on_exit(code)
 
     async def exited(self, timeout_s: float) -> bool:
         # The kernel closes a dead server's sockets before asyncio reaps it, so a request can

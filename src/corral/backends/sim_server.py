@@ -117,6 +117,7 @@ def build_app(settings: SimSettings) -> Starlette:
     state = {"ready_at": time.monotonic() - age_s + settings.load_s, "asleep": False}
     ready_epoch = [started_epoch + settings.load_s]
     sleeps = {"sleep": 0, "wake_up": 0}
+    served = [0]  # requests answered, in /health: tells a model's copies' work apart
 
     def ready() -> bool:
         return not state["asleep"] and time.monotonic() >= state["ready_at"]
@@ -127,7 +128,13 @@ def build_app(settings: SimSettings) -> Starlette:
         if not ready():
             return JSONResponse({"status": "loading model"}, status_code=503)
         return JSONResponse(
-            {"status": "ok", "started_at": started_epoch, "ready_at": ready_epoch[0], **sleeps}
+            {
+                "status": "ok",
+                "started_at": started_epoch,
+                "ready_at": ready_epoch[0],
+                "served": served[0],
+                **sleeps,
+            }
         )
 
     async def sleep(_: Request) -> Response:
@@ -183,6 +190,7 @@ def build_app(settings: SimSettings) -> Starlette:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         per_token_s = 1.0 / settings.tokens_per_s
         if not body.get("stream"):
+            served[0] += 1
             async with slots:
                 await asyncio.sleep(len(words) * per_token_s)
             text = " ".join(words)
@@ -204,6 +212,7 @@ def build_app(settings: SimSettings) -> Starlette:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[bytes]:
+            served[0] += 1
             async with slots:
                 for i, word in enumerate(words):
                     await asyncio.sleep(per_token_s)
@@ -244,6 +253,7 @@ def build_app(settings: SimSettings) -> Starlette:
             for i, text in enumerate(inputs)
         ]
         tokens = sum(len(str(t).split()) for t in inputs)
+        served[0] += 1
         async with slots:
             await asyncio.sleep(tokens / settings.tokens_per_s / 10)  # prompt processing is fast
         return JSONResponse(
@@ -263,6 +273,7 @@ def build_app(settings: SimSettings) -> Starlette:
             if audio is None or isinstance(audio, str):
                 return _error(400, "missing the `file` part")
             size = len(await audio.read())
+        served[0] += 1
         async with slots:
             await asyncio.sleep(size / 1e6)  # a second per MB of audio
         return JSONResponse({"text": f"{size} bytes of audio heard by {model or settings.model}"})
@@ -294,6 +305,7 @@ def build_app(settings: SimSettings) -> Starlette:
         turns = body.get("messages") or []
         prompt = " ".join(str(m.get("content", "")) for m in turns if isinstance(m, dict))
         words = _words(prompt, int(body.get("max_tokens") or settings.max_tokens))
+        served[0] += 1
         async with slots:
             await asyncio.sleep(len(words) / settings.tokens_per_s)
         return JSONResponse(

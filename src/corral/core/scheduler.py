@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from corral.config import Config
 from corral.core.effects import Effects
@@ -48,6 +48,7 @@ _QUANTUM = "quantum:"
 # worth of work, so the new copy starts busy.
 REPLICA_LOADS = 2.0
 REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this busy
+REPLICA_RETRY_S = 60.0  # after a replica failed to load, the model gets none for this long
 # What a replica that becomes the primary brings with it.
 _RESIDENCY = (
     "device",
@@ -86,10 +87,10 @@ class Scheduler:
         effects: Effects,
         clock: Clock,
         policy: Policy | None = None,
-        replicas: bool = True,
+        replicas: bool | Collection[str] = True,
     ) -> None:
-        """`replicas=False`: one copy of a model at most, whatever the policy (adapters that
-        cannot run two copies of one model)."""
+        """`replicas`: which models may have a second copy when the policy makes copies (all,
+        none, or the names given): adapters name the models they can run twice."""
         self.config = config
         self.policy = policy if policy is not None else make_policy(config)
         self._fx = effects
@@ -110,7 +111,8 @@ class Scheduler:
         )
         self._strict = self.policy.strict_order
         self._several = len(self.devices) > 1
-        self._replicas = replicas and self.policy.replicas and self._several
+        self._replicas = bool(replicas) and self.policy.replicas and self._several
+        self._copyable = None if isinstance(replicas, bool) else frozenset(replicas)
         self._weights: dict[int, float] = {}
         self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
         self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
@@ -198,6 +200,8 @@ class Scheduler:
         assert dev is not None
         dev.loading = None
         self._leave_device(rec)
+        if rec is not m:  # a replica: the model is served; do not try again at once
+            m.copy_failed_at = self._clock()
         if m.state is _UNLOADED:
             self._reject_all(m, f"model {model!r} failed to load: {reason}")
         self._need_decide = True
@@ -439,10 +443,12 @@ class Scheduler:
         REPLICA_LOADS loads' work? (O(1); at most one copy per device it may use.)"""
         n = 1 + len(m.copies)
         allowed = len(m.spec.devices) or len(self.devices)
-        if n >= allowed:
+        if n >= allowed or (self._copyable is not None and m.name not in self._copyable):
+            return False
+        if m.copy_failed_at is not None and now < m.copy_failed_at + REPLICA_RETRY_S:
             return False
         backlog_s = m.count * m.service_est / m.concurrency
-        return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > n
+        return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > REPLICA_BUSY * n
 
     def _has_work(self, v: ModelRecord, now: float) -> bool:
         """Resident `v` has work, lingers for more, or is a copy its model still needs."""
@@ -451,8 +457,9 @@ class Scheduler:
     def _copy_view(self, c: ModelRecord, d: DeviceRecord, now: float) -> ResidentView:
         """A replica as placement sees it: spare (no work, no value) once it may go, else like
         a resident with work, so placement looks elsewhere first."""
-        if self._spare(c, now):
-            return ResidentView(c.name, d.size_of(c), c.in_flight, 0, 0.0)
+        if self._spare(c, now):  # a replica before its primary
+            keep = -1.0 if c.primary is not None else self.policy.keep_value(c, now)
+            return ResidentView(c.name, d.size_of(c), c.in_flight, 0, keep)
         m = c.queue
         return ResidentView(c.name, d.size_of(c), c.in_flight, max(m.count, 1), math.inf)
 

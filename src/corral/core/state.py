@@ -54,6 +54,7 @@ class ModelRecord:
         "classes",
         "concurrency",
         "copies",
+        "copy_failed_at",
         "count",
         "device",
         "gap_dev",
@@ -100,6 +101,7 @@ class ModelRecord:
         # resident whenever a copy is (a copy takes its place when it leaves).
         self.primary = primary
         self.copies: list[ModelRecord] = []
+        self.copy_failed_at: float | None = None  # a replica's load failed then: wait a while
         self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
         self.priority = spec.priority

@@ -44,7 +44,7 @@ from corral.gateway.openapi import (
 )
 from corral.gateway.runtime import Gateway
 from corral.store import Store, StoreBusy, StoreUnavailable
-from corral.worker.registry import ModelHooks, Registry, current_task
+from corral.worker.registry import ModelHooks, Registry, current_device, current_task
 from corral.worker.runtime import Worker, WorkerSettings
 
 log = logging.getLogger("corral.batch")
@@ -64,7 +64,7 @@ def line_runner(
         model = ctx.model if ctx is not None else config.resolve(body.get("model", ""))
         if model is None or model not in gateway.backends:
             raise corral.Fail(json.dumps({"status_code": 404, "body": _err("model not served")}))
-        backend = gateway.backends[model]
+        backend = gateway.backend_on(model, current_device())
         body["model"] = backend.served_name
         body.pop("priority", None)
         url = f"{backend.proxy_url}{line['url']}"

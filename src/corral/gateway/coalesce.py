@@ -25,6 +25,7 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from corral.backends.base import Backend
 from corral.config import CoalesceConfig
 from corral.gateway.errors import error, upstream_body
 from corral.gateway.proxy import disconnected
@@ -241,7 +242,7 @@ class Coalescer:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(batch.full.wait(), left_s)
                 self._close(batch)
-                await self._send(batch, path)
+                await self._send(batch, path, proxy.gateway.backend_on(model, r.device))
             finally:
                 proxy.gateway.finished(r)
         except Exception as exc:  # never leave a client hanging
@@ -249,13 +250,13 @@ class Coalescer:
                 batch, error(500, f"coalescing failed: {type(exc).__name__}: {exc}", "api_error")
             )
 
-    async def _send(self, batch: _Batch, path: str) -> None:
+    async def _send(self, batch: _Batch, path: str, backend: Backend) -> None:
         members = [mb for mb in batch.members if not mb.gone]
         if not members:
             return
         proxy = self.proxy
         proxy.metrics.batch_inputs.labels(self.model).observe(sum(len(mb.inputs) for mb in members))
-        status, content, ctype, wait_ms = await self._post(batch, members, path)
+        status, content, ctype, wait_ms = await self._post(batch, members, path, backend)
         if status < 400:
             try:
                 answers = split_answer(
@@ -277,18 +278,18 @@ class Coalescer:
         if 400 <= status < 500 and len(members) > 1:
             # Refused: find the culprit by sending each request alone, in the same turn.
             for mb in members:
-                alone = await self._post(batch, [mb], path)
+                alone = await self._post(batch, [mb], path, backend)
                 self._settle(mb, self._response(*alone, str(len(mb.inputs))))
             return
         for mb in members:
             self._settle(mb, self._response(status, content, ctype, wait_ms, "0"))
 
     async def _post(
-        self, batch: _Batch, members: list[_Member], path: str
+        self, batch: _Batch, members: list[_Member], path: str, backend: Backend
     ) -> tuple[int, bytes, str, str]:
-        """(status, body, content type, wait ms) of one upstream request for `members`."""
+        """(status, body, content type, wait ms) of one upstream request for `members`, to
+        `backend` (the copy of the model the scheduler gave the batch)."""
         proxy = self.proxy
-        backend = proxy.gateway.backends[self.model]
         wait_ms = f"{(time.monotonic() - batch.opened_at) * 1000:.1f}"
         body = dict(batch.template)
         body["input"] = [x for mb in members for x in mb.inputs]

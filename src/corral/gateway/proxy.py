@@ -234,7 +234,7 @@ class Proxy:
     ) -> Response:
         """Send `body` to the model's server and relay its answer; `openai`: an OpenAI route,
         whose error answers reach the client in OpenAI's shape whatever the server sent."""
-        backend = self.gateway.backends[model]
+        backend = self.gateway.backend_on(model, r.device)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP}
         headers.update(backend.headers)
         url = f"{backend.proxy_url}{path}"

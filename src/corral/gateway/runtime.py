@@ -92,18 +92,20 @@ class Gateway:
     def __init__(self, config: Config, log_dir: Path) -> None:
         self.config = config
         self.log_dir = log_dir
+        # The model's server; a second copy (a replica on another device) gets a server of its
+        # own (`_copy_backend`). `_on` maps (model, device) to the server running there.
         self.backends: dict[str, Backend] = {}
+        self._on: dict[tuple[str, str], Backend] = {}
+        self._spares: dict[tuple[str, str], ProcessBackend] = {}
+        self._devices = {d.name: d for d in config.devices}
         # The servers this gateway runs, so the next one stops them if this one is killed.
         self.servers = ServerRecord(log_dir / "servers.pids")
         self.lock = DirLock(log_dir / "gateway.lock")
         for name, m in config.models.items():
             if m.cmd is not None:
-                self.backends[name] = ProcessBackend(
-                    process_spec(name, m),
-                    log_dir,
-                    on_exit=functools.partial(self._exited, name),
-                    record=self.servers,
-                )
+                backend = ProcessBackend(process_spec(name, m), log_dir, record=self.servers)
+                backend.on_exit = functools.partial(self._exited, name, backend)
+                self.backends[name] = backend
             elif m.upstream is not None:
                 self.backends[name] = upstream_backend(name, m)
         self.crashes: dict[str, int] = {}
@@ -118,6 +120,7 @@ class Gateway:
         self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
         self._worker: Worker | None = None  # runs batch lines through this scheduler
         self.dispatched: dict[str, int] = defaultdict(int)  # requests started, per model
+        self.dispatched_on: dict[tuple[str, str], int] = defaultdict(int)  # ... and device
         self.swaps: deque[Swap] = deque(maxlen=100)
         self.swap_count = 0
         self.started_at = time.time()
@@ -140,12 +143,21 @@ class Gateway:
                 ", ".join(map(str, reaped)),
             )
         self._loop = asyncio.get_running_loop()
-        self.scheduler = Scheduler(self.config, self, self._loop.time)
+        self.scheduler = Scheduler(self.config, self, self._loop.time, replicas=self.copyable())
+
+    def copyable(self) -> list[str]:
+        """Models that may run twice at once (a replica): started servers whose port Corral
+        picks (`${PORT}` in `proxy`). An upstream, or a server on a fixed port, runs once."""
+        return [
+            name
+            for name, b in self.backends.items()
+            if isinstance(b, ProcessBackend) and "${PORT}" in b.spec.proxy
+        ]
 
     async def close(self) -> None:
         for t in list(self._busy):
             t.cancel()
-        for b in self.backends.values():
+        for b in [*self.backends.values(), *self._spares.values()]:
             with contextlib.suppress(BackendError):
                 await b.stop()
         self.lock.release()
@@ -174,23 +186,54 @@ class Gateway:
         limited by the `batch.*` limits instead)."""
         return self._sched().models[model].asked
 
+    def backend_on(self, model: str, device: str | None) -> Backend:
+        """The server of `model`'s copy on `device` (a dispatched request's `device`)."""
+        if device is not None:
+            backend = self._on.get((model, device))
+            if backend is not None:
+                return backend
+        return self.backends[model]
+
+    def copies(self, model: str) -> list[str]:
+        """The devices where `model` runs or loads."""
+        return [d for (m, d) in self._on if m == model]
+
     def attach(self, worker: Worker) -> None:
         """Share the scheduler with `worker` (batch lines): its requests' effects go to it."""
         self._worker = worker
 
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
-        if self._worker is not None:
-            self._worker.loading(model, device, evict)
-        self._ops[model] = self._spawn(self._swap(model, device, tuple(evict)))
+        replica = bool(self.copies(model))
+        backend = self._copy_backend(model, device) if replica else self.backends.get(model)
+        stop = [self._on.pop((name, device), None) for name in evict]
+        if backend is not None:
+            self._on[model, device] = backend
+        if self._worker is not None:  # a model with another copy still runs on this node
+            gone = [name for name in evict if not self.copies(name)]
+            self._worker.loading(model, device, gone, replica=replica)
+        self._ops[model] = self._spawn(self._swap(model, device, tuple(evict), backend, stop))
 
     def unload(self, model: str, device: str) -> None:
+        backend = self._on.pop((model, device), None)
         if self._worker is not None:
-            self._worker.gone(model)
-        self._ops[model] = self._spawn(self._unload(model, device))
+            self._worker.gone(model, self.copies(model))
+        self._ops[model] = self._spawn(self._unload(model, device, backend))
+
+    def _copy_backend(self, model: str, device: str) -> ProcessBackend:
+        """A server for `model`'s second copy, on `device` (kept for the next time)."""
+        backend = self._spares.get((model, device))
+        if backend is None:
+            primary = self.backends[model]
+            assert isinstance(primary, ProcessBackend), "only started servers have copies"
+            backend = ProcessBackend(primary.spec, self.log_dir, record=self.servers, label=device)
+            backend.on_exit = functools.partial(self._exited, model, backend)
+            self._spares[model, device] = backend
+        return backend
 
     def dispatch(self, request: Request) -> None:
         self.dispatched[request.model] += 1
+        self.dispatched_on[request.model, request.device or ""] += 1
         if self._worker is not None and self._worker.owns(request):
             self._worker.dispatch(request)
             return
@@ -245,9 +288,8 @@ class Gateway:
                 await asyncio.sleep(0.05)  # a swap is under way: it ends soon, then try again
             await self.settled(model)
 
-    async def _unload(self, model: str, device: str) -> None:
+    async def _unload(self, model: str, device: str, backend: Backend | None) -> None:
         async with self._device_lock[device]:  # after the swaps issued before it
-            backend = self.backends.get(model)
             started = time.monotonic()
             if backend is not None:
                 with contextlib.suppress(BackendError):
@@ -257,11 +299,25 @@ class Gateway:
         self.publish("unloaded", model=model, unload_s=unload_s)
         log.info("unloaded %s in %.2f s", model, unload_s)
 
-    async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
+    async def _swap(
+        self,
+        model: str,
+        device: str,
+        evict: tuple[str, ...],
+        backend: Backend | None,
+        stop: list[Backend | None],
+    ) -> None:
         async with self._device_lock[device]:  # after an unload issued before it
-            await self._swap_now(model, device, evict)
+            await self._swap_now(model, device, evict, backend, stop)
 
-    async def _swap_now(self, model: str, device: str, evict: tuple[str, ...]) -> None:
+    async def _swap_now(
+        self,
+        model: str,
+        device: str,
+        evict: tuple[str, ...],
+        backend: Backend | None,
+        stop: list[Backend | None],
+    ) -> None:
         sched = self._sched()
         swap = Swap(model, evict, time.time())
         self.swaps.append(swap)
@@ -270,38 +326,47 @@ class Gateway:
         self.publish("load_started", model=model, evict=list(evict))
         started = time.monotonic()
         try:
-            for name in evict:
-                backend = self.backends.get(name)
-                if backend is not None:
-                    await backend.stop()
+            for old in stop:
+                if old is not None:
+                    await old.stop()
             swap.unload_s = time.monotonic() - started if evict else None
-            backend = self.backends.get(model)
             if backend is None:
                 raise BackendError(f"model {model}: neither `cmd` nor `upstream` is configured")
+            if isinstance(backend, ProcessBackend):
+                backend.device_env = self._devices[device].env
             swap.load_s = await backend.start()
         except BackendError as exc:
             swap.error = str(exc)
             log.error("%s%s", exc, f"\n{exc.log_tail}" if exc.log_tail else "")
             self.publish("load_failed", model=model, error=str(exc))
-            self._held(model, None)
-            sched.on_load_failed(model, str(exc))
+            if self._on.get((model, device)) is backend:
+                del self._on[model, device]
+            if not self.copies(model):
+                self._held(model, None)
+            sched.on_load_failed(model, str(exc), device)
             return
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
         self.publish("loaded", model=model, load_s=swap.load_s, unload_s=swap.unload_s)
         log.info("loaded %s in %.2f s (evicted %s)", model, swap.load_s, ", ".join(evict) or "-")
-        self._held(model, device)
-        sched.on_load_finished(model, load_s=swap.load_s, unload_s=swap.unload_s)
+        if len(self.copies(model)) == 1:
+            self._held(model, device)
+        sched.on_load_finished(model, load_s=swap.load_s, unload_s=swap.unload_s, device=device)
 
-    def _exited(self, model: str, code: int) -> None:
+    def _exited(self, model: str, backend: Backend, code: int) -> None:
         """A loaded server died: its in-flight requests fail (502, from the proxy), new ones
         wait, and the scheduler loads it again for them."""
+        device = next((d for (m, d), b in self._on.items() if m == model and b is backend), None)
+        if device is None:
+            return  # not (or no longer) a loaded copy: a failed start says so itself
         self.crashes[model] = self.crashes.get(model, 0) + 1
         self.metrics.crashes.labels(model).inc()
-        self.publish("crashed", model=model, exit_code=code)
-        tail = self.backends[model].log_tail(8)
-        log.error("model %s: its server %s%s", model, exit_reason(code), f"\n{tail}")
-        self._held(model, None)
-        self._sched().on_model_lost(model)
+        self.publish("crashed", model=model, device=device, exit_code=code)
+        tail = backend.log_tail(8)
+        log.error("model %s: its server on %s %s%s", model, device, exit_reason(code), f"\n{tail}")
+        del self._on[model, device]
+        if not self.copies(model):
+            self._held(model, None)
+        self._sched().on_model_lost(model, device)
 
     def _held(self, model: str, device: str | None) -> None:
         """Tell the cluster (through the attached worker) what this node holds."""
@@ -315,7 +380,11 @@ class Gateway:
         epoch = time.time() - now  # loop time -> epoch seconds
         models = {}
         for name, m in sched.models.items():
-            backend = self.backends.get(name)
+            backend = (
+                self.backend_on(name, m.device.name)
+                if m.device is not None
+                else self.backends.get(name)
+            )
             ttl_s = m.spec.ttl_s
             idle_since = m.idle_since if m.state.value == "ready" else None
             models[name] = {
@@ -338,6 +407,11 @@ class Gateway:
                 "service_s_estimate": round(m.service_est, 3),
                 "proxy": backend.proxy_url if backend is not None and backend.running else None,
                 "pid": backend.pid if backend is not None and backend.running else None,
+                "replicas": [  # its second copies, on other devices
+                    self._copy_status(name, c.device.name, c.state.value, c.in_flight)
+                    for c in m.copies
+                    if c.device is not None
+                ],
                 "aliases": self.config.models[name].aliases,
                 "crashes": self.crashes.get(name, 0),
                 "dispatched": self.dispatched[name],
@@ -379,6 +453,18 @@ class Gateway:
                 for d in list(sched.decisions)[-20:]
             ],
             "uptime_s": round(time.time() - self.started_at, 3),
+        }
+
+    def _copy_status(self, model: str, device: str, state: str, in_flight: int) -> dict[str, Any]:
+        b = self._on.get((model, device))
+        up = b is not None and b.running
+        return {
+            "device": device,
+            "state": state,
+            "in_flight": in_flight,
+            "dispatched": self.dispatched_on[model, device],
+            "proxy": b.proxy_url if up and b is not None else None,
+            "pid": b.pid if up and b is not None else None,
         }
 
     # --- helpers ------------------------------------------------------------------------------

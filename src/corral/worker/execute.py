@@ -23,7 +23,15 @@ from corral.store import Finished, Store, StoreBusy, StoreUnavailable, Task
 from corral.worker import batching, isolate
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords
-from corral.worker.registry import Fail, Handler, HandlerSpec, Registry, TaskContext, _current
+from corral.worker.registry import (
+    Fail,
+    Handler,
+    HandlerSpec,
+    Registry,
+    TaskContext,
+    _current,
+    _device,
+)
 from corral.worker.settings import WorkerSettings
 from corral.worker.split import run_split, run_split_async
 
@@ -81,6 +89,7 @@ class Execution:
         consecutive plain sync tasks as one group run), then end its proxy. Tasks waiting behind
         the first call keep their leases meanwhile."""
         tasks = [t for call in calls for t in call]
+        _device.set(proxy.device)  # this task's context only: the slot's copy of its model
         # Tasks that must run alone go last: they start only when their turn comes, so none
         # other of the slot waits, started, while one of them runs (it may kill the worker).
         calls = sorted(calls, key=lambda call: any(t.started_at is None for t in call))

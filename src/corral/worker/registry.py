@@ -155,3 +155,12 @@ def current_task() -> TaskContext:
     if ctx is None:
         raise RuntimeError("current_task() is only available inside a Corral task handler")
     return ctx
+
+
+_device: contextvars.ContextVar[str | None] = contextvars.ContextVar("corral_device", default=None)
+
+
+def current_device() -> str | None:
+    """The device whose copy of its model the scheduler gave the running task's slot (None
+    outside a task). The gateway's batch lines go to that copy's server."""
+    return _device.get()

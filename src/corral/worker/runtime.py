@@ -147,17 +147,23 @@ class Worker(Claiming, Execution, Residing):
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
         self._spawn(self._release_ahead(model))
 
-    def loading(self, model: str, device: str, evict: Sequence[str]) -> None:
+    def loading(self, model: str, device: str, evict: Sequence[str], replica: bool = False) -> None:
         """A swap begins (this worker's, or the attached adapter's): the evicted models' tasks
-        claimed ahead go back, and the cluster hears what is held now, once."""
+        claimed ahead go back, and the cluster hears what is held now, once. `replica`: a
+        second copy of a model this node already holds (what it holds stays as it is)."""
         for name in evict:
             self.evicted(name)
             self._held.pop(name, None)
-        self._held[model] = (device, "loading")
+        if not replica:
+            self._held[model] = (device, "loading")
         self._publish()
 
-    def gone(self, model: str) -> None:
-        """`model` is being unloaded (see `loading`)."""
+    def gone(self, model: str, left: Sequence[str] = ()) -> None:
+        """`model`'s copy is being unloaded (see `loading`); `left`: the devices where its
+        other copies run (the node still holds it there)."""
+        if left:
+            self.held(model, left[0])
+            return
         self.evicted(model)
         self.held(model, None)
 
@@ -204,7 +210,9 @@ class Worker(Claiming, Execution, Residing):
     async def run(self, until_idle: bool = False) -> None:
         loop = self._loop = asyncio.get_running_loop()
         if not self._attached:
-            self.scheduler = Scheduler(self.config, self, self._loop.time)
+            # One copy of a model per worker: a worker is a device (in-process load hooks know
+            # of no device); a hot model's second copy is another worker's (worker/affinity.py).
+            self.scheduler = Scheduler(self.config, self, self._loop.time, replicas=False)
 
         def wake() -> None:  # called from the store's threads
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to wake
