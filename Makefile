@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,9 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 bench-cluster: $(STAMP)
 	$(BIN)/python benchmarks/bench_cluster.py
+
+bench-devices: $(STAMP)
+	$(BIN)/python benchmarks/bench_devices.py
 
 bench-forward: $(STAMP)
 	$(BIN)/python benchmarks/bench_forward.py
