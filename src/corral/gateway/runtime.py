@@ -205,8 +205,8 @@ class Gateway:
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         replica = bool(self.copies(model))
-        backend = self._copy_backend(model, device) if replica else self.backends.get(model)
         stop = [self._on.pop((name, device), None) for name in evict]
+        backend = self._free_backend(model, device)
         if backend is not None:
             self._on[model, device] = backend
         if self._worker is not None:  # a model with another copy still runs on this node
@@ -220,8 +220,18 @@ class Gateway:
             self._worker.gone(model, self.copies(model))
         self._ops[model] = self._spawn(self._unload(model, device, backend))
 
+    def _free_backend(self, model: str, device: str) -> Backend | None:
+        """A server object for `model` on `device`: the model's own, unless another copy uses
+        it or it is still stopping elsewhere (an eviction whose stop waits for its device)."""
+        own = self.backends.get(model)
+        if not isinstance(own, ProcessBackend) or (
+            not own.running and own not in self._on.values()
+        ):
+            return own
+        return self._copy_backend(model, device)
+
     def _copy_backend(self, model: str, device: str) -> ProcessBackend:
-        """A server for `model`'s second copy, on `device` (kept for the next time)."""
+        """A server for `model`'s copy on `device` beside its own (kept for the next time)."""
         backend = self._spares.get((model, device))
         if backend is None:
             primary = self.backends[model]
