@@ -95,7 +95,9 @@ def test_without_replicas_the_same_model_queues_behind_one_device() -> None:
     assert {r.device for r in run.requests if r.model == "hot"} == {"g0"}
 
 
-def test_a_primary_that_dies_hands_its_place_to_the_replica() -> None:
+def burst_on_two_devices() -> Harness:
+    """Two devices; 30 requests for `a` at one instant (an arrival rate with no bound, a
+    backlog of 20 loads' work), and `a`'s first copy ready on g0."""
     h = Harness(
         """
 models:
@@ -103,10 +105,14 @@ models:
 devices: [{name: g0}, {name: g1}]
 """
     )
-    # A burst at one instant: its arrival rate has no bound, its backlog 20 loads' work.
     for i in range(30):
         h.arrive(f"a{i}")
     h.s.on_load_finished("a", device="g0")
+    return h
+
+
+def test_a_primary_that_dies_hands_its_place_to_the_replica() -> None:
+    h = burst_on_two_devices()
     assert ("load", "a", ()) in h.take()  # the replica, into free room
     h.s.on_load_finished("a", device="g1")
     a = h.s.models["a"]
@@ -134,16 +140,7 @@ devices: [{name: g0}, {name: g1}]
 
 
 def test_a_replica_that_fails_to_load_rejects_nothing() -> None:
-    h = Harness(
-        """
-models:
-  a: {load_s: 1, service_s: 2}
-devices: [{name: g0}, {name: g1}]
-"""
-    )
-    for i in range(30):
-        h.arrive(f"a{i}")
-    h.s.on_load_finished("a", device="g0")
+    h = burst_on_two_devices()
     h.take()
     h.s.on_load_failed("a", "out of memory", device="g1")
     assert h.take() == []  # nothing rejected (the first copy serves), and no retry at once

@@ -455,8 +455,9 @@ class Scheduler:
         return bool(v.count) or lingering(v, now) or (self._replicas and not self._spare(v, now))
 
     def _copy_view(self, c: ModelRecord, d: DeviceRecord, now: float) -> ResidentView:
-        """A replica as placement sees it: spare (no work, no value) once it may go, else like
-        a resident with work, so placement looks elsewhere first."""
+        """A replica, or an idle primary, as placement sees it: spare (no work; a replica
+        before any primary) once it may go, else like a resident with work, so placement looks
+        elsewhere first."""
         if self._spare(c, now):  # a replica before its primary
             keep = -1.0 if c.primary is not None else self.policy.keep_value(c, now)
             return ResidentView(c.name, d.size_of(c), c.in_flight, 0, keep)

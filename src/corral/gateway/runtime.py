@@ -212,7 +212,8 @@ class Gateway:
         if self._worker is not None:  # a model with another copy still runs on this node
             gone = [name for name in evict if not self.copies(name)]
             self._worker.loading(model, device, gone, replica=replica)
-        self._ops[model] = self._spawn(self._swap(model, device, tuple(evict), backend, stop))
+        swap = self._swap_now(model, device, tuple(evict), backend, stop)
+        self._ops[model] = self._spawn(self._in_turn(device, swap))
 
     def unload(self, model: str, device: str) -> None:
         backend = self._on.pop((model, device), None)
@@ -309,16 +310,10 @@ class Gateway:
         self.publish("unloaded", model=model, unload_s=unload_s)
         log.info("unloaded %s in %.2f s", model, unload_s)
 
-    async def _swap(
-        self,
-        model: str,
-        device: str,
-        evict: tuple[str, ...],
-        backend: Backend | None,
-        stop: list[Backend | None],
-    ) -> None:
-        async with self._device_lock[device]:  # after an unload issued before it
-            await self._swap_now(model, device, evict, backend, stop)
+    async def _in_turn(self, device: str, op: Coroutine[Any, Any, None]) -> None:
+        """Run `op` once the operations issued before it on `device` have ended."""
+        async with self._device_lock[device]:
+            await op
 
     async def _swap_now(
         self,
