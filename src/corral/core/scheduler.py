@@ -30,7 +30,8 @@ from collections.abc import Callable, Collection, Iterator
 from corral.config import Config
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
-from corral.core.policies import Policy, lingering, make_policy
+from corral.core.policies import Policy, make_policy
+from corral.core.replicas import Replicating
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
@@ -43,28 +44,6 @@ _LINGER = "linger:"
 
 
 _QUANTUM = "quantum:"
-# Replicas (docs/design/scheduler.md): a model gets one more copy when its arrivals outpace the
-# copies it has (`ModelRecord.demand` above their number) and its backlog holds this many loads'
-# worth of work, so the new copy starts busy.
-REPLICA_LOADS = 2.0
-REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this busy
-REPLICA_RETRY_S = 60.0  # after a replica failed to load, the model gets none for this long
-# What a replica that becomes the primary brings with it.
-_RESIDENCY = (
-    "device",
-    "in_flight",
-    "last_level",
-    "linger_timer_at",
-    "linger_until",
-    "load_started_at",
-    "lost",
-    "quantum_timer_at",
-    "ready_at",
-    "recheck",
-    "served",
-    "state",
-    "yielding",
-)
 _TTL = "ttl:"
 
 Clock = Callable[[], float]
@@ -74,7 +53,7 @@ class SchedulerBug(RuntimeError):
     """The scheduler failed to settle: a bug in Corral, never a user error."""
 
 
-class Scheduler:
+class Scheduler(Replicating):
     """Decides which model each device holds and which request runs next.
 
     Contract: every event method returns after issuing its effects synchronously; effects must
@@ -418,86 +397,11 @@ class Scheduler:
             self._promote(m)
         return dev
 
-    def _promote(self, m: ModelRecord) -> None:
-        """Primary `m` just left: its first ready replica (else its first) becomes the primary
-        (the model's record stays the one the queue, the maps and the policies know)."""
-        c = next((c for c in m.copies if c.state is _READY), m.copies[0])
-        m.copies.remove(c)
-        dev = c.device
-        assert dev is not None
-        dev.residents[dev.residents.index(c)] = m
-        if dev.loading is c:
-            dev.loading = m
-        for name in _RESIDENCY:
-            setattr(m, name, getattr(c, name))
-        c.state, c.device = _UNLOADED, None
-
     def _copy(self, m: ModelRecord, device: str | None) -> ModelRecord:
         rec = m.copy_on(device)
         if rec is None:
             raise SchedulerBug(f"{m.name}: an event for a copy on {device!r}, which it lacks")
         return rec
-
-    def _worth_copy(self, m: ModelRecord, now: float) -> bool:
-        """Does `m` want one more copy: do its arrivals outpace its copies, with a backlog of
-        REPLICA_LOADS loads' work? (O(1); at most one copy per device it may use.)"""
-        n = 1 + len(m.copies)
-        allowed = len(m.spec.devices) or len(self.devices)
-        if n >= allowed or (self._copyable is not None and m.name not in self._copyable):
-            return False
-        if m.copy_failed_at is not None and now < m.copy_failed_at + REPLICA_RETRY_S:
-            return False
-        backlog_s = m.count * m.service_est / m.concurrency
-        return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > REPLICA_BUSY * n
-
-    def _has_work(self, v: ModelRecord, now: float) -> bool:
-        """Resident `v` has work, lingers for more, or is a copy its model still needs."""
-        return bool(v.count) or lingering(v, now) or (self._replicas and not self._spare(v, now))
-
-    def _copy_view(self, c: ModelRecord, d: DeviceRecord, now: float) -> ResidentView:
-        """A replica, or an idle primary, as placement sees it: spare (no work; a replica
-        before any primary) once it may go, else like a resident with work, so placement looks
-        elsewhere first."""
-        if self._spare(c, now):  # a replica before its primary
-            keep = -1.0 if c.primary is not None else self.policy.keep_value(c, now)
-            return ResidentView(c.name, d.size_of(c), c.in_flight, 0, keep)
-        m = c.queue
-        return ResidentView(c.name, d.size_of(c), c.in_flight, max(m.count, 1), math.inf)
-
-    def _spare(self, v: ModelRecord, now: float) -> bool:
-        """May copy `v` (a replica, or the primary) make room for another model? Not while
-        its model's arrivals would keep the copies left REPLICA_BUSY busy (a model whose
-        arrivals keep a whole device busy keeps one copy even when idle for a moment), nor,
-        with several copies, while its backlog keeps each copy busy for half of
-        REPLICA_LOADS loads (half: hysteresis against `_worth_copy`). A copy that may not go
-        counts as a model with work, for overdue challengers too: they take the next device
-        whose model runs dry."""
-        m = v.queue
-        n = 1 + len(m.copies)
-        if n > 1 and m.count * m.service_est > 0.5 * REPLICA_LOADS * m.load_est * m.concurrency * n:
-            return False
-        return m.demand(now) < (REPLICA_BUSY * (n - 1) if n > 1 else 1.0)
-
-    def _replicate(self, now: float, before: Request | None = None) -> None:
-        """Give models with a deep queue a copy more, into free room or over residents that
-        are idle and not lingering; with `before`, only models with a request older."""
-        for m in list(self._pending):
-            if m.state is not _READY or m.yielding or m.lost or not self._worth_copy(m, now):
-                continue
-            if before is not None:
-                mine = m.oldest()
-                if mine is None or mine.seq > before.seq:
-                    continue
-            plan = plan_placement(self._views(m, now))
-            if plan is None:
-                continue
-            dev = next(d for d in self.devices if d.name == plan.device)
-            victims = [dev.holding(n) for n in plan.evict]
-            if any(v.in_flight or v.yielding or self._has_work(v, now) for v in victims):
-                continue
-            c = ModelRecord(m.name, m.spec, self._classes, primary=m)
-            m.copies.append(c)
-            self._start_load(c, dev, victims, now, "replica")
 
     def _unload_lost(self, m: ModelRecord) -> None:
         self._leave_device(m)  # its server is gone: nothing to unload
