@@ -942,3 +942,13 @@ def test_residency_is_replaced_per_worker_ages_out_and_goes_with_the_worker(
     assert [r.worker_id for r in store.residency(start - 1)] == ["w2", "w2"]
     store.worker_gone("w2")
     assert store.residency(start - 1) == []
+
+
+def test_residency_holds_more_models_than_the_alphabet(store: Store, clock: Clock) -> None:
+    # A worker with many small models (embeddings, say) on its devices: the list of models it
+    # keeps once named its placeholders a-z, and the 27th broke the statement.
+    many = [(f"gpu{i % 4}", f"m{i:02d}", "ready") for i in range(60)]
+    store.set_residency("w1", many)
+    store.set_residency("w1", many[:40])  # it unloaded twenty; forty stay
+    rows = store.residency(clock.t - 1)
+    assert sorted(r.model for r in rows) == [f"m{i:02d}" for i in range(40)]

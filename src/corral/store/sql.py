@@ -1060,9 +1060,19 @@ def _batch(row: Mapping[str, Any]) -> Batch:
 def _in(prefix: str, values: Sequence[str], params: dict[str, Any]) -> str:
     """Placeholders for an IN list, their values added to `params` (names are letters: the
     PostgreSQL adapter's parameter names have no digits)."""
-    names = [f"{prefix}_{chr(ord('a') + i)}" for i in range(len(values))]
+    names = [f"{prefix}_{_letters(i)}" for i in range(len(values))]
     params.update(zip(names, values, strict=True))
     return ", ".join(f":{n}" for n in names) or "NULL"
+
+
+def _letters(i: int) -> str:
+    """`i` in base 26 with the letters a-z (0 -> "a", 25 -> "z", 26 -> "ba"): any number of
+    placeholders gets distinct names without digits."""
+    out = chr(ord("a") + i % 26)
+    while i >= 26:
+        i //= 26
+        out = chr(ord("a") + i % 26) + out
+    return out
 
 
 def _page(
