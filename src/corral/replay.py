@@ -10,7 +10,9 @@ live are multiplied back by `speed`, so the figures are in the trace's seconds a
 directly with `corral simulate` (`summarize` makes both).
 
 Where a request waited comes from the gateway's `x-corral-wait-ms` header (interactive) and the
-task store's start marks (batch lines); loads and swap times from the gateway's event stream.
+task store's start marks (batch lines); loads and swap times, per device, from the gateway's event
+stream. Busy time is counted per device (`x-corral-device`; a batch line, which names none, on
+its model's), so the busy and swap fractions read as the simulator's with several devices.
 """
 
 from __future__ import annotations
@@ -122,6 +124,16 @@ class _Timing:
     dispatched: float | None = None
     finished: float | None = None
     error: str | None = None
+    device: str | None = None  # the device that served it (x-corral-device), where told
+
+
+@dataclass(frozen=True)
+class _Swap:
+    """A load's start or end on the gateway's event stream."""
+
+    at: float  # epoch seconds
+    model: str
+    device: str | None
 
 
 def _free_port() -> int:
@@ -169,11 +181,12 @@ def _server(config_path: Path, port: int, folder: Path) -> Iterator[str]:
 
 
 class _Events:
-    """The gateway's event stream, read in a thread: swap start and end times per model."""
+    """The gateway's event stream, read in a thread: swap start and end times per model and
+    device."""
 
     def __init__(self, url: str) -> None:
-        self.started: list[tuple[float, str]] = []
-        self.loaded: list[tuple[float, str]] = []
+        self.started: list[_Swap] = []
+        self.loaded: list[_Swap] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(url,), daemon=True)
@@ -192,10 +205,10 @@ class _Events:
                 if not line.startswith("data:"):
                     continue
                 event = json.loads(line[5:])
-                if event.get("event") == "load_started":
-                    self.started.append((event["at"], event["model"]))
-                elif event.get("event") in ("loaded", "load_failed"):
-                    self.loaded.append((event["at"], event["model"]))
+                kind = event.get("event")
+                if kind in ("load_started", "loaded", "load_failed"):
+                    swap = _Swap(event["at"], event["model"], event.get("device"))
+                    (self.started if kind == "load_started" else self.loaded).append(swap)
 
     def close(self) -> None:
         self._stop.set()
@@ -233,6 +246,7 @@ async def _drive(
                 tm.error = f"HTTP {r.status_code}: {r.text[:200]}"
                 return
             tm.dispatched = tm.arrived + float(r.headers["x-corral-wait-ms"]) / 1000
+            tm.device = r.headers.get("x-corral-device")
 
         async def open_line(x: TraceLine) -> None:
             await at(x.t or 0.0)
@@ -358,14 +372,16 @@ def _run(
     speed: float,
     t0: float,
     timings: dict[int, _Timing],
-    starts: list[tuple[float, str]],
-    ends: list[tuple[float, str]],
+    starts: list[_Swap],
+    ends: list[_Swap],
 ) -> tuple[Run, dict[str, Any]]:
     def trace_s(epoch: float) -> float:
         return (epoch - t0) * speed
 
     requests: list[SimRequest] = []
     rejected: list[tuple[SimRequest, str]] = []
+    # Where each request ran: the device the gateway named, else (batch lines) its model's.
+    served_on: dict[str, list[SimRequest]] = defaultdict(list)
     for x in trace.lines:
         r = SimRequest(x)
         tm = timings[x.line]
@@ -378,21 +394,12 @@ def _run(
             r.arrived_at = trace_s(tm.arrived)
             r.dispatched_at = trace_s(max(tm.dispatched, tm.arrived))
             r.finished_at = trace_s(tm.finished)
+            served_on[tm.device or f"model {x.model}"].append(r)
         requests.append(r)
     loads: dict[str, int] = defaultdict(int)
-    for _, model in starts:
-        loads[model] += 1
-    device = config.devices[0].name
-    swap_s = sum(
-        b - a for (a, _), (b, _) in zip(sorted(starts), sorted(ends), strict=False) if b >= a
-    )
-    done = [r for r in requests if r.finished_at is not None]
-    busy = 0.0
-    edge = -float("inf")
-    for r in sorted(done, key=lambda r: r.dispatched_at or 0.0):
-        start, end = r.dispatched_at or 0.0, r.finished_at or 0.0
-        busy += max(0.0, end - max(start, edge))
-        edge = max(edge, end)
+    for swap in starts:
+        loads[swap.model] += 1
+    first_device = config.devices[0].name
     run = Run(
         policy=config.scheduler.policy,
         config=config,
@@ -400,11 +407,39 @@ def _run(
         requests=requests,
         segments=[],
         loads=dict(loads),
-        busy_s={device: busy},
-        swap_s={device: swap_s * speed},
+        busy_s={where: _covered_s(rs) for where, rs in served_on.items()},
+        swap_s={where: s * speed for where, s in _swap_s(starts, ends, first_device).items()},
         rejected=rejected,
     )
     return run, summarize(run)
+
+
+def _covered_s(requests: list[SimRequest]) -> float:
+    """Seconds in which at least one of `requests` (served on one device) was being served."""
+    busy = 0.0
+    edge = -float("inf")
+    for r in sorted(requests, key=lambda r: r.dispatched_at or 0.0):
+        start, end = r.dispatched_at or 0.0, r.finished_at or 0.0
+        busy += max(0.0, end - max(start, edge))
+        edge = max(edge, end)
+    return busy
+
+
+def _swap_s(starts: list[_Swap], ends: list[_Swap], default: str) -> dict[str, float]:
+    """Seconds each device spent swapping: a model's load on a device, from its start to its
+    end (loaded or failed), in order (a gateway that names no device: `default`)."""
+    open_at: dict[tuple[str, str], list[float]] = defaultdict(list)
+    out: dict[str, float] = defaultdict(float)
+    for at, is_end, swap in sorted(
+        [(x.at, False, x) for x in starts] + [(x.at, True, x) for x in ends],
+        key=lambda e: (e[0], e[1]),
+    ):
+        key = (swap.model, swap.device or default)
+        if not is_end:
+            open_at[key].append(at)
+        elif open_at[key]:
+            out[key[1]] += at - open_at[key].pop(0)
+    return dict(out)
 
 
 @dataclass(frozen=True)

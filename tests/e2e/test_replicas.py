@@ -60,6 +60,7 @@ def served(copy: dict[str, Any]) -> int:
 def test_a_saturated_model_gets_a_second_server_and_gives_it_back(gw: Gateway) -> None:
     stop = threading.Event()
     answers: list[str] = []
+    devices: list[str] = []  # each plain answer's x-corral-device: the copy that served it
     errors: list[BaseException] = []
 
     def client(i: int) -> None:
@@ -69,10 +70,11 @@ def test_a_saturated_model_gets_a_second_server_and_gives_it_back(gw: Gateway) -
             k += 1
             try:
                 if k % 4:
-                    chat = c.chat.completions.create(
+                    raw = c.chat.completions.with_raw_response.create(
                         model="hot", messages=[{"role": "user", "content": f"c{i}"}], max_tokens=10
                     )
-                    answers.append(chat.choices[0].message.content or "")
+                    devices.append(raw.headers["x-corral-device"])
+                    answers.append(raw.parse().choices[0].message.content or "")
                 else:
                     parts = c.chat.completions.create(
                         model="hot",
@@ -115,6 +117,7 @@ def test_a_saturated_model_gets_a_second_server_and_gives_it_back(gw: Gateway) -
     assert served(replica) >= replica["dispatched"] > 0
     assert served(primary) > 0
     assert served(primary) + served(replica) == len(answers)
+    assert set(devices) == {"gpu0", "gpu1"}  # each answer names the device that served it
     assert gw.status()["swaps"] == 2  # hot, then its replica: no other load
 
     # The traffic stopped: a request for another model takes the replica's device (the

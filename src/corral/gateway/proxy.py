@@ -275,6 +275,8 @@ class Proxy:
         # `corral replay` read it to tell waiting from serving.
         out_headers["x-corral-wait-ms"] = f"{wait_s * 1000:.1f}"
         out_headers["x-corral-node"] = self.gateway.node_id  # who served it, in a cluster
+        if r.device is not None:  # which device's copy served it (`corral replay` reads it)
+            out_headers["x-corral-device"] = r.device
         if not stream:  # read whole: one response message instead of a chunk loop
             resp.release()
             self.gateway.finished(r)

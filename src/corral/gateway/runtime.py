@@ -328,7 +328,7 @@ class Gateway:
         self.swaps.append(swap)
         self.swap_count += 1
         self.metrics.swaps.labels(model).inc()
-        self.publish("load_started", model=model, evict=list(evict))
+        self.publish("load_started", model=model, device=device, evict=list(evict))
         started = time.monotonic()
         try:
             for old in stop:
@@ -343,7 +343,7 @@ class Gateway:
         except BackendError as exc:
             swap.error = str(exc)
             log.error("%s%s", exc, f"\n{exc.log_tail}" if exc.log_tail else "")
-            self.publish("load_failed", model=model, error=str(exc))
+            self.publish("load_failed", model=model, device=device, error=str(exc))
             if self._on.get((model, device)) is backend:
                 del self._on[model, device]
             if not self.copies(model):
@@ -351,7 +351,9 @@ class Gateway:
             sched.on_load_failed(model, str(exc), device)
             return
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
-        self.publish("loaded", model=model, load_s=swap.load_s, unload_s=swap.unload_s)
+        self.publish(
+            "loaded", model=model, device=device, load_s=swap.load_s, unload_s=swap.unload_s
+        )
         log.info("loaded %s in %.2f s (evicted %s)", model, swap.load_s, ", ".join(evict) or "-")
         if len(self.copies(model)) == 1:
             self._held(model, device)

@@ -1,0 +1,60 @@
+"""`corral replay`'s books: busy and swap time per device, from what the live gateway told."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.config import parse_config
+from corral.replay import _run, _Swap, _Timing
+from corral.sim.trace import parse_trace
+
+CONFIG = parse_config(
+    "models:\n  a: {load_s: 10, memory_gb: 24}\n  b: {load_s: 10, memory_gb: 24}\n"
+    "devices:\n  - {name: gpu0, memory_gb: 24}\n  - {name: gpu1, memory_gb: 24}\n"
+)
+T0 = 1000.0  # epoch seconds of the trace's zero
+SPEED = 2.0  # live seconds are trace seconds / 2
+
+
+def test_two_devices_serving_at_once_are_both_busy() -> None:
+    trace = parse_trace(
+        ['{"t": 0, "model": "a", "service_s": 10}', '{"t": 0, "model": "b", "service_s": 10}'],
+        "ab",
+    )
+    timings = {
+        x.line: _Timing(arrived=T0, dispatched=T0 + 5, finished=T0 + 10, device=f"gpu{i}")
+        for i, x in enumerate(trace.lines)
+    }
+    starts = [_Swap(T0, "a", "gpu0"), _Swap(T0, "b", "gpu1")]
+    ends = [_Swap(T0 + 5, "b", "gpu1"), _Swap(T0 + 5, "a", "gpu0")]
+    run, summary = _run(CONFIG, trace, SPEED, T0, timings, starts, ends)
+    # 20 trace seconds on two devices: each swapped 10 s and served 10 s.
+    assert summary["makespan_s"] == pytest.approx(20.0)
+    assert run.busy_s == pytest.approx({"gpu0": 10.0, "gpu1": 10.0})
+    assert run.swap_s == pytest.approx({"gpu0": 10.0, "gpu1": 10.0})
+    assert summary["busy_frac"] == pytest.approx(0.5)
+    assert summary["swap_frac"] == pytest.approx(0.5)
+    assert summary["idle_frac"] == pytest.approx(0.0)
+    assert summary["loads"] == 2
+
+
+def test_lines_without_a_device_count_on_their_model_and_a_failed_load_ends_a_swap() -> None:
+    trace = parse_trace(
+        [
+            '{"t": 0, "model": "a", "service_s": 4, "class": "batch"}',
+            '{"t": 0, "model": "a", "service_s": 4, "class": "batch"}',
+        ],
+        "ab",
+    )
+    # Both batch lines ran on a's one copy, one after the other: 4 live seconds of service.
+    first, second = (x.line for x in trace.lines)
+    timings = {
+        first: _Timing(arrived=T0, dispatched=T0 + 2, finished=T0 + 4),
+        second: _Timing(arrived=T0, dispatched=T0 + 4, finished=T0 + 6),
+    }
+    starts = [_Swap(T0, "b", "gpu1"), _Swap(T0 + 0.5, "a", "gpu0")]
+    ends = [_Swap(T0 + 1, "b", "gpu1"), _Swap(T0 + 2, "a", "gpu0")]  # b failed after 1 s
+    run, summary = _run(CONFIG, trace, SPEED, T0, timings, starts, ends)
+    assert run.busy_s == pytest.approx({"model a": 8.0})
+    assert run.swap_s == pytest.approx({"gpu0": 3.0, "gpu1": 2.0})
+    assert summary["loads"] == 2
