@@ -1,4 +1,5 @@
-"""The `corral` command line."""
+"""The `corral` command: the root app, serve, simulate, replay, config and the other scheduling
+commands; the task, batch and bench commands come from their rooms beside it."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from corral import __version__
-from corral.cli_batches import batches_app, submit
-from corral.cli_bench import bench_cmd
-from corral.cli_tasks import db_app, tasks_app, worker_cmd
+from corral.cli.batches import batches_app, submit
+from corral.cli.bench import bench_cmd
+from corral.cli.tasks import db_app, tasks_app, worker_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
 from corral.errors import CorralError
