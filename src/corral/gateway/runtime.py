@@ -53,6 +53,12 @@ def process_spec(name: str, m: ModelConfig) -> ProcessSpec:
     )
 
 
+def _runs_once(b: Backend) -> bool:
+    """An upstream, or a started server on a fixed port (no `${PORT}` in `proxy`): it can
+    have no second copy, on another device or while it stops."""
+    return not isinstance(b, ProcessBackend) or "${PORT}" not in b.spec.proxy
+
+
 def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
     assert m.upstream is not None
 
@@ -118,6 +124,8 @@ class Gateway:
         self._busy: set[asyncio.Task[Any]] = set()
         self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
+        # A model's own server whose stop waits for its device: it starts again after (`load`).
+        self._stopping: dict[str, asyncio.Future[None]] = {}
         self._worker: Worker | None = None  # runs batch lines through this scheduler
         self.dispatched: dict[str, int] = defaultdict(int)  # requests started, per model
         self.dispatched_on: dict[tuple[str, str], int] = defaultdict(int)  # ... and device
@@ -148,11 +156,7 @@ class Gateway:
     def copyable(self) -> list[str]:
         """Models that may run twice at once (a replica): started servers whose port Corral
         picks (`${PORT}` in `proxy`). An upstream, or a server on a fixed port, runs once."""
-        return [
-            name
-            for name, b in self.backends.items()
-            if isinstance(b, ProcessBackend) and "${PORT}" in b.spec.proxy
-        ]
+        return [name for name, b in self.backends.items() if not _runs_once(b)]
 
     async def close(self) -> None:
         for t in list(self._busy):
@@ -206,30 +210,56 @@ class Gateway:
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
         replica = bool(self.copies(model))
         stop = [self._on.pop((name, device), None) for name in evict]
+        for name, old in zip(evict, stop, strict=True):
+            self._stop_pending(name, old)
         backend = self._free_backend(model, device)
         if backend is not None:
             self._on[model, device] = backend
         if self._worker is not None:  # a model with another copy still runs on this node
             gone = [name for name in evict if not self.copies(name)]
             self._worker.loading(model, device, gone, replica=replica)
-        swap = self._swap_now(model, device, tuple(evict), backend, stop)
-        self._ops[model] = self._spawn(self._in_turn(device, swap))
+        op = self._in_turn(device, self._swap_now(model, device, tuple(evict), backend, stop))
+        stopping = self._stopping.get(model)
+        if stopping is not None and backend is self.backends.get(model):
+            # Its one server (a fixed port) is still stopping on another device: start it
+            # after. Waited for outside this device's lock, so two devices never wait in a ring.
+            op = self._after(stopping, op)
+        self._ops[model] = self._spawn(op)
 
     def unload(self, model: str, device: str) -> None:
         backend = self._on.pop((model, device), None)
+        self._stop_pending(model, backend)
         if self._worker is not None:
             self._worker.gone(model, self.copies(model))
         self._ops[model] = self._spawn(self._unload(model, device, backend))
 
     def _free_backend(self, model: str, device: str) -> Backend | None:
         """A server object for `model` on `device`: the model's own, unless another copy uses
-        it or it is still stopping elsewhere (an eviction whose stop waits for its device)."""
+        it or it is still stopping elsewhere (an eviction whose stop waits for its device). A
+        server that runs once (a fixed port) is always its own: `load` starts it after its stop."""
         own = self.backends.get(model)
-        if not isinstance(own, ProcessBackend) or (
-            not own.running and own not in self._on.values()
+        if (
+            not isinstance(own, ProcessBackend)
+            or _runs_once(own)
+            or (not own.running and own not in self._on.values())
         ):
             return own
         return self._copy_backend(model, device)
+
+    def _stop_pending(self, model: str, backend: Backend | None) -> None:
+        if backend is not None and backend is self.backends.get(model):
+            self._stopping.setdefault(model, self._loop_().create_future())
+
+    def _stopped(self, model: str, backend: Backend) -> None:
+        if backend is self.backends.get(model):
+            done = self._stopping.pop(model, None)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    @staticmethod
+    async def _after(first: asyncio.Future[None], op: Coroutine[Any, Any, None]) -> None:
+        await asyncio.shield(first)
+        await op
 
     def _copy_backend(self, model: str, device: str) -> ProcessBackend:
         """A server for `model`'s copy on `device` beside its own (kept for the next time)."""
@@ -303,8 +333,11 @@ class Gateway:
         async with self._device_lock[device]:  # after the swaps issued before it
             started = time.monotonic()
             if backend is not None:
-                with contextlib.suppress(BackendError):
-                    await backend.stop()
+                try:
+                    with contextlib.suppress(BackendError):
+                        await backend.stop()
+                finally:
+                    self._stopped(model, backend)
             unload_s = time.monotonic() - started
         self.metrics.unloads.labels(model).inc()
         self.publish("unloaded", model=model, unload_s=unload_s)
@@ -331,9 +364,12 @@ class Gateway:
         self.publish("load_started", model=model, device=device, evict=list(evict))
         started = time.monotonic()
         try:
-            for old in stop:
+            for name, old in zip(evict, stop, strict=True):
                 if old is not None:
-                    await old.stop()
+                    try:
+                        await old.stop()
+                    finally:
+                        self._stopped(name, old)
             swap.unload_s = time.monotonic() - started if evict else None
             if backend is None:
                 raise BackendError(f"model {model}: neither `cmd` nor `upstream` is configured")
