@@ -24,11 +24,11 @@ from typing import Any
 
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock, ServerRecord
-from corral.backends.process import BackendError, ProcessBackend, ProcessSpec, exit_reason
-from corral.backends.upstream import Hook, UpstreamBackend
-from corral.config import Config, HookConfig, ModelConfig
+from corral.backends.process import BackendError, ProcessBackend, exit_reason
+from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.gateway.metrics import Metrics
+from corral.gateway.servers import process_spec, runs_once, upstream_backend
 from corral.worker.runtime import Worker
 
 log = logging.getLogger("corral.gateway")
@@ -36,47 +36,6 @@ log = logging.getLogger("corral.gateway")
 
 class Rejected(Exception):
     """The scheduler rejected a request (its model failed to load); the message says why."""
-
-
-def process_spec(name: str, m: ModelConfig) -> ProcessSpec:
-    assert m.cmd is not None
-    return ProcessSpec(
-        model=name,
-        cmd=m.cmd,
-        proxy=m.proxy,
-        env=m.env,
-        check_endpoint=None if m.check_endpoint.lower() == "none" else m.check_endpoint,
-        health_timeout_s=m.health_timeout_s,
-        stop_grace_s=m.stop_grace_s,
-        cmd_stop=m.cmd_stop,
-        served_name=m.upstream_model,
-    )
-
-
-def _runs_once(b: Backend) -> bool:
-    """An upstream, or a started server on a fixed port (no `${PORT}` in `proxy`): it can
-    have no second copy, on another device or while it stops."""
-    return not isinstance(b, ProcessBackend) or "${PORT}" not in b.spec.proxy
-
-
-def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
-    assert m.upstream is not None
-
-    def hook(h: HookConfig | None) -> Hook | None:
-        return None if h is None else Hook(h.method, h.path, h.json_body)
-
-    # An upstream is checked only if asked: Ollama, for one, has no /health.
-    check = m.check_endpoint if "check_endpoint" in m.model_fields_set else None
-    return UpstreamBackend(
-        name,
-        m.upstream,
-        m.upstream_model,
-        hook(m.load_hook),
-        hook(m.unload_hook),
-        None if check is None or check.lower() == "none" else check,
-        m.health_timeout_s,
-        m.upstream_api_key,
-    )
 
 
 @dataclass
@@ -156,7 +115,7 @@ class Gateway:
     def copyable(self) -> list[str]:
         """Models that may run twice at once (a replica): started servers whose port Corral
         picks (`${PORT}` in `proxy`). An upstream, or a server on a fixed port, runs once."""
-        return [name for name, b in self.backends.items() if not _runs_once(b)]
+        return [name for name, b in self.backends.items() if not runs_once(b)]
 
     async def close(self) -> None:
         for t in list(self._busy):
@@ -240,7 +199,7 @@ class Gateway:
         own = self.backends.get(model)
         if (
             not isinstance(own, ProcessBackend)
-            or _runs_once(own)
+            or runs_once(own)
             or (not own.running and own not in self._on.values())
         ):
             return own
