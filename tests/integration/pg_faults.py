@@ -84,7 +84,9 @@ class PrivatePostgres:
 class TcpProxy:
     """<host>:<port> (127.0.0.1 unless said) forwarding to 127.0.0.1:`target_port`. `outage(s)`
     cuts every open connection and refuses new ones (nothing listens) for `s` seconds: a
-    dropped network path."""
+    dropped network path. `drop_answer_to(marker)`: the next message with `marker` reaches the
+    server, which runs it, but its answer is lost and the client's connection cut: an
+    ambiguous commit."""
 
     def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
         self.target_port = target_port
@@ -94,7 +96,12 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self.cuts = 0
+        self.drops = 0
+        self._marker: bytes | None = None
         self._listen()
+
+    def drop_answer_to(self, marker: bytes) -> None:
+        self._marker = marker
 
     def _listen(self) -> None:
         s = socket.socket()
@@ -117,19 +124,34 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._socks |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            dropped = threading.Event()  # this connection's answers are lost from now on
+            for a, b, up in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(a, b, up, dropped), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, up: bool, dropped: threading.Event
+    ) -> None:
         try:
             while data := src.recv(65536):
+                if dropped.is_set():
+                    continue  # the server's answer, lost on the way
                 dst.sendall(data)
+                marker = self._marker
+                if up and marker is not None and marker in data:
+                    self._marker = None
+                    self.drops += 1
+                    dropped.set()
+                    # The client hears nothing more; the server keeps its connection a moment,
+                    # so it finishes (and commits) what it was sent.
+                    with contextlib.suppress(OSError):
+                        src.shutdown(socket.SHUT_RDWR)
+                    threading.Timer(2.0, _shut, args=(dst,)).start()
+                    return
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            for s in (src,) if dropped.is_set() and up else (src, dst):
+                _shut(s)
             with self._lock:
                 self._socks -= {src, dst}
 
@@ -156,3 +178,8 @@ class TcpProxy:
             for s in self._socks:
                 with contextlib.suppress(OSError):
                     s.close()
+
+
+def _shut(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)

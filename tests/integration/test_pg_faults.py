@@ -157,3 +157,50 @@ def test_the_store_answers_ping_and_a_clear_error_while_unreachable(
     finally:
         store.close()
         proxy.close()
+
+
+def test_a_commit_whose_answer_is_lost_is_reported_as_committed(
+    pg: PrivatePostgres, tmp_path: Path
+) -> None:
+    # The statement that commits a success reaches the database, which commits it, but its
+    # answer is lost and the connection cut. The store tries again; the second try writes
+    # nothing (the lease it fenced on has ended), and the worker must not say the result was
+    # dropped: it looks, and finds the task succeeded by it with its result.
+    db = pg.new_database()
+    store = open_store(pg.url(db))
+    store.enqueue_many([NewTask("work", "m", {"i": 21})])
+    store.close()
+    (tmp_path / "app.py").write_text(APP)
+    log = tmp_path / "runs.txt"
+    proxy = TcpProxy(pg.port)
+    proxy.drop_answer_to(b"status = 'succeeded', result")
+    try:
+        env = {
+            **os.environ,
+            "CORRAL_TEST_DB": pg.url(db, proxy.port),
+            "CORRAL_TEST_LOG": str(log),
+            "PYTHONPATH": str(tmp_path),
+        }
+        worker = subprocess.run(
+            [CORRAL, "worker", "--app", "app:q", "--until-idle", "--poll-s", "0.05"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        proxy.close()
+    err = worker.stderr
+    assert worker.returncode == 0, err
+    assert proxy.drops == 1
+    assert "connection lost" in err
+    assert "committed (the connection dropped during the commit; the result is stored)" in err
+    assert "lease lost" not in err
+    assert log.read_text().split() == ["21"]  # it ran once
+    store = open_store(pg.url(db))
+    (task,) = store.list(limit=2)
+    store.close()
+    assert task.status is TaskStatus.SUCCEEDED
+    assert task.result == 42
+    assert task.attempts == 1

@@ -19,7 +19,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from corral.core import Request, RequestState, Scheduler
-from corral.store import Finished, Store, StoreBusy, StoreUnavailable, Task
+from corral.store import (
+    Finished,
+    Store,
+    StoreBusy,
+    StoreError,
+    StoreUnavailable,
+    Task,
+    TaskStatus,
+)
 from corral.worker import batching, isolate
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords
@@ -58,6 +66,7 @@ class Execution:
     """The handler-running half of `Worker`; the attributes below are the worker's."""
 
     store: Store
+    worker_id: str
     registry: Registry
     settings: WorkerSettings
     _beats: Heartbeats
@@ -248,9 +257,9 @@ class Execution:
             return
         with self._starting(nxt):
             committed = set(self.store.finish_many([f for _, f in done], then_start))
-        for task, _ in done:
+        for task, f in done:
             if task.id not in committed:
-                log.warning("task %s: lease lost before commit; its result was dropped", task.id)
+                self._not_committed(task.id, f.result_json)
 
     @contextlib.contextmanager
     def _starting(self, nxt: list[Ahead]) -> Iterator[None]:
@@ -466,9 +475,32 @@ class Execution:
                     )
                     committed = True
                 if not committed:
-                    log.warning(
-                        "task %s: lease lost before commit; its result was dropped", task.id
-                    )
+                    self._not_committed(task.id, json.dumps(result, allow_nan=False))
+
+    def _not_committed(self, task_id: str, result_json: str) -> None:
+        """Say why a success wrote nothing. Usually the lease was lost (the task ran too long
+        without a heartbeat landing, and another worker may run it). But when the connection
+        dropped during the commit, the store tried again and the first try may have landed:
+        the task is then ours, succeeded, with this result, and nothing was dropped."""
+        try:
+            t = self.store.get(task_id)
+        except StoreError:
+            t = None
+        if (
+            t is not None
+            and t.status is TaskStatus.SUCCEEDED
+            and t.worker_id == self.worker_id
+            and t.result == json.loads(result_json)
+        ):
+            # A warning, as the outage it comes from: nothing is wrong, but someone reading
+            # the outage's lines should know this commit landed.
+            log.warning(
+                "task %s: committed (the connection dropped during the commit; "
+                "the result is stored)",
+                task_id,
+            )
+            return
+        log.warning("task %s: lease lost before commit; its result was dropped", task_id)
 
     def _backoff(self, task: Task) -> float | None:
         if task.attempts >= task.max_attempts:
