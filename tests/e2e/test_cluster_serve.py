@@ -161,11 +161,21 @@ def test_a_request_for_a_model_another_node_holds_is_forwarded_there_streams_inc
     assert isinstance(block, anthropic.types.TextBlock)
     assert block.text
 
+    # The raw route to a model's own server (`/upstream/<model>/<path>`): the same hop.
+    direct = httpx.post(
+        f"{a.gw.url}/upstream/beta/v1/completions",
+        json={"model": "beta", "prompt": "hi", "max_tokens": 3},
+        timeout=30,
+    )
+    assert direct.status_code == 200, direct.text
+    assert direct.headers["x-corral-node"] == b_id
+    assert len(direct.json()["choices"][0]["text"].split()) == 3
+
     mine = a.gw.status()
     assert mine["models"]["beta"]["state"] == "unloaded"  # a never loaded it
     assert mine["models"]["beta"]["dispatched"] == 0
     (to_b,) = [n for n in mine["cluster"]["nodes"] if n["id"] == b_id]
-    assert to_b["forwarded"] == 3
+    assert to_b["forwarded"] == 4
     # A model nobody else holds is served where it was asked for, and never forwarded twice.
     raw = client.chat.completions.with_raw_response.create(
         model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=2

@@ -72,6 +72,8 @@ def openai_routes(px: Proxy) -> APIRouter:
         priority = px.priority_of(request, {})
         if isinstance(priority, Response):
             return priority
+        if (sent := await px.elsewhere(request, resolved, body)) is not None:
+            return sent  # another node holds it: the raw route goes there too
         return await px.serve(request, resolved, f"/{path}", body, priority)
 
     for route in FORM_ROUTES:
