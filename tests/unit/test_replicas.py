@@ -184,3 +184,33 @@ def test_on_eight_devices_a_tighter_wait_bound_degrades_gracefully() -> None:
             assert tight["wait_p95_s"] <= 1.05 * other["wait_p95_s"], bound
             assert tight["wait_max_s"] <= 1.10 * other["wait_max_s"], bound
         looser = tight
+
+
+def test_a_model_its_copy_cannot_keep_up_with_gets_its_copy_while_candidates_wait() -> None:
+    """hot needs 1.5 devices; six other models keep the other two devices' queues full, so a
+    device never runs dry with nobody waiting. Its copy used to wait for exactly that, and never
+    came (hot waited 133 s on average); now it comes once hot's queue has waited half of
+    max_wait_s."""
+    config = parse_config(
+        "models:\n  hot: {load_s: 10, unload_s: 1, service_s: 2}\n"
+        + "".join(f"  a{i}: {{load_s: 6, unload_s: 1, service_s: 2}}\n" for i in range(1, 7))
+        + "devices: [{name: g0}, {name: g1}, {name: g2}]\nscheduler: {max_wait_s: 120}\n",
+        "<test>",
+    )
+    rng = random.Random(5)
+    arrivals: list[tuple[float, str]] = []
+    for model, rate in [("hot", 0.75)] + [(f"a{i}", 0.1) for i in range(1, 7)]:
+        t = rng.expovariate(rate)
+        while t < 600:
+            arrivals.append((round(t, 3), model))
+            t += rng.expovariate(rate)
+    arrivals.sort()
+    tr = Trace([TraceLine(i, m, 2.0, 0, t) for i, (t, m) in enumerate(arrivals, 1)], "<test>")
+    sim = Simulation(config, tr, check=True)
+    run = sim.run()
+    copies = [d for d in sim.scheduler.decisions if d.reason == "replica"]  # type: ignore[union-attr]
+    assert copies
+    assert copies[0].model == "hot"
+    assert copies[0].at_s < 300
+    hot = [r.dispatched_at - r.arrived_at for r in run.requests if r.model == "hot"]  # type: ignore[operator]
+    assert sum(hot) / len(hot) < 30

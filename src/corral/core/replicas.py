@@ -24,6 +24,9 @@ _UNLOADED = Lifecycle.UNLOADED
 # worth of work, so the new copy starts busy.
 REPLICA_LOADS = 2.0
 REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this busy
+# A model its copies cannot keep up with gets its next copy ahead of the candidates once its
+# oldest request has waited this fraction of `max_wait_s` (at once without a bound).
+OUTRUN_WAIT_FRAC = 0.5
 REPLICA_RETRY_S = 60.0  # after a replica failed to load, the model gets none for this long
 # What a replica that becomes the primary brings with it.
 _RESIDENCY = (
@@ -51,6 +54,7 @@ class Replicating:
     _classes: bool
     _replicas: bool  # the policy makes copies, on several devices
     _copyable: Collection[str] | None  # the models that may have copies (None: all)
+    _max_wait_s: float | None
     _pending: dict[ModelRecord, None]
 
     def _views(self, target: ModelRecord, now: float) -> list[DeviceView]:
@@ -87,6 +91,13 @@ class Replicating:
         backlog_s = m.count * m.service_est / m.concurrency
         return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > REPLICA_BUSY * n
 
+    def _copy_urgent(self, m: ModelRecord, now: float) -> bool:
+        """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound (or is there
+        none)?"""
+        bound = self._max_wait_s
+        r = m.oldest()
+        return bound is None or (r is not None and now - r.arrived_at >= OUTRUN_WAIT_FRAC * bound)
+
     def _has_work(self, v: ModelRecord, now: float) -> bool:
         """Resident `v` has work, lingers for more, or is a copy its model still needs."""
         return bool(v.count) or lingering(v, now) or (self._replicas and not self._spare(v, now))
@@ -115,11 +126,16 @@ class Replicating:
             return False
         return m.demand(now) < (REPLICA_BUSY * (n - 1) if n > 1 else 1.0)
 
-    def _replicate(self, now: float, before: Request | None = None) -> None:
+    def _replicate(self, now: float, before: Request | None = None, outpaced: bool = False) -> None:
         """Give models with a deep queue a copy more, into free room or over residents that
-        are idle and not lingering; with `before`, only models with a request older."""
+        are idle and not lingering; with `before`, only models with a request older; with
+        `outpaced`, only models whose arrivals outrun the copies they have (demand above
+        their number: their queue grows until the copy comes) and whose oldest request has
+        waited OUTRUN_WAIT_FRAC of the bound."""
         for m in list(self._pending):
             if m.state is not _READY or m.yielding or m.lost or not self._worth_copy(m, now):
+                continue
+            if outpaced and (m.demand(now) <= 1 + len(m.copies) or not self._copy_urgent(m, now)):
                 continue
             if before is not None:
                 mine = m.oldest()

@@ -514,9 +514,16 @@ class Scheduler(Swapping):
         forced, next_deadline = self._overdue(now)
         if next_deadline is not None:
             self._arm_overdue(next_deadline)
-        if self._replicas and forced is not None:
-            # A model whose backlog is older than the overdue model's queue gets its copy first.
-            self._replicate(now, forced.oldest())
+        if self._replicas:
+            # A model whose arrivals outrun its copies gets its next copy before any candidate
+            # once its queue has waited half the bound: it grows until then. Left to devices
+            # the candidates leave idle, the copy came minutes late, at a time that depended
+            # on timing (devices-8 live, docs/design/scheduler.md).
+            if forced is None:
+                self._replicate(now, outpaced=True)
+            else:
+                # A model whose backlog is older than the overdue model's gets its copy first.
+                self._replicate(now, forced.oldest())
         candidates = [m for m in self._pending if m.state is _UNLOADED]
         if candidates:
             if self._solo:
