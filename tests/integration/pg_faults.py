@@ -143,8 +143,7 @@ class TcpProxy:
                     dropped.set()
                     # The client hears nothing more; the server keeps its connection a moment,
                     # so it finishes (and commits) what it was sent.
-                    with contextlib.suppress(OSError):
-                        src.shutdown(socket.SHUT_RDWR)
+                    _shut(src)
                     threading.Timer(2.0, _shut, args=(dst,)).start()
                     return
         except OSError:
@@ -157,22 +156,19 @@ class TcpProxy:
 
     def outage(self, seconds: float) -> None:
         assert self._listener is not None
-        with contextlib.suppress(OSError):  # wakes its accept(), which close() alone would not
-            self._listener.shutdown(socket.SHUT_RDWR)
+        _shut(self._listener)  # wakes its accept(), which close() alone would not
         self._listener.close()  # new connections: refused
         with self._lock:
             open_now = list(self._socks)
         for s in open_now:  # open ones: cut
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+            _shut(s)
         self.cuts += len(open_now) // 2
         time.sleep(seconds)
         self._listen()
 
     def close(self) -> None:
         if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)
+            _shut(self._listener)
             self._listener.close()
         with self._lock:
             for s in self._socks:

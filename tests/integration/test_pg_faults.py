@@ -44,6 +44,21 @@ def pg() -> Iterator[PrivatePostgres]:
     server.close()
 
 
+WORKER = [CORRAL, "worker", "--app", "app:q", "--until-idle", "--poll-s", "0.05"]
+
+
+def worker_env(tmp_path: Path, url: str, log: Path) -> dict[str, str]:
+    """The environment `APP` runs in: its database, its run log, its folder on the path."""
+    (tmp_path / "app.py").write_text(APP)
+    log.write_text("")
+    return {
+        **os.environ,
+        "CORRAL_TEST_DB": url,
+        "CORRAL_TEST_LOG": str(log),
+        "PYTHONPATH": str(tmp_path),
+    }
+
+
 def drain_through(
     pg: PrivatePostgres, tmp_path: Path, fault: Callable[[str], None], port: int | None = None
 ) -> str:
@@ -54,22 +69,9 @@ def drain_through(
     store = open_store(url)
     store.enqueue_many([NewTask("work", "m", {"i": i}) for i in range(N)])
     store.close()
-    (tmp_path / "app.py").write_text(APP)
     log = tmp_path / "runs.txt"
-    log.write_text("")
-    env = {
-        **os.environ,
-        "CORRAL_TEST_DB": pg.url(db, port),
-        "CORRAL_TEST_LOG": str(log),
-        "PYTHONPATH": str(tmp_path),
-    }
-    worker = subprocess.Popen(
-        [CORRAL, "worker", "--app", "app:q", "--until-idle", "--poll-s", "0.05"],
-        cwd=tmp_path,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = worker_env(tmp_path, pg.url(db, port), log)
+    worker = subprocess.Popen(WORKER, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while len(log.read_text().splitlines()) < N // 5:
         assert worker.poll() is None, worker.communicate()[1]
@@ -170,24 +172,13 @@ def test_a_commit_whose_answer_is_lost_is_reported_as_committed(
     store = open_store(pg.url(db))
     store.enqueue_many([NewTask("work", "m", {"i": 21})])
     store.close()
-    (tmp_path / "app.py").write_text(APP)
     log = tmp_path / "runs.txt"
     proxy = TcpProxy(pg.port)
     proxy.drop_answer_to(b"status = 'succeeded', result")
     try:
-        env = {
-            **os.environ,
-            "CORRAL_TEST_DB": pg.url(db, proxy.port),
-            "CORRAL_TEST_LOG": str(log),
-            "PYTHONPATH": str(tmp_path),
-        }
+        env = worker_env(tmp_path, pg.url(db, proxy.port), log)
         worker = subprocess.run(
-            [CORRAL, "worker", "--app", "app:q", "--until-idle", "--poll-s", "0.05"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
+            WORKER, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
     finally:
         proxy.close()
