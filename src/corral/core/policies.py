@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from corral.config import Config, PolicyName
 from corral.core.state import ModelRecord
+from corral.core.stretch import Stretch
 
 _NEVER = 1 << 62
 # A predictable model lingers at least this fraction of a reload (see `Cost.linger_s`).
@@ -39,6 +40,7 @@ class Policy:
     strict_order = False  # only the model of the oldest request may take new work
     classes = True  # interactive work before batch work (the baselines ignore classes)
     replicas = False  # a model with a deep queue may get a second copy on another device
+    stretch: Stretch | None = None  # the scheduler's stretched bound (core/stretch.py)
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         return sorted(candidates, key=lambda m: (oldest_seq(m), m.name))
@@ -164,7 +166,8 @@ class Cost(Policy):
 
     def bound_s(self, m: ModelRecord) -> float | None:
         """The wait bound of m's top class."""
-        return self.batch_max_wait_s if m.top_batch else self.max_wait_s
+        bound = self.batch_max_wait_s if m.top_batch else self.max_wait_s
+        return bound if self.stretch is None else self.stretch.scale(bound)
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         """Smith's order, subject to deadlines: queues whose oldest request has used half of

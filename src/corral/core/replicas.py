@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
+from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.policies import Policy, lingering
 from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.stretch import Stretch
 from corral.core.types import Lifecycle, Request
 
 _READY = Lifecycle.READY
@@ -28,6 +30,7 @@ REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this
 # oldest request has waited this fraction of `max_wait_s` (at once without a bound).
 OUTRUN_WAIT_FRAC = 0.5
 REPLICA_RETRY_S = 60.0  # after a replica failed to load, the model gets none for this long
+DEMAND_TIMER = "demand:"  # timer key: a copy kept by its decaying demand is looked at again
 # What a replica that becomes the primary brings with it.
 _RESIDENCY = (
     "device",
@@ -51,13 +54,15 @@ class Replicating:
 
     policy: Policy
     devices: list[DeviceRecord]
+    _fx: Effects
     _classes: bool
     _replicas: bool  # the policy makes copies, on several devices
     _copyable: Collection[str] | None  # the models that may have copies (None: all)
     _max_wait_s: float | None
+    stretch: Stretch
     _pending: dict[ModelRecord, None]
 
-    def _views(self, target: ModelRecord, now: float) -> list[DeviceView]:
+    def _views(self, target: ModelRecord, now: float, forced: bool = False) -> list[DeviceView]:
         raise NotImplementedError
 
     def _start_load(
@@ -94,9 +99,14 @@ class Replicating:
     def _copy_urgent(self, m: ModelRecord, now: float) -> bool:
         """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound (or is there
         none)?"""
-        bound = self._max_wait_s
+        bound = self.stretch.scale(self._max_wait_s)
         r = m.oldest()
         return bound is None or (r is not None and now - r.arrived_at >= OUTRUN_WAIT_FRAC * bound)
+
+    @staticmethod
+    def _shared(v: ModelRecord) -> bool:
+        """`v` is one of several copies of its model: its model keeps serving without it."""
+        return v.primary is not None or bool(v.copies)
 
     def _has_work(self, v: ModelRecord, now: float) -> bool:
         """Resident `v` has work, lingers for more, or is a copy its model still needs."""
@@ -124,7 +134,18 @@ class Replicating:
         n = 1 + len(m.copies)
         if n > 1 and m.count * m.service_est > 0.5 * REPLICA_LOADS * m.load_est * m.concurrency * n:
             return False
-        return m.demand(now) < (REPLICA_BUSY * (n - 1) if n > 1 else 1.0)
+        level = REPLICA_BUSY * (n - 1) if n > 1 else 1.0
+        if m.demand(now) < level:
+            return True
+        if m.count == 0:
+            # Idle, kept only by its arrival rate, which decays while nothing arrives: decide
+            # again when it has decayed, or a model waiting for this room waits for the next
+            # arrival, which may never come (issue 24).
+            at = m.demand_below_at(level)
+            if at is not None and at > now and m.demand_timer_at != at:
+                m.demand_timer_at = at
+                self._fx.set_timer(at + 1e-6, DEMAND_TIMER + m.name)
+        return False
 
     def _replicate(self, now: float, before: Request | None = None, outpaced: bool = False) -> None:
         """Give models with a deep queue a copy more, into free room or over residents that

@@ -31,6 +31,7 @@ from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
+from corral.core.stretch import Demand, Stretch
 from corral.core.swaps import LINGER_TIMER, Swapping
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
@@ -79,6 +80,10 @@ class Scheduler(Swapping):
             config.batch.max_wait_s if self.policy.bounded_wait and self._classes else None
         )
         self._min_visit = config.scheduler.min_visit_swaps
+        # The bound the load leaves room for (core/stretch.py): the configured bounds are
+        # stretched to it while the switches they force would not fit.
+        self.stretch = Stretch(self._max_wait_s)
+        self.policy.stretch = self.stretch
         # One model per device, one device: the common case gets O(1) arrival checks.
         self._solo = len(self.devices) == 1 and all(
             self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values()
@@ -112,8 +117,7 @@ class Scheduler(Swapping):
         r.arrived_at = now
         r.state = _PENDING
         m.enqueue(r, self._weight(r.priority))
-        if self._replicas:
-            m.observe_arrival(now)
+        m.observe_arrival(now)
         if m.count == 1:
             self._pending[m] = None
         batch = r.batch and self._classes  # counted as batch work
@@ -138,7 +142,7 @@ class Scheduler(Swapping):
         elif state is _UNLOADED:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
-            bound = self._batch_max_wait_s if batch else self._max_wait_s
+            bound = self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
             if bound is not None and (m.count - m.icount if batch else m.icount) == 1:
                 self._arm_overdue(now + bound)  # its class's first: the earliest deadline
         self._settle(now)
@@ -473,7 +477,8 @@ class Scheduler(Swapping):
         """The non-resident model whose oldest interactive request is oldest among those that
         waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
         next deadline of a non-resident model not yet overdue."""
-        bounds = ((False, self._max_wait_s), (True, self._batch_max_wait_s))
+        scale = self.stretch.scale
+        bounds = ((False, scale(self._max_wait_s)), (True, scale(self._batch_max_wait_s)))
         forced: list[ModelRecord | None] = [None, None]
         forced_seq = [0, 0]
         next_at: float | None = None
@@ -507,7 +512,32 @@ class Scheduler(Swapping):
         finally:
             self._deciding = False
 
+    def _update_stretch(self, now: float) -> None:
+        """Work the stretched bound out again from the measured traffic (core/stretch.py)."""
+        devices = self.devices
+        first = devices[0]
+        demands = []
+        backlog_s = 0.0
+        for m in self.models.values():
+            backlog_s += m.count * m.service_est / m.concurrency
+            rate = m.rate_hz(now)
+            if rate <= 0.0:
+                continue
+            allowed = [d for d in devices if d.name in m.spec.devices] or [first]
+            demands.append(
+                Demand(
+                    rate,
+                    m.service_avg,
+                    m.concurrency,
+                    m.load_est + m.unload_est,
+                    allowed[0].size_of(m) / allowed[0].capacity,
+                )
+            )
+        self.stretch.update(now, demands, len(devices), backlog_s)
+
     def _decide_now(self, now: float) -> None:
+        if self.stretch.due(now):
+            self._update_stretch(now)
         for m in self.resident_models():
             m.yielding = False
         self._incoming.clear()

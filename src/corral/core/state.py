@@ -56,6 +56,7 @@ class ModelRecord:
         "copies",
         "copy_failed_at",
         "count",
+        "demand_timer_at",
         "device",
         "gap_dev",
         "gap_est",
@@ -102,6 +103,7 @@ class ModelRecord:
         self.primary = primary
         self.copies: list[ModelRecord] = []
         self.copy_failed_at: float | None = None  # a replica's load failed then: wait a while
+        self.demand_timer_at: float | None = None  # when its decaying demand is looked at again
         self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
         self.priority = spec.priority
@@ -292,6 +294,27 @@ class ModelRecord:
             return 0.0
         gap = max(est, (now - self.last_arrival_at) / 8)
         return self.service_avg / (self.concurrency * gap) if gap > 0 else math.inf
+
+    def demand_below_at(self, level: float) -> float | None:
+        """When `demand` falls below `level` if nothing more arrives (None: it is already
+        below, or never will be)."""
+        est = self.arrival_gap_est
+        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
+            return None
+        if level <= 0.0:
+            return None
+        gap = self.service_avg / (self.concurrency * level)  # demand < level past this gap
+        if est > gap:
+            return None
+        return self.last_arrival_at + 8 * gap
+
+    def rate_hz(self, now: float) -> float:
+        """Arrivals per second, from the same average of gaps as `demand`, once one gap has
+        been seen; a silence of more than 8 mean gaps lowers it."""
+        est = self.arrival_gap_est
+        if est is None or self.last_arrival_at is None:
+            return 0.0
+        return 1.0 / max(est, (now - self.last_arrival_at) / 8, 1e-3)
 
     def observe_gap(self, seconds: float) -> None:
         g = self.gap_est

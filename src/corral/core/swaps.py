@@ -28,6 +28,7 @@ class Swapping(Replicating):
     _several: bool
     _min_visit: float
     _incoming: set[ModelRecord]
+    _batch_max_wait_s: float | None
 
     def _head(self) -> Request | None:
         raise NotImplementedError
@@ -63,7 +64,9 @@ class Swapping(Replicating):
         batch = [m for m in candidates if not m.icount]
         return self.policy.rank(interactive, now) + self.policy.rank(batch, now)
 
-    def _views(self, target: ModelRecord, now: float) -> list[DeviceView]:
+    def _views(self, target: ModelRecord, now: float, forced: bool = False) -> list[DeviceView]:
+        """What placement sees for `target`; `forced` (an overdue target): a copy of a model
+        that keeps another copy looks spare, so the overdue model takes its device first."""
         keep = self.policy.keep_value
         allowed = target.spec.devices
         name = target.name
@@ -80,7 +83,9 @@ class Swapping(Replicating):
                 ),
                 # A replica serves its model's queue; among residents with work it goes first.
                 residents=tuple(
-                    ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
+                    ResidentView(m.name, d.size_of(m), m.in_flight, 0, -1.0)
+                    if forced and self._shared(m)
+                    else ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
                     if m.primary is None and (m.count or not self._replicas)
                     else self._copy_view(m, d, now)
                     for m in d.residents
@@ -94,7 +99,7 @@ class Swapping(Replicating):
         self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None, now: float
     ) -> bool:
         """Do `victims` make room for `c` (policy, max_wait and the progress rule)?"""
-        if not all(self._spare(v, now) for v in victims if v.primary is not None):
+        if c is not forced and not all(self._spare(v, now) for v in victims if v.primary):
             return False
         wants = c is forced or all(
             self._should_yield(v, c, now) for v in victims if v.primary is None
@@ -103,11 +108,22 @@ class Swapping(Replicating):
             return False
         if c is not forced and self._class_preempts(victims, c):
             return True  # one way only (batch never preempts), so no progress rule is needed
-        if c is forced and self._several and any(self._has_work(v, now) for v in victims):
+        if (
+            c is forced
+            and self._several
+            and any(
+                self._has_work(v, now)
+                for v in victims
+                if not (self._shared(v) and self._desperate(c, now))
+            )
+        ):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there
             # turned an unmeetable bound into thrash: on `devices-4`, max_wait_s 120 made cost's
             # mean wait 404 s against 109 s without a bound; now 89 s (docs/design/scheduler.md).
+            # Past twice its bound, it takes a copy of a model that keeps another copy: a model
+            # with copies on every device never runs dry, and overdue models waited for it
+            # forever (issue 24). Sooner, it cost devices-8 a fifth more loads.
             return False
         if c is forced:
             # Quantum: max_wait_s may end a visit only after it has served for min_visit_swaps
@@ -115,7 +131,7 @@ class Swapping(Replicating):
             # swapping (at most 1/(1+min_visit_swaps) of the device goes to swaps).
             for v in victims:
                 until = v.ready_at + self._min_visit * (v.ready_at - v.load_started_at)
-                if v.count and until > now:
+                if v.queue.count and until > now:
                     if v.quantum_timer_at != until:
                         v.quantum_timer_at = until
                         self._fx.set_timer(until, _QUANTUM + v.name)
@@ -194,7 +210,7 @@ class Swapping(Replicating):
         for c in order:
             if interactive_waits and not c.icount and c is not forced:
                 evicting = True
-            plan = plan_placement(self._views(c, now))
+            plan = plan_placement(self._views(c, now, c is forced and self._desperate(c, now)))
             if plan is None:
                 evicting = evicting or c is forced  # nobody jumps an overdue model's queue
                 continue
@@ -211,6 +227,12 @@ class Swapping(Replicating):
             else:
                 for v in victims:
                     self._arm_linger(v, now)
+
+    def _desperate(self, c: ModelRecord, now: float) -> bool:
+        """Overdue `c`'s oldest request of its top class has waited twice its class's bound."""
+        bound = self.stretch.scale(self._batch_max_wait_s if c.top_batch else self._max_wait_s)
+        r = c.oldest_top()
+        return bound is not None and r is not None and now - r.arrived_at >= 2 * bound
 
     def _arm_linger(self, m: ModelRecord, now: float) -> None:
         until = m.linger_until

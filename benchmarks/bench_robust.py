@@ -1,0 +1,148 @@
+"""Robustness over wide random scenario families (issue 24): every policy on scenarios nobody
+tuned for (`corral.sim.families`), `cost`'s ratio to the best other policy per metric.
+
+For each scenario and policy: loads, and the interactive requests' mean, p95 and max wait (batch
+work, where a scenario has it, is reported apart: cost serves it after interactive work by
+design, the baselines without classes do not); and any request never served. Then, per metric,
+the distribution over scenarios of cost's figure divided by the best of the other policies'
+(median, p90, worst), and the scenarios where the ratio is worst.
+
+Run: `make bench-robust` (or `.venv/bin/python benchmarks/bench_robust.py [--scenarios 100]
+[--first-seed 1000] [--json out/bench-robust.json]`). Deterministic; about 5-10 minutes on the
+2-core VM (one process per core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.progress import track
+
+from corral.policy_names import SimPolicyName
+from corral.sim.engine import simulate
+from corral.sim.families import random_scenario
+
+COST: SimPolicyName = "cost"
+OTHERS: list[SimPolicyName] = ["grouped", "fifo-plus", "fifo"]
+METRICS = ("mean", "p95", "max")
+
+
+def figures(seed: int, policies: list[SimPolicyName]) -> dict[str, Any]:
+    """One scenario under every policy: {policy: {loads, mean, p95, max, unserved, ...}}."""
+    sc = random_scenario(seed)
+    out: dict[str, Any] = {"seed": seed, "summary": sc.summary, "policies": {}}
+    for p in policies:
+        run = simulate(sc.config, sc.trace, policy=p)
+        waits = [
+            (r.dispatched_at - r.arrived_at, r.batch)
+            for r in run.requests
+            if r.dispatched_at is not None
+        ]
+        unserved = len(run.requests) - len(waits) - len(run.rejected)
+        inter = np.array([w for w, batch in waits if not batch])
+        batch = np.array([w for w, batch in waits if batch])
+        row: dict[str, Any] = {
+            "loads": int(sum(run.loads.values())),
+            "unserved": unserved,
+            "mean": float(inter.mean()) if inter.size else 0.0,
+            "p95": float(np.percentile(inter, 95)) if inter.size else 0.0,
+            "max": float(inter.max()) if inter.size else 0.0,
+        }
+        if batch.size:
+            row["batch_max"] = float(batch.max())
+        out["policies"][p] = row
+    return out
+
+
+def ratio(row: dict[str, Any], metric: str, others: list[str]) -> float:
+    best = min(row["policies"][p][metric] for p in others)
+    mine = row["policies"][COST][metric]
+    if best <= 0.0:
+        return 1.0 if mine <= 1e-9 else math.inf
+    # Below a second, waits are noise against swaps of 1-60 s: count them as equal.
+    if mine <= 1.0 and best <= 1.0:
+        return 1.0
+    return float(mine / best)
+
+
+def _run(args: tuple[int, list[SimPolicyName]]) -> dict[str, Any]:
+    return figures(*args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", type=int, default=100)
+    ap.add_argument("--first-seed", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", type=Path, default=None, help="write every figure here")
+    args = ap.parse_args()
+    policies: list[SimPolicyName] = [COST, *OTHERS]
+    seeds = range(args.first_seed, args.first_seed + args.scenarios)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(
+            track(
+                pool.map(_run, [(s, policies) for s in seeds]),
+                total=len(seeds),
+                description="scenarios",
+            )
+        )
+    print(f"machine: {platform.node()} ({platform.machine()}), python {platform.python_version()}")
+    print(f"scenarios: {len(rows)} (seeds {seeds.start}-{seeds.stop - 1}); others: {OTHERS}\n")
+    print("| policy | loads (mean) | wait mean s (median) | p95 s (median) | max s (median) |")
+    print("|---|---:|---:|---:|---:|")
+    for p in policies:
+        pr = [r["policies"][p] for r in rows]
+        print(
+            f"| {p} | {statistics.fmean(x['loads'] for x in pr):,.0f} | "
+            f"{statistics.median(x['mean'] for x in pr):,.1f} | "
+            f"{statistics.median(x['p95'] for x in pr):,.1f} | "
+            f"{statistics.median(x['max'] for x in pr):,.1f} |"
+        )
+    print("\ncost / best other policy, per scenario:\n")
+    print("| metric | median | p90 | worst | scenarios above 1.25x |")
+    print("|---|---:|---:|---:|---:|")
+    worst: dict[str, list[tuple[float, int]]] = {}
+    ok = True
+    for metric in (*METRICS, "loads"):
+        rs = [ratio(r, metric, list(OTHERS)) for r in rows]
+        q = np.percentile(rs, [50, 90, 100])
+        above = sum(x > 1.25 for x in rs)
+        print(f"| {metric} | {q[0]:.2f} | {q[1]:.2f} | {q[2]:.2f} | {above} |")
+        worst[metric] = sorted(((x, r["seed"]) for x, r in zip(rs, rows, strict=True)))[-3:]
+        if metric in METRICS and (q[0] > 1.0 or q[2] > 1.25):
+            ok = False
+    unserved = [(r["seed"], p, x["unserved"]) for r in rows for p, x in r["policies"].items()]
+    unserved = [u for u in unserved if u[2]]
+    print(f"\nscenarios with an unserved request: {unserved or 'none'}")
+    print("worst scenarios per metric (ratio, seed):")
+    for metric, w in worst.items():
+        print(f"  {metric}: " + ", ".join(f"{x:.2f} (seed {s})" for x, s in reversed(w)))
+    by_seed = {r["seed"]: r for r in rows}
+    for _, s in reversed(worst["max"]):
+        r = by_seed[s]
+        print(f"  seed {s}: {r['summary']}")
+        for p, f in r["policies"].items():
+            print(
+                f"    {p:9} loads {f['loads']:4} mean {f['mean']:8.1f} p95 {f['p95']:8.1f} "
+                f"max {f['max']:8.1f}"
+            )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
+    verdict = "met" if ok and not unserved else "NOT met"
+    print(f"\ntargets (median <= 1.0, worst <= 1.25, nothing unserved): {verdict}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Wide random scenario families, for robustness checks nobody tuned the scheduler to (issue 24).
+
+`random_scenario(seed)` draws one scenario from the family below; the same seed gives the same
+scenario. `make bench-robust` runs every policy over many seeds; the property tests draw from the
+same ranges. Ranges (each drawn independently per scenario unless said):
+
+- devices: 1-8 (1, 2, 3, 4, 6 or 8); half the scenarios pack by memory (devices of 24, 48 or
+  80 GB, models of 1/8 to the whole of a device, log-uniform), half hold one model per device;
+- models: 2-20; load 1-60 s (log-uniform), unload a tenth of it; mean service 0.2-10 s
+  (log-uniform, exponential per request); a quarter of the scenarios give models 2-4 slots;
+- offered load: 0.2-1.3 per device (work arriving per second over the devices' capacity);
+  popularity Zipf with exponent 0-1.5; in a third of multi-device scenarios one hot model
+  alone needs more than one device;
+- arrivals: Poisson, or for a third of the models bursts of 5-50 requests at once;
+- classes: a third of the scenarios carry batch work (1-2 models whose requests are class
+  batch, in large bursts) beside the interactive traffic;
+- length: arrivals for 300-1800 s (about 5,000 requests at most), then the queues drain.
+
+The configuration uses Corral's defaults (`max_wait_s` 120, `batch.max_wait_s` 3600).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from corral.config import parse_config
+from corral.sim.scenarios import Scenario, _trace
+
+MAX_REQUESTS = 5_000
+DEVICE_COUNTS = (1, 2, 3, 4, 6, 8)
+
+
+def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
+    return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+
+def random_scenario(seed: int) -> Scenario:
+    """One scenario of the family described in the module docstring."""
+    rng = random.Random(seed)
+    n_dev = rng.choice(DEVICE_COUNTS)
+    packing = rng.random() < 0.5
+    n_models = rng.randint(2, 20)
+    rho = rng.uniform(0.2, 1.3)
+    slots = rng.random() < 0.25
+    dev_gb = rng.choice((24, 48, 80)) if packing else None
+    names = [f"m{i:02d}" for i in range(n_models)]
+    service = {m: round(_log_uniform(rng, 0.2, 10.0), 2) for m in names}
+    conc = {m: rng.choice((1, 1, 2, 4)) if slots else 1 for m in names}
+    cfg = ["models:"]
+    for m in names:
+        load_s = round(_log_uniform(rng, 1.0, 60.0), 1)
+        extra = f", concurrency: {conc[m]}" if conc[m] > 1 else ""
+        if dev_gb is not None:
+            extra += f", memory_gb: {round(dev_gb * _log_uniform(rng, 0.125, 1.0), 1)}"
+        cfg.append(
+            f"  {m}: {{load_s: {load_s}, unload_s: {round(load_s / 10, 2)}, "
+            f"service_s: {service[m]}{extra}}}"
+        )
+    cfg.append("devices:")
+    for d in range(n_dev):
+        mem = f", memory_gb: {dev_gb}" if dev_gb is not None else ""
+        cfg.append(f"  - {{name: d{d}{mem}}}")
+    # Shares of the offered work (service-seconds per second over all devices).
+    a = rng.uniform(0.0, 1.5)
+    share = [1.0 / (k + 1) ** a for k in range(n_models)]
+    total = sum(share)
+    share = [s / total for s in share]
+    work = rho * n_dev  # device-seconds of work per second
+    if n_dev > 1 and rng.random() < 1 / 3 and work > 1.1:
+        hot = rng.uniform(1.05, min(work * 0.8, n_dev * 0.9))
+        hot = max(hot, 1.05)
+        rest = 1.0 - hot / work
+        share = [hot / work] + [s * rest / (1 - share[0]) for s in share[1:]]
+    batch_models = set(rng.sample(names, rng.randint(1, 2))) if rng.random() < 1 / 3 else set()
+    bursty = {m for m in names if rng.random() < 1 / 3}
+    # Per-slot work: a model with c slots serves c at once, so its offered load is over c.
+    rate = {m: work * s * conc[m] / service[m] for m, s in zip(names, share, strict=True)}
+    total_rate = sum(rate.values())
+    duration_s = min(1800.0, max(300.0, MAX_REQUESTS / total_rate))
+    lines: list[dict[str, object]] = []
+    for m in names:
+        burst = 1
+        if m in batch_models:
+            burst = rng.randint(50, 500)
+        elif m in bursty:
+            burst = rng.randint(5, 50)
+        t = 0.0
+        while True:
+            t += rng.expovariate(rate[m] / burst)
+            if t > duration_s:
+                break
+            for _ in range(burst):
+                line: dict[str, object] = {
+                    "t": round(t, 3),
+                    "model": m,
+                    "service_s": round(rng.expovariate(1.0 / service[m]) + 0.01, 3),
+                }
+                if m in batch_models:
+                    line["class"] = "batch"
+                lines.append(line)
+    lines.sort(key=lambda x: (str(x["model"]), 0))  # stable: by model, then by time below
+    lines.sort(key=lambda x: x["t"] if isinstance(x["t"], float) else 0.0)
+    name = f"random-{seed}"
+    summary = (
+        f"{n_dev} device(s){' packed by memory' if packing else ''}, {n_models} models, "
+        f"offered load {rho:.2f} per device, {len(lines)} requests over {duration_s:.0f} s"
+        + (f", batch on {len(batch_models)} model(s)" if batch_models else "")
+    )
+    config = parse_config("\n".join(cfg) + "\n", f"<scenario {name}>")
+    return Scenario(name, summary, config, _trace(name, lines))
