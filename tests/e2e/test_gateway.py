@@ -377,6 +377,14 @@ def test_a_crash_mid_stream_ends_with_an_error_event_the_official_client_raises(
     assert "model alpha: the answer was cut short (its server exited)" in info.value.message
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert 'corral_stream_errors_total{model="alpha"} 1.0' in metrics
+    # The wait bound is shown where it is kept: not stretched for one idle client.
+    assert "corral_wait_bound_seconds 120.0" in metrics
+    assert "corral_wait_bound_stretched 0.0" in metrics
+    assert gateway.status()["wait_bound"] == {
+        "configured_s": 120.0,
+        "effective_s": None,
+        "stretched_since": None,
+    }
     assert client.completions.create(model="alpha", prompt="y", max_tokens=1).choices[0].text
 
 

@@ -115,6 +115,7 @@ class Scheduler(Swapping):
         self._seq += 1
         r.seq = self._seq
         r.arrived_at = now
+        r.swaps_waited = -self.loads  # made a count at dispatch
         r.state = _PENDING
         m.enqueue(r, self._weight(r.priority))
         m.observe_arrival(now)
@@ -459,6 +460,7 @@ class Scheduler(Swapping):
             r.state = _RUNNING
             r.dispatched_at = now
             r.device = device
+            r.swaps_waited += self.loads
             m.in_flight += 1
             m.last_level = r.level
             m.served = True

@@ -35,7 +35,7 @@ class Request:
 
     Adapters create it with `model`, `priority`, its service class and an opaque `id`; the
     scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at`, `device` (which copy of
-    the model serves it) and `state`. Subclass
+    the model serves it), `swaps_waited` and `state`. Subclass
     it to carry payloads.
 
     The class: `batch=False` is interactive (someone is waiting: gateway requests), `batch=True`
@@ -55,6 +55,7 @@ class Request:
         "priority",
         "seq",
         "state",
+        "swaps_waited",
     )
 
     def __init__(self, id: object, model: str, priority: int = 0, batch: bool = False) -> None:
@@ -69,6 +70,9 @@ class Request:
         self.device: str | None = None  # the device whose copy of the model serves it
         self.finished_at: float | None = None
         self.state = RequestState.NEW
+        # Loads begun (on any device) between its arrival and its dispatch: on one device, the
+        # swaps it waited for. Stamped by the scheduler; tests and clients read it.
+        self.swaps_waited = 0
 
     def __repr__(self) -> str:
         return (

@@ -20,7 +20,22 @@ class _Live(Collector):
         self._status = status
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        models = self._status()["models"]
+        status = self._status()
+        models = status["models"]
+        bound = status.get("wait_bound") or {}
+        effective = bound.get("effective_s") or bound.get("configured_s")
+        if effective is not None:
+            yield GaugeMetricFamily(
+                "corral_wait_bound_seconds",
+                "The wait bound kept now: max_wait_s, or longer while the load leaves no room "
+                "for the switches it would force (stretched).",
+                value=effective,
+            )
+            yield GaugeMetricFamily(
+                "corral_wait_bound_stretched",
+                "1 while max_wait_s is stretched.",
+                value=1 if bound.get("effective_s") is not None else 0,
+            )
         queued = GaugeMetricFamily(
             "corral_queue_depth", "Requests waiting for the model.", labels=["model"]
         )

@@ -274,6 +274,9 @@ class Proxy:
         # How long the request waited for its model (queue and swap): clients, benchmarks and
         # `corral replay` read it to tell waiting from serving.
         out_headers["x-corral-wait-ms"] = f"{wait_s * 1000:.1f}"
+        # The swaps it waited for (loads begun while it waited): what tests assert on a busy
+        # machine, where wall-clock waits stretch.
+        out_headers["x-corral-swaps-waited"] = str(r.swaps_waited)
         out_headers["x-corral-node"] = self.gateway.node_id  # who served it, in a cluster
         if r.device is not None:  # which device's copy served it (`corral replay` reads it)
             out_headers["x-corral-device"] = r.device

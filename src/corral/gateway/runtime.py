@@ -77,6 +77,7 @@ class Gateway:
         self.metrics = Metrics(self.status)
         self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
         self.scheduler: Scheduler | None = None
+        self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[object, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
@@ -231,7 +232,24 @@ class Gateway:
             self._spares[model, device] = backend
         return backend
 
+    def _note_stretch(self) -> None:
+        """One log line when the wait bound starts stretching and one when it ends."""
+        stretch = self._sched().stretch
+        if stretch.since == self._stretch_seen:
+            return
+        self._stretch_seen = stretch.since
+        if stretch.since is not None:
+            log.warning(
+                "max_wait_s %.0f s cannot be kept at this load (its switches would not fit): "
+                "stretched to %.0f s until the queues shrink",
+                stretch.configured_s,
+                stretch.bound_s,
+            )
+        else:
+            log.info("max_wait_s %.0f s holds again", stretch.configured_s)
+
     def dispatch(self, request: Request) -> None:
+        self._note_stretch()
         self.dispatched[request.model] += 1
         self.dispatched_on[request.model, request.device or ""] += 1
         if self._worker is not None and self._worker.owns(request):
@@ -442,6 +460,17 @@ class Gateway:
                 for d in sched.devices
             ],
             "models": models,
+            # The wait bound kept now (core/stretch.py): the configured one, or longer while
+            # the load leaves no room for the switches it would force.
+            "wait_bound": {
+                "configured_s": sched.stretch.configured_s,
+                "effective_s": sched.stretch.bound_s if sched.stretch.stretched else None,
+                "stretched_since": (
+                    round(epoch + sched.stretch.since, 3)
+                    if sched.stretch.since is not None
+                    else None
+                ),
+            },
             "swaps": self.swap_count,
             "recent_swaps": [vars(s) for s in self.swaps],
             "recent_decisions": [
