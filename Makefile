@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ bench-cluster: $(STAMP)
 
 bench-devices: $(STAMP)
 	$(BIN)/python benchmarks/bench_devices.py
+
+# Every policy over 100 random scenarios of wide families (sim/families.py): cost's ratio to the
+# best other policy per metric, and any request never served (~2 min).
+bench-robust: $(STAMP)
+	$(BIN)/python benchmarks/bench_robust.py --json out/bench-robust.json
 
 bench-forward: $(STAMP)
 	$(BIN)/python benchmarks/bench_forward.py
