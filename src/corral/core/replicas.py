@@ -59,6 +59,7 @@ class Replicating:
     _replicas: bool  # the policy makes copies, on several devices
     _copyable: Collection[str] | None  # the models that may have copies (None: all)
     _max_wait_s: float | None
+    _batch_max_wait_s: float | None
     stretch: Stretch
     _pending: dict[ModelRecord, None]
 
@@ -96,10 +97,14 @@ class Replicating:
         backlog_s = m.count * m.service_est / m.concurrency
         return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > REPLICA_BUSY * n
 
+    def _bound_s(self, batch: bool) -> float | None:
+        """The wait bound of a class now: its configured bound, stretched (core/stretch.py)."""
+        return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
+
     def _copy_urgent(self, m: ModelRecord, now: float) -> bool:
         """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound (or is there
         none)?"""
-        bound = self.stretch.scale(self._max_wait_s)
+        bound = self._bound_s(False)
         r = m.oldest()
         return bound is None or (r is not None and now - r.arrived_at >= OUTRUN_WAIT_FRAC * bound)
 

@@ -143,7 +143,7 @@ class Scheduler(Swapping):
         elif state is _UNLOADED:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
-            bound = self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
+            bound = self._bound_s(batch)
             if bound is not None and (m.count - m.icount if batch else m.icount) == 1:
                 self._arm_overdue(now + bound)  # its class's first: the earliest deadline
         self._settle(now)
@@ -479,8 +479,7 @@ class Scheduler(Swapping):
         """The non-resident model whose oldest interactive request is oldest among those that
         waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
         next deadline of a non-resident model not yet overdue."""
-        scale = self.stretch.scale
-        bounds = ((False, scale(self._max_wait_s)), (True, scale(self._batch_max_wait_s)))
+        bounds = ((False, self._bound_s(False)), (True, self._bound_s(True)))
         forced: list[ModelRecord | None] = [None, None]
         forced_seq = [0, 0]
         next_at: float | None = None

@@ -292,8 +292,13 @@ class ModelRecord:
         est = self.arrival_gap_est
         if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
             return 0.0
-        gap = max(est, (now - self.last_arrival_at) / 8)
+        gap = self._gap(now, est, self.last_arrival_at)
         return self.service_avg / (self.concurrency * gap) if gap > 0 else math.inf
+
+    @staticmethod
+    def _gap(now: float, est: float, last_arrival_at: float) -> float:
+        """The mean gap between arrivals, lengthened by a silence of more than 8 of them."""
+        return max(est, (now - last_arrival_at) / 8)
 
     def demand_below_at(self, level: float) -> float | None:
         """When `demand` falls below `level` if nothing more arrives (None: it is already
@@ -314,7 +319,7 @@ class ModelRecord:
         est = self.arrival_gap_est
         if est is None or self.last_arrival_at is None:
             return 0.0
-        return 1.0 / max(est, (now - self.last_arrival_at) / 8, 1e-3)
+        return 1.0 / max(self._gap(now, est, self.last_arrival_at), 1e-3)
 
     def observe_gap(self, seconds: float) -> None:
         g = self.gap_est

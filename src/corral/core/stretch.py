@@ -88,8 +88,8 @@ def feasible_bound_s(demands: Sequence[Demand], devices: int, bound_s: float) ->
 
 
 class Stretch:
-    """The scheduler's current bound for interactive work, worked out again every RECOMPUTE_S.
-    `factor` scales every class's configured bound; `since` is when stretching began."""
+    """The scheduler's current bound for interactive work, worked out again every RECOMPUTE_S;
+    `scale` raises each class's configured bound to it; `since` is when stretching began."""
 
     __slots__ = ("_at", "bound_s", "configured_s", "episodes", "since")
 
@@ -99,12 +99,6 @@ class Stretch:
         self.since: float | None = None
         self.episodes = 0  # how many times stretching began
         self._at = -math.inf
-
-    @property
-    def factor(self) -> float:
-        if self.configured_s is None or self.bound_s is None:
-            return 1.0
-        return self.bound_s / self.configured_s
 
     @property
     def stretched(self) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.replicas import Replicating
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
@@ -23,12 +22,10 @@ class Swapping(Replicating):
     """The swap half of `Scheduler`; the attributes below are the scheduler's."""
 
     models: dict[str, ModelRecord]
-    _fx: Effects
     _strict: bool
     _several: bool
     _min_visit: float
     _incoming: set[ModelRecord]
-    _batch_max_wait_s: float | None
 
     def _head(self) -> Request | None:
         raise NotImplementedError
@@ -108,14 +105,11 @@ class Swapping(Replicating):
             return False
         if c is not forced and self._class_preempts(victims, c):
             return True  # one way only (batch never preempts), so no progress rule is needed
+        desperate = c is forced and self._several and self._desperate(c, now)
         if (
             c is forced
             and self._several
-            and any(
-                self._has_work(v, now)
-                for v in victims
-                if not (self._shared(v) and self._desperate(c, now))
-            )
+            and any(self._has_work(v, now) for v in victims if not (desperate and self._shared(v)))
         ):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there
@@ -230,7 +224,7 @@ class Swapping(Replicating):
 
     def _desperate(self, c: ModelRecord, now: float) -> bool:
         """Overdue `c`'s oldest request of its top class has waited twice its class's bound."""
-        bound = self.stretch.scale(self._batch_max_wait_s if c.top_batch else self._max_wait_s)
+        bound = self._bound_s(c.top_batch)
         r = c.oldest_top()
         return bound is not None and r is not None and now - r.arrived_at >= 2 * bound
 

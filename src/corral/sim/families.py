@@ -99,8 +99,7 @@ def random_scenario(seed: int) -> Scenario:
                 if m in batch_models:
                     line["class"] = "batch"
                 lines.append(line)
-    lines.sort(key=lambda x: (str(x["model"]), 0))  # stable: by model, then by time below
-    lines.sort(key=lambda x: x["t"] if isinstance(x["t"], float) else 0.0)
+    lines.sort(key=lambda x: (x["t"], x["model"]))
     name = f"random-{seed}"
     summary = (
         f"{n_dev} device(s){' packed by memory' if packing else ''}, {n_models} models, "
