@@ -10,6 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.pgserver import suite_url
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -24,7 +26,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+# 127.0.0.1:5432/test, or a throwaway cluster when nothing answers there. Called on import:
+# pytest-xdist's controller imports this first and its workers inherit the URL it settles on.
+PG_URL = suite_url()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -1,4 +1,5 @@
-"""One suite, every store: memory, SQLite and PostgreSQL (127.0.0.1:5432, database `test`).
+"""One suite, every store: memory, SQLite and PostgreSQL (127.0.0.1:5432, database `test`, or
+the throwaway cluster of tests/pgserver.py).
 
 Each PostgreSQL test gets a schema of its own, dropped afterwards, so parallel runs never meet.
 """
@@ -41,8 +42,7 @@ from corral.store.postgres import PostgresStore
 from corral.store.sql import SqlStore, migrations
 from corral.store.sqlite import DIALECT as SQLITE_DIALECT
 from corral.store.sqlite import SqliteStore
-
-PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+from tests.conftest import PG_URL
 
 
 class Clock:

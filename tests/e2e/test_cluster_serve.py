@@ -19,6 +19,7 @@ import anthropic
 import httpx
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -61,9 +62,10 @@ def cluster(folder: Path, n: int) -> Iterator[tuple[Hosts, list[Node]]]:
     """`n` nodes, one per host, on a PostgreSQL schema of their own (reached through a TCP
     relay on the host's bridge address) and one shared data folder."""
     hosts = Hosts(n)
-    relay = TcpProxy(5432, host=hosts.host_address)
+    relay = TcpProxy(int(str(conninfo_to_dict(PG_URL)["port"])), host=hosts.host_address)
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    store = f"postgresql://postgres@{hosts.host_address}:{relay.port}/test?schema={schema}"
+    db = conninfo_to_dict(PG_URL)["dbname"]
+    store = f"postgresql://postgres@{hosts.host_address}:{relay.port}/{db}?schema={schema}"
     nodes: list[Node] = []
     try:
         for i in range(n):
