@@ -134,10 +134,14 @@ def run_once(
         "skewed": skewed,
         "loads_per_task": len(loads) / len(starts),
         "wait_mean_s": sum(starts) / len(starts) - started_at,
+        # The whole drain, from the workers' start (process start-up included) to the last task.
+        "first_task_s": min(starts) - started_at,
+        "whole_rate_per_s": len(ends) / (ends[-1] - started_at),
     }
     if task_s:
         out["ideal_per_s"] = workers / task_s
         out["of_ideal"] = rate / out["ideal_per_s"]
+        out["whole_of_ideal"] = out["whole_rate_per_s"] / out["ideal_per_s"]
     return out
 
 

@@ -109,7 +109,8 @@ class Swapping(Replicating):
         if (
             c is forced
             and self._several
-            and any(self._has_work(v, now) for v in victims if not (desperate and self._shared(v)))
+            and not desperate
+            and any(self._has_work(v, now) for v in victims)
         ):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there

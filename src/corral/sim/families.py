@@ -35,8 +35,10 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
     return math.exp(rng.uniform(math.log(lo), math.log(hi)))
 
 
-def random_scenario(seed: int) -> Scenario:
-    """One scenario of the family described in the module docstring."""
+def random_scenario(seed: int, max_requests: int = MAX_REQUESTS, steady: bool = False) -> Scenario:
+    """One scenario of the family described in the module docstring. A smaller `max_requests`
+    (for property tests) shortens the arrivals in proportion, the shape of the scenario kept.
+    `steady`: Poisson arrivals only, all interactive (no bursts, no batch work)."""
     rng = random.Random(seed)
     n_dev = rng.choice(DEVICE_COUNTS)
     packing = rng.random() < 0.5
@@ -74,17 +76,20 @@ def random_scenario(seed: int) -> Scenario:
         share = [hot / work] + [s * rest / (1 - share[0]) for s in share[1:]]
     batch_models = set(rng.sample(names, rng.randint(1, 2))) if rng.random() < 1 / 3 else set()
     bursty = {m for m in names if rng.random() < 1 / 3}
+    if steady:
+        batch_models, bursty = set(), set()
     # Per-slot work: a model with c slots serves c at once, so its offered load is over c.
     rate = {m: work * s * conc[m] / service[m] for m, s in zip(names, share, strict=True)}
     total_rate = sum(rate.values())
-    duration_s = min(1800.0, max(300.0, MAX_REQUESTS / total_rate))
+    scale = max_requests / MAX_REQUESTS
+    duration_s = min(1800.0 * scale, max(300.0 * scale, max_requests / total_rate))
     lines: list[dict[str, object]] = []
     for m in names:
         burst = 1
         if m in batch_models:
-            burst = rng.randint(50, 500)
+            burst = max(1, round(rng.randint(50, 500) * scale))
         elif m in bursty:
-            burst = rng.randint(5, 50)
+            burst = max(1, round(rng.randint(5, 50) * scale))
         t = 0.0
         while True:
             t += rng.expovariate(rate[m] / burst)
