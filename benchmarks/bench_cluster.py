@@ -160,7 +160,12 @@ def main() -> None:
             for affinity in (False, True):
                 row = run_once(workers, affinity, task_s, args)
                 rows.append(row)
-                ideal = f", {row['of_ideal']:.0%} of ideal" if task_s else ""
+                ideal = (
+                    f", {row['of_ideal']:.0%} of ideal (whole drain from start: "
+                    f"{row['whole_of_ideal']:.0%}, first task at {row['first_task_s']:.1f} s)"
+                    if task_s
+                    else ""
+                )
                 print(
                     f"{'50 ms' if task_s else 'no-op':5s} {workers} worker(s) "
                     f"{'affinity   ' if affinity else 'independent'}: {row['loads']:3d} loads "

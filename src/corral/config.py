@@ -354,7 +354,15 @@ class BatchConfig(_Strict):
     )
     webhook_hosts: list[str] = Field(
         default_factory=list,
-        description="If set, webhook URLs must point at one of these hosts.",
+        description="If set, webhook URLs must point at one of these hosts (which may then be "
+        "loopback or private addresses). Unset: any host that resolves only to public "
+        "addresses; loopback, link-local, private and multicast ones are refused.",
+    )
+    webhook_secret: str | None = Field(
+        default=None,
+        description="Signs every webhook the Standard Webhooks way: webhook-id, "
+        "webhook-timestamp and webhook-signature (v1,<base64 HMAC-SHA256 of "
+        "id.timestamp.body>) headers. A whsec_ prefix marks a base64 secret.",
     )
     completion_windows: list[Annotated[str, Field(pattern=r"^[1-9]\d*[smhd]$")]] = Field(
         default_factory=lambda: ["24h"],

@@ -104,7 +104,7 @@ def test_finalizing_twice_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_an_undelivered_webhook_is_found_again_after_a_restart(tmp_path: Path) -> None:
-    svc, store, clock = service(tmp_path)
+    svc, store, clock = service(tmp_path, webhook_hosts=["hooks.local"])
     b = svc.create(upload(svc, 1), "/v1/embeddings", webhook_url="http://hooks.local/x")
     (t,) = store.claim("m", "w", 1, 30.0)
     store.finish(t.id, t.lease_token or "", {"status_code": 200, "request_id": "q", "body": {}})

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from corral.batch.files import FileStorage
 from corral.batch.jsonl import ENDPOINTS, check, result_line, tasks
+from corral.batch.webhooks import WebhookRefused, check_url, resolve_host
 from corral.config import BatchConfig
 from corral.store import (
     Batch,
@@ -75,10 +75,13 @@ class BatchService:
         limits: BatchConfig,
         resolve: Callable[[str], str | None],
         clock: Callable[[], float] = time.time,
+        lookup: Callable[[str, int], list[str]] = resolve_host,
     ) -> None:
+        """`lookup`: a host's addresses, for checking webhook targets (DNS by default)."""
         self.store, self.files, self.limits = store, files, limits
         self.resolve = resolve
         self.clock = clock
+        self.lookup = lookup
         self._scanned = False  # `tick` has read every batch once
         self._hooks: set[str] = set()  # ended batches whose webhook is still to be delivered
         self._swept_at = 0.0
@@ -311,20 +314,10 @@ class BatchService:
             )
 
     def _check_webhook(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise BatchError(
-                400, "webhook_url must be an http(s) URL", "invalid_value", "webhook_url"
-            )
-        allowed = self.limits.webhook_hosts
-        if allowed and parts.hostname not in allowed:
-            raise BatchError(
-                400,
-                f"webhook host {parts.hostname!r} is not allowed (batch.webhook_hosts: "
-                f"{', '.join(allowed)})",
-                "invalid_value",
-                "webhook_url",
-            )
+        try:
+            check_url(url, self.limits.webhook_hosts, self.lookup)
+        except WebhookRefused as exc:
+            raise BatchError(400, str(exc), "invalid_value", "webhook_url") from None
 
     def batch(self, batch_id: str) -> Batch:
         try:
@@ -417,6 +410,7 @@ class BatchService:
             self._swept_at = now
             self.sweep()
         due: list[Webhook] = []
+        seen: set[str] = set()
         live = 0
         for b in self._batches():
             if b.status == "validating":
@@ -432,7 +426,10 @@ class BatchService:
                     b = self._finalize(b)
             if b.status in _ENDED and _hook_pending(b):
                 self._hooks.add(b.id)
-                if now >= (b.data.get("webhook") or {}).get("next_at", 0):
+                # A batch that ended in this tick is read again from `_hooks` (it was live
+                # when the tick began): one webhook per batch per tick (issue 25).
+                if now >= (b.data.get("webhook") or {}).get("next_at", 0) and b.id not in seen:
+                    seen.add(b.id)
                     due.append(Webhook(b.id, b.data["webhook_url"], self.object(b)))
             else:
                 self._hooks.discard(b.id)

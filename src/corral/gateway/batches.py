@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import aiohttp
-import httpx
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile as StarletteUploadFile
@@ -28,6 +27,7 @@ import corral
 from corral.batch.files import FileStorage, TooLarge
 from corral.batch.jsonl import KIND
 from corral.batch.service import BatchError, BatchService, expires_after_s
+from corral.batch.webhooks import Deliverer
 from corral.config import Config
 from corral.gateway.errors import error
 from corral.gateway.openapi import (
@@ -196,7 +196,14 @@ class BatchRuntime:
         return out
 
     async def _ticks(self, every_s: float = 0.25) -> None:
-        async with httpx.AsyncClient(timeout=10) as client:
+        async def report(batch_id: str, problem: str | None) -> None:
+            if problem is not None:
+                log.warning("webhook of batch %s not delivered: %s", batch_id, problem)
+            await asyncio.to_thread(self.service.webhook_sent, batch_id, problem)
+
+        limits = self.config.batch
+        hooks = Deliverer(limits.webhook_hosts, report, limits.webhook_secret)
+        try:
             while True:
                 if not self.leads():  # another node of the cluster ends batches
                     await asyncio.sleep(every_s)
@@ -206,25 +213,15 @@ class BatchRuntime:
                     if live or self._live:  # the dashboard refreshes its batch list on these
                         self.gateway.publish("batches", running=live)
                     self._live = live
-                    for hook in due:
-                        await self._deliver(client, hook.batch_id, hook.url, hook.body)
+                    for hook in due:  # in the background: a slow target delays no batch
+                        hooks.submit(hook.batch_id, hook.url, hook.body)
                 except (StoreUnavailable, StoreBusy) as exc:  # the store logged the outage
                     log.warning("batch tick skipped: %s", exc)
                 except Exception:  # keep ending batches whatever one tick hit
                     log.exception("batch tick failed")
                 await asyncio.sleep(every_s)
-
-    async def _deliver(
-        self, client: httpx.AsyncClient, batch_id: str, url: str, body: dict[str, Any]
-    ) -> None:
-        problem: str | None = None
-        try:
-            r = await client.post(url, json={"type": f"batch.{body['status']}", "data": body})
-            if r.status_code >= 400:
-                problem = f"HTTP {r.status_code}"
-        except httpx.HTTPError as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        await asyncio.to_thread(self.service.webhook_sent, batch_id, problem)
+        finally:
+            await hooks.close()
 
 
 def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
