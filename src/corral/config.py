@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from corral.envvars import expand_env
 from corral.errors import ConfigError, Problem
 from corral.policy_names import POLICY_NAMES as POLICY_NAMES  # re-exported
 from corral.policy_names import PolicyName as PolicyName
@@ -265,6 +266,13 @@ class ServerConfig(_Strict):
     listen: str = Field(default="127.0.0.1:8080", description="host:port to bind.")
     api_keys: list[str] = Field(
         default_factory=list, description="If set, requests need `Authorization: Bearer KEY`."
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names served besides IP addresses and localhost (a guard against DNS "
+        'rebinding; "*": any), and the sites whose pages may send requests that change '
+        "state (cross-site requests are refused otherwise). Name the host of a reverse proxy "
+        "in front of Corral here.",
     )
     max_body_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=32.0, description="Larger request bodies get 413."
@@ -568,6 +576,12 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise ConfigError(
             [Problem(source, 1, "", "the top level must be a mapping (models:, ...)")]
         )
+    # ${env.NAME} everywhere, as in llama-swap's format (one code path): an unset variable is
+    # an error, never the literal text (as an API key, a working key anyone could guess).
+    unset: list[Problem] = []
+    data = expand_env(data, (), unset)
+    by_where = {".".join(map(str, k)): n for k, n in lines.items()}
+    problems += [Problem(source, by_where.get(u.where), u.where, u.message) for u in unset]
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:

@@ -144,3 +144,28 @@ def test_with_policy_copies() -> None:
     c = parse_config(ISSUE_EXAMPLE)
     assert c.with_policy("fifo").scheduler.policy == "fifo"
     assert c.scheduler.policy == "cost"
+
+
+def test_env_variables_expand_in_corrals_own_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_K", "real-secret")
+    monkeypatch.setenv("CORRAL_PORT", "9001")
+    c = parse_config(
+        "models:\n  m: {cmd: 'serve --port ${env.CORRAL_PORT}'}\n"
+        "server:\n  api_keys: ['${env.CORRAL_K}', 'k-${env.CORRAL_K}']\n"
+    )
+    assert c.server.api_keys == ["real-secret", "k-real-secret"]
+    assert c.models["m"].cmd == "serve --port 9001"
+
+
+def test_an_unset_env_variable_is_an_error_naming_it_and_its_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CORRAL_NOPE", raising=False)
+    with pytest.raises(ConfigError) as exc:
+        parse_config(
+            "models:\n  m: {load_s: 1}\nserver:\n  api_keys:\n    - ${env.CORRAL_NOPE}\n", "c.yaml"
+        )
+    assert str(exc.value.problems[0]) == (
+        "c.yaml:5: server.api_keys.0: environment variable CORRAL_NOPE is not set "
+        "(${env.CORRAL_NOPE})"
+    )

@@ -37,6 +37,7 @@ from corral.gateway.errors import (
     store_unavailable,
     validation_error,
 )
+from corral.gateway.guard import Guard
 from corral.gateway.llamaswap_routes import llamaswap_routes
 from corral.gateway.openai_routes import openai_routes
 from corral.gateway.proxy import (
@@ -80,6 +81,10 @@ class ApiKeys:
                 )
                 await response(scope, receive, send)
                 return
+            if b"corral_key" in headers.get(b"cookie", b""):
+                # The key's cookie is ours: it never reaches a model server or an upstream.
+                scope = dict(scope)
+                scope["headers"] = _without_cookie(scope["headers"], b"corral_key")
         await self.app(scope, receive, send)
 
 
@@ -173,8 +178,9 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     app.add_exception_handler(StoreBusy, store_unavailable)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(ModelRoutes, handle=px.handle)
-    if keys:  # added last: outermost, so it guards the model routes too
+    if keys:  # added after: outside the model routes, so it guards them too
         app.add_middleware(ApiKeys, keys=keys)
+    app.add_middleware(Guard, allowed_hosts=config.server.allowed_hosts)  # outermost
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))
@@ -202,3 +208,17 @@ def _cookie(header: bytes, name: bytes) -> bytes:
         if key == name:
             return urllib.parse.unquote_to_bytes(value)
     return b""
+
+
+def _without_cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> list[tuple[bytes, bytes]]:
+    """`headers` with cookie `name` taken out of every Cookie header (and a Cookie header left
+    empty dropped)."""
+    out = []
+    for k, v in headers:
+        if k == b"cookie":
+            kept = [p for p in v.split(b";") if p.strip().partition(b"=")[0] != name]
+            if not any(p.strip() for p in kept):
+                continue
+            v = b";".join(kept).strip()
+        out.append((k, v))
+    return out
