@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import http.server
 import json
+import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
-from tests.e2e.test_gateway import KEY, SIM, Gateway, serve, wait_for
-from tests.helpers import JsonHandler
+from corral.backends.process import free_port
+from tests.conftest import PG_URL
+from tests.e2e.test_gateway import CORRAL, KEY, SIM, Gateway, serve, wait_for
+from tests.helpers import JsonHandler, wait_http_ok
 
 pytestmark = pytest.mark.e2e
 
@@ -143,3 +149,80 @@ server:
         assert KEY not in json.dumps(h), h
     assert Recorder.seen[0]["cookie"] == "theme=dark; lang=en"
     assert "cookie" not in Recorder.seen[1]
+
+
+SECRET_KEY = "sk-live-0123456789abcdef4f2a"
+
+
+def test_secrets_are_masked_in_running_logs_and_the_server_log(tmp_path: Path) -> None:
+    # `sh -c` runs the sim server and ignores the arguments after it: a server with a key flag.
+    config = f"""
+models:
+  alpha:
+    load_s: 0.1
+    cmd: sh -c 'exec {SIM} --load-s 0.1 --port ${{PORT}} --model alpha' sh --api-key {SECRET_KEY}
+    proxy: http://127.0.0.1:${{PORT}}
+server:
+  log_dir: LOG_DIR
+"""
+    with serve(tmp_path, config) as g:
+        assert httpx.post(f"{g.url}/v1/chat/completions", json=CHAT, timeout=30).status_code == 200
+        running = httpx.get(f"{g.url}/running").text
+        logs = httpx.get(f"{g.url}/logs").text
+        model_logs = httpx.get(f"{g.url}/api/models/alpha/logs").text
+        status = httpx.get(f"{g.url}/api/status").text
+    for shown in (running, logs, model_logs, status):
+        assert SECRET_KEY not in shown
+    assert "sk-...4f2a" in running
+    assert "sk-...4f2a" in logs  # the "--- corral: starting ..." line
+
+
+def test_config_check_and_the_start_up_line_mask_keys_and_passwords(tmp_path: Path) -> None:
+    # PostgreSQL's trust auth ignores the password: the store opens, and the line is printed.
+    pg = conninfo_to_dict(PG_URL)
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    store = (
+        f"postgresql://postgres:pw-0123456789abcdef7777@{pg['host']}:{pg['port']}/{pg['dbname']}"
+        f"?schema={schema}"
+    )
+    config = tmp_path / "corral.yaml"
+    config.write_text(
+        f"""
+models:
+  alpha:
+    cmd: {SIM} --port ${{PORT}} --model alpha
+    upstream_api_key: up-0123456789abcdef9999
+server:
+  api_keys: [{SECRET_KEY}]
+  store: {store}
+  log_dir: {tmp_path / "logs"}
+"""
+    )
+    config.chmod(0o644)
+    out = subprocess.run(
+        [CORRAL, "config", "check", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    for secret in (SECRET_KEY, "up-0123456789abcdef9999", "pw-0123456789abcdef7777"):
+        assert secret not in text
+    assert "sk-...4f2a" in out.stdout
+    assert "can be read (it holds API keys) by other users" in out.stderr
+    config.chmod(0o600)
+    quiet = subprocess.run([CORRAL, "config", "check", str(config)], capture_output=True, text=True)
+    assert "other users" not in quiet.stderr
+    port = free_port()
+    proc = subprocess.Popen(
+        [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert "corral serve:" in err
+    assert "pw-0123456789abcdef7777" not in err
+    assert "pw-...7777" in err

@@ -24,6 +24,7 @@ import httpx
 
 from corral.backends.orphans import ServerRecord
 from corral.errors import CorralError
+from corral.secrets import Redactor, flag_values
 
 _MACRO = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 
@@ -160,7 +161,8 @@ class ProcessBackend:
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            log.write(f"--- corral: starting {shlex.join(argv)}\n".encode())
+            shown = Redactor(flag_values(self.spec.cmd))(shlex.join(argv))
+            log.write(f"--- corral: starting {shown}\n".encode())
             log.flush()
             try:
                 self._proc = await asyncio.create_subprocess_exec(

@@ -66,9 +66,13 @@ def config_check(
         config, mapping = load_config_file(file)
     except CorralError as exc:
         raise _fail(exc) from None
+    from corral.secrets import Redactor
+
+    redact = Redactor.of(config)  # keys shown as sk-...4f2a: enough to tell which one
     data = config.model_dump(mode="json")
+    _warn_if_exposed(file, config)
     if as_json:
-        print(json.dumps(data, indent=2))
+        print(redact(json.dumps(data, indent=2)))
         return
     if mapping is not None:
         err_console.print(f"{file} is in llama-swap's format; mapped onto Corral's:")
@@ -89,7 +93,15 @@ def config_check(
             "and the task queue use them as they are.",
             highlight=False,
         )
-    print(yaml.safe_dump(data, sort_keys=False), end="")
+    print(redact(yaml.safe_dump(data, sort_keys=False)), end="")
+
+
+def _warn_if_exposed(path: Path, config: Config) -> None:
+    from corral.secrets import warn_if_exposed
+
+    warning = warn_if_exposed(Path(path), config)
+    if warning is not None:
+        err_console.print(f"[yellow]warning[/yellow]: {warning}", highlight=False)
 
 
 def _policies(requested: list[str] | None, config: Config) -> list[PolicyName]:
@@ -359,6 +371,7 @@ def serve_cmd(
             title = str(config_path) + (" (llama-swap format)" if mapping else "")
             for key, why in mapping.ignored if mapping else ():  # never silently
                 err_console.print(f"[yellow]ignored[/yellow]  {key}: {why}", highlight=False)
+            _warn_if_exposed(config_path, config)
         if listen is not None:
             server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
             config = config.model_copy(update={"server": server})
@@ -409,10 +422,13 @@ def serve_cmd(
     except CorralError as exc:
         raise _fail(exc) from None
     err_console.print(
-        f"corral serve: {title} on http://{config.server.listen}/v1 "
-        f"(policy {config.scheduler.policy}; models: {', '.join(served)}; logs: {log_dir}; "
-        f"batches: {batches}; dashboard: "
-        f"http://{config.server.listen}/ui)"
+        app.state.gateway.redact(
+            f"corral serve: {title} on http://{config.server.listen}/v1 "
+            f"(policy {config.scheduler.policy}; models: {', '.join(served)}; logs: {log_dir}; "
+            f"batches: {batches}; dashboard: "
+            f"http://{config.server.listen}/ui)"
+        ),
+        highlight=False,
     )
     uvicorn.run(app, host=host, port=int(port), log_level="warning")
 

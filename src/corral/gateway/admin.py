@@ -60,7 +60,7 @@ def admin_routes(
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
             return unknown_model(model, config)
-        tail = gateway.backends[resolved].log_tail(max(1, min(lines, 10_000)))
+        tail = gateway.redact(gateway.backends[resolved].log_tail(max(1, min(lines, 10_000))))
         return Response(tail + "\n" if tail else "", media_type="text/plain; charset=utf-8")
 
     @router.post("/api/models/{model}/load")

@@ -56,7 +56,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
                 {
                     "model": name,
                     "state": state,
-                    "cmd": m.cmd or "",
+                    "cmd": gateway.redact(m.cmd or ""),
                     "proxy": gateway.backends[name].proxy_url,
                     "ttl": int(m.ttl_s or 0),
                     "name": "",
@@ -88,7 +88,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
         lines = []
         for name, backend in sorted(gateway.backends.items()):
             lines += [f"[{name}] {line}" for line in backend.log_tail(200).splitlines()]
-        return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
+        return PlainTextResponse(gateway.redact("\n".join(lines) + ("\n" if lines else "")))
 
     @router.get("/logs/stream")
     async def logs_stream() -> Response:
@@ -101,7 +101,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
         async def lines() -> AsyncIterator[bytes]:
             for name, backend in sorted(gateway.backends.items()):
                 for line in backend.log_tail(50).splitlines():
-                    yield f"[{name}] {line}\n".encode()
+                    yield gateway.redact(f"[{name}] {line}\n").encode()
             offsets = {n: _size(p) for n, p in files.items()}
             partial: dict[str, bytes] = {}
             while True:
@@ -120,7 +120,8 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
                     if rest:
                         partial[name] = rest
                     for line in done:
-                        yield b"[" + name.encode() + b"] " + line + b"\n"
+                        text = line.decode(errors="replace")
+                        yield gateway.redact(f"[{name}] {text}\n").encode()
 
         return StreamingResponse(lines(), media_type="text/plain; charset=utf-8")
 

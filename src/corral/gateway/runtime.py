@@ -29,6 +29,7 @@ from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
 from corral.gateway.metrics import Metrics
 from corral.gateway.servers import process_spec, runs_once, upstream_backend
+from corral.secrets import Redactor
 from corral.worker.runtime import Worker
 
 log = logging.getLogger("corral.gateway")
@@ -56,6 +57,8 @@ class Gateway:
 
     def __init__(self, config: Config, log_dir: Path) -> None:
         self.config = config
+        # Masks the config's secrets in what the HTTP side shows (status, /running, logs).
+        self.redact = Redactor.of(config)
         self.log_dir = log_dir
         # The model's server; a second copy (a replica on another device) gets a server of its
         # own (`_copy_backend`). `_on` maps (model, device) to the server running there.
@@ -425,7 +428,11 @@ class Gateway:
                 "load_s_estimate": round(m.load_est, 3),
                 "unload_s_estimate": round(m.unload_est, 3),
                 "service_s_estimate": round(m.service_est, 3),
-                "proxy": backend.proxy_url if backend is not None and backend.running else None,
+                "proxy": (
+                    self.redact(backend.proxy_url)
+                    if backend is not None and backend.running
+                    else None
+                ),
                 "pid": backend.pid if backend is not None and backend.running else None,
                 "replicas": [  # its second copies, on other devices
                     self._copy_status(name, c.device.name, c.state.value, c.in_flight)
@@ -494,7 +501,7 @@ class Gateway:
             "state": state,
             "in_flight": in_flight,
             "dispatched": self.dispatched_on[model, device],
-            "proxy": b.proxy_url if up and b is not None else None,
+            "proxy": self.redact(b.proxy_url) if up and b is not None else None,
             "pid": b.pid if up and b is not None else None,
         }
 
