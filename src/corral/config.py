@@ -340,6 +340,11 @@ class BatchConfig(_Strict):
     max_file_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=200.0, description="Size of an uploaded file."
     )
+    max_line_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Size of one line of a batch file; a longer line fails the batch, named "
+        "(never read whole). Default: server.max_body_mb, the interactive body limit.",
+    )
     max_queued_batches: int = Field(
         default=100, ge=1, description="Batches not yet ended; more are refused with 429."
     )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
-from corral.batch.jsonl import check, result_line, tasks
+from corral.batch.jsonl import TooLong, bounded_lines, check, result_line, tasks
 from corral.store import Task, TaskStatus
 
 EP = "/v1/chat/completions"
@@ -148,3 +149,15 @@ def test_a_model_override_runs_every_line_on_it(tmp_path: Path) -> None:
     path.write_text("\n".join([line(1, body={"messages": []}), line(2)]) + "\n")
     checked = check(path, EP, MODELS.get, 10, override="beta")
     assert (checked.errors, checked.models) == ([], ["beta", "beta"])
+
+
+def test_lines_over_the_cap_are_measured_never_held() -> None:
+    data = b"abc\n" + b"x" * 50 + b"\n" + b"12345\r\n" + b"y" * 10 + b"\n" + b"z" * 25
+    assert list(bounded_lines(io.BytesIO(data), 10)) == [
+        b"abc\n",
+        TooLong(50),
+        b"12345\r\n",
+        b"y" * 10 + b"\n",
+        TooLong(25),  # the last line, without its newline
+    ]
+    assert list(bounded_lines(io.BytesIO(b"1234567890\r\n"), 10)) == [b"1234567890\r\n"]

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from corral.store import NewTask, Task, TaskStatus
 
@@ -47,6 +47,34 @@ class Checked:
         return not self.errors
 
 
+@dataclass(frozen=True, slots=True)
+class TooLong:
+    """A line longer than the cap: its length, never its bytes."""
+
+    size: int
+
+
+def bounded_lines(f: BinaryIO, max_bytes: int) -> Iterator[bytes | TooLong]:
+    """The lines of `f`, each whole if it holds at most `max_bytes` (its newline aside), else a
+    `TooLong` in its place: a longer line is read through in 1 MB pieces and dropped, so a
+    190 MB line costs 1 MB of memory, not 190 (issue 25)."""
+    limit = max_bytes + 2  # the cap, and room for "\r\n"
+    while True:
+        raw = f.readline(limit)
+        if not raw:
+            return
+        whole = raw.endswith(b"\n") or len(raw) < limit  # else the line goes on
+        size = len(raw.rstrip(b"\r\n"))
+        if whole and size <= max_bytes:
+            yield raw
+            continue
+        while not whole:
+            raw = f.readline(1 << 20)
+            whole = not raw or raw.endswith(b"\n")
+            size += len(raw.rstrip(b"\r\n"))
+        yield TooLong(size)
+
+
 def check(
     path: Path,
     endpoint: str,
@@ -54,10 +82,12 @@ def check(
     max_lines: int,
     max_errors: int = 100,
     override: str | None = None,
+    max_line_bytes: int = 32 << 20,
 ) -> Checked:
     """Check every line of the file at `path` for a batch on `endpoint`. `resolve` maps a
     body's `model` (a name or alias) to the model that serves it, None if unknown. With
-    `override` (a model), every line runs on it and the bodies' own `model` is not needed."""
+    `override` (a model), every line runs on it and the bodies' own `model` is not needed.
+    A line over `max_line_bytes` is an error naming it, never read whole."""
     out = Checked()
     seen: set[str] = set()
     errors = out.errors
@@ -68,11 +98,20 @@ def check(
     blank: list[int] = []  # blank lines so far: fine at the end of the file, not before a line
     with path.open("rb") as f:
         n = 0
-        for n, raw in enumerate(f, 1):
-            if n == 1:
-                raw = raw.removeprefix(_BOM)
+        for n, raw in enumerate(bounded_lines(f, max_line_bytes), 1):
             if len(errors) >= max_errors:
                 break
+            if isinstance(raw, TooLong):
+                mb = max_line_bytes / (1 << 20)
+                bad(
+                    "line_too_long",
+                    f"is {raw.size / (1 << 20):.1f} MB; a line may hold {mb:g} MB "
+                    "(batch.max_line_mb)",
+                    n,
+                )
+                continue
+            if n == 1:
+                raw = raw.removeprefix(_BOM)
             if n > max_lines:
                 errors.append(
                     LineError(

@@ -76,9 +76,13 @@ class BatchService:
         resolve: Callable[[str], str | None],
         clock: Callable[[], float] = time.time,
         lookup: Callable[[str, int], list[str]] = resolve_host,
+        max_line_bytes: int = 32 << 20,
     ) -> None:
-        """`lookup`: a host's addresses, for checking webhook targets (DNS by default)."""
+        """`lookup`: a host's addresses, for checking webhook targets (DNS by default).
+        `max_line_bytes`: the cap on one line (`batch.max_line_mb`, else the server's body
+        limit)."""
         self.store, self.files, self.limits = store, files, limits
+        self.max_line_bytes = max_line_bytes
         self.resolve = resolve
         self.clock = clock
         self.lookup = lookup
@@ -162,7 +166,9 @@ class BatchService:
         self.files.remove(f.id)
 
     def sweep(self) -> int:
-        """Delete every expired file; returns how many."""
+        """Delete every expired file, and `.part` files their writer left; returns how many
+        expired."""
+        self.files.sweep_parts()
         now = self.clock()
         gone = 0
         after = None
@@ -267,7 +273,12 @@ class BatchService:
         """Check the input file: the batch's status, data and lines (`failed` with every
         problem, or `in_progress`). `BatchError` if the queue has no room for its lines."""
         checked = check(
-            path, data["endpoint"], self.resolve, self.limits.max_lines, override=data["model"]
+            path,
+            data["endpoint"],
+            self.resolve,
+            self.limits.max_lines,
+            override=data["model"],
+            max_line_bytes=self.max_line_bytes,
         )
         data = dict(data)
         if not checked.ok:

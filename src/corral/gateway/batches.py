@@ -15,13 +15,14 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import aiohttp
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile as StarletteUploadFile
+from starlette.formparsers import MultiPartParser
 
 import corral
 from corral.batch.files import FileStorage, TooLarge
@@ -109,7 +110,10 @@ class BatchRuntime:
         self.config = config
         self.gateway = gateway
         self.store = store
-        self.service = BatchService(store, files, config.batch, config.resolve)
+        line_mb = config.batch.max_line_mb or config.server.max_body_mb
+        self.service = BatchService(
+            store, files, config.batch, config.resolve, max_line_bytes=int(line_mb * (1 << 20))
+        )
         self._session: aiohttp.ClientSession | None = None
         registry = Registry()
         for name in gateway.backends:
@@ -235,11 +239,26 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
     async def upload(request: Request) -> Response:
         """Multipart `file` and `purpose`. The parser spools the file part to disk past 1 MB,
         and it is copied from there in 1 MB chunks: never in memory whole."""
+        limit = max_upload_bytes + 64 * 1024  # the file, and room for the other fields
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_upload_bytes + 64 * 1024:
+        if declared.isdigit() and int(declared) > limit:
             return _too_large(max_upload_bytes)
+
+        async def counted() -> AsyncGenerator[bytes, None]:
+            # Counted as the bytes arrive: a chunked upload without Content-Length is refused
+            # the moment it passes the limit, not after it was read and spooled whole.
+            seen = 0
+            async for chunk in request.stream():
+                seen += len(chunk)
+                if seen > limit:
+                    raise TooLarge(f"over {limit} bytes")
+                yield chunk
+
+        parser = MultiPartParser(request.headers, counted(), max_files=1, max_fields=8)
         try:
-            form = await request.form(max_files=1, max_fields=8)
+            form = await parser.parse()
+        except TooLarge:
+            return _too_large(max_upload_bytes)
         except Exception as exc:  # the parser's errors have no common base to catch
             return error(400, f"bad multipart body: {exc}", "invalid_request_error")
         try:
