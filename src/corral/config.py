@@ -267,6 +267,24 @@ class ServerConfig(_Strict):
     api_keys: list[str] = Field(
         default_factory=list, description="If set, requests need `Authorization: Bearer KEY`."
     )
+    header_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="A connection whose request headers are not all in after this long (a "
+        "client trickling them, or one that connected and sent nothing) gets 408 and is closed.",
+    )
+    keep_alive_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=5.0, description="An idle keep-alive connection is closed after this long."
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Connections (and requests in progress) at once; beyond, requests get 503.",
+    )
+    stream_send_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="A streamed answer whose client reads nothing for this long is dropped, "
+        "and its model's slot freed for the requests waiting behind it.",
+    )
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Host names served besides IP addresses and localhost (a guard against DNS "

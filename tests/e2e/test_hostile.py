@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import threading
 import uuid
@@ -226,3 +227,37 @@ server:
     assert "corral serve:" in err
     assert "pw-0123456789abcdef7777" not in err
     assert "pw-...7777" in err
+
+
+def test_a_model_server_listening_beyond_loopback_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "corral.yaml"
+    config.write_text(
+        f"""
+models:
+  open:
+    load_s: 0.1
+    cmd: {SIM} --load-s 0.1 --host 0.0.0.0
+  closed:
+    load_s: 0.1
+    cmd: {SIM} --load-s 0.1
+server:
+  log_dir: {tmp_path / "logs"}
+"""
+    )
+    port = free_port()
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}
+    proc = subprocess.Popen(
+        [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health")
+        for model in ("open", "closed"):
+            body = {**CHAT, "model": model}
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "model open: its server answers on" in err
+    assert "model closed: its server answers" not in err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import shlex
@@ -21,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 from corral.backends.orphans import ServerRecord
 from corral.errors import CorralError
 from corral.secrets import Redactor, flag_values
+
+logger = logging.getLogger("corral.backends")
 
 _MACRO = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 
@@ -126,6 +130,7 @@ class ProcessBackend:
         self._fixed_port = port
         self.port: int | None = None
         self.proxy_url = ""
+        self.exposed: str | None = None  # a non-loopback address its server answered on
         self.served_name = spec.served_name or spec.model
         self.headers: dict[str, str] = {}
         self._proc: asyncio.subprocess.Process | None = None
@@ -188,6 +193,19 @@ class ProcessBackend:
             await self._kill()
             raise
         self._watch = asyncio.ensure_future(self._watch_exit())
+        if self.exposed is None:  # once per model: the same command binds the same way
+            assert self.port is not None
+            self.exposed = await exposed_on(self.port)
+            if self.exposed:
+                logger.warning(
+                    "%s: its server answers on %s:%d too, not only on loopback: anyone who "
+                    "can reach this machine can use it there without Corral's keys or "
+                    "scheduling. Bind it to loopback (llama-server: --host 127.0.0.1, the "
+                    "default; vLLM: --host 127.0.0.1) or firewall the port (docs/security.md)",
+                    what,
+                    self.exposed,
+                    self.port,
+                )
         return time.monotonic() - started
 
     async def _wait_healthy(self, started: float) -> None:
@@ -290,3 +308,27 @@ class ProcessBackend:
         except FileNotFoundError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+async def exposed_on(port: int, timeout_s: float = 0.3) -> str:
+    """A non-loopback address of this machine where something accepts connections on `port`
+    ("" if none): a server Corral started for loopback that listens on every address."""
+    addresses = [
+        a.address
+        for nic in psutil.net_if_addrs().values()
+        for a in nic
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+        and not a.address.startswith(("127.", "::1", "fe80"))
+    ]
+    for address in addresses:
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(address.split("%")[0], port), timeout_s
+            )
+        except (OSError, TimeoutError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return address
+    return ""

@@ -430,7 +430,18 @@ def serve_cmd(
         ),
         highlight=False,
     )
-    uvicorn.run(app, host=host, port=int(port), log_level="warning")
+    from corral.gateway.connections import with_header_timeout
+
+    srv = config.server
+    uvicorn.run(
+        app,
+        host=host,
+        port=int(port),
+        log_level="warning",
+        http=with_header_timeout(srv.header_timeout_s),
+        timeout_keep_alive=int(max(1, round(srv.keep_alive_s))),
+        limit_concurrency=srv.max_connections,
+    )
 
 
 @app.command(name="sim-backend")

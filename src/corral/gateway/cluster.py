@@ -24,11 +24,12 @@ from typing import Any
 
 import aiohttp
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from corral.gateway.errors import stream_error
 from corral.gateway.proxy import DROP, DROP_BACK
 from corral.gateway.runtime import Gateway
+from corral.gateway.streams import ModelStream
 from corral.store import Store, StoreError
 from corral.worker.affinity import rendezvous
 
@@ -187,7 +188,13 @@ class Cluster:
                 else:
                     resp.close()  # the client left or the node failed: stop the node's work
 
-        return StreamingResponse(relay(), status_code=resp.status, headers=out)
+        return ModelStream(
+            relay(),
+            self.gateway.config.server.stream_send_timeout_s,
+            f"model {model} on node {node.id}",
+            status_code=resp.status,
+            headers=out,
+        )
 
     # --- status -------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

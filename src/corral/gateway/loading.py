@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from corral.gateway.errors import error, stream_error
 from corral.gateway.runtime import Rejected
+from corral.gateway.streams import ModelStream
 
 if TYPE_CHECKING:
     from corral.gateway.proxy import Proxy
@@ -96,6 +97,10 @@ async def serve_loading(
             if not handed_over:
                 gateway.finished(r)  # left while waiting: it never loads the model for nobody
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    return ModelStream(
+        events(),
+        px.config.server.stream_send_timeout_s,
+        f"model {model}",
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
     )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.formparsers import MultiPartParser
 
 from corral.config import Config, FiltersConfig
@@ -21,6 +21,7 @@ from corral.core import Request as SchedRequest
 from corral.gateway.errors import error, stream_error, upstream_body
 from corral.gateway.loading import serve_loading
 from corral.gateway.runtime import Gateway, Rejected
+from corral.gateway.streams import ModelStream
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
@@ -332,7 +333,13 @@ class Proxy:
                 self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
                 self.metrics.requests.labels(model, str(resp.status)).inc()
 
-        return StreamingResponse(relay(), status_code=resp.status, headers=out_headers)
+        return ModelStream(
+            relay(),
+            self.config.server.stream_send_timeout_s,
+            f"model {model}",
+            status_code=resp.status,
+            headers=out_headers,
+        )
 
     def coalescer(self, model: str) -> Coalescer:
         """The model's request coalescer (its `batch:` config), made on first use."""

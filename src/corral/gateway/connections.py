@@ -1,0 +1,86 @@
+"""Connection hygiene for `corral serve` (issue 25): uvicorn's HTTP protocol with a deadline for
+a request's headers, so neither a client that trickles its headers a byte at a time nor one
+that connects and sends nothing holds a connection for ever; with `limit_concurrency`, a cap on
+open connections, and uvicorn's keep-alive timeout for idle ones between requests.
+
+uvicorn has no header timeout of its own: its keep-alive timer is armed only after a response
+and is cancelled by any byte received, and nothing is armed when a connection opens. Here a
+deadline is armed when a connection opens and when a request begins, and cancelled when that
+request's headers are complete; at the deadline the client gets 408 and the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("corral.gateway")
+
+HEADER_TIMEOUT_S = 10.0
+_BODY = (
+    b'{"error": {"message": "the request headers did not arrive in time", '
+    b'"type": "invalid_request_error", "param": null, "code": "request_timeout"}}'
+)
+_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: " + str(len(_BODY)).encode() + b"\r\n\r\n" + _BODY
+)
+
+
+class GuardedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a header deadline (`header_timeout_s`)."""
+
+    header_timeout_s = HEADER_TIMEOUT_S
+    dropped = 0  # connections closed at the deadline, for the tests and the logs
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.header_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        GuardedHttp.dropped += 1
+        if GuardedHttp.dropped == 1 or GuardedHttp.dropped % 100 == 0:
+            log.warning(
+                "closed %d connection(s) whose request headers took over %g s (slow or idle "
+                "clients)",
+                GuardedHttp.dropped,
+                self.header_timeout_s,
+            )
+        self.transport.write(_TIMEOUT)
+        self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def with_header_timeout(seconds: float) -> type[GuardedHttp]:
+    """The protocol class to give uvicorn (`http=`), with its deadline set."""
+    return type("GuardedHttp", (GuardedHttp,), {"header_timeout_s": seconds})
