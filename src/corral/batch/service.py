@@ -15,6 +15,7 @@ next `tick` after a restart.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 import uuid
@@ -28,6 +29,7 @@ from corral.batch.files import FileStorage
 from corral.batch.jsonl import ENDPOINTS, check, result_line, tasks
 from corral.batch.webhooks import WebhookRefused, check_url, resolve_host
 from corral.config import BatchConfig
+from corral.ratelog import Throttle, no_space
 from corral.store import (
     Batch,
     BatchNotFound,
@@ -48,6 +50,8 @@ WEBHOOK_TRIES = 5
 EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2_592_000
 _META_PAIRS, _META_KEY, _META_VALUE = 16, 64, 512
 _SWEEP_S = 60.0  # how often expired files are deleted
+FINALIZE_RETRY_S = 5.0  # a batch whose files did not fit (a full disk) is tried again this often
+throttle = Throttle(logging.getLogger("corral.batch"))
 
 
 class BatchError(Exception):
@@ -88,6 +92,7 @@ class BatchService:
         self.lookup = lookup
         self._scanned = False  # `tick` has read every batch once
         self._hooks: set[str] = set()  # ended batches whose webhook is still to be delivered
+        self._retry_at: dict[str, float] = {}  # batches whose files did not fit: when to retry
         self._swept_at = 0.0
 
     # --- files --------------------------------------------------------------------------------
@@ -398,6 +403,7 @@ class BatchService:
             "run_s": d.get("run_s"),  # in progress until every line ended (float seconds)
             "webhook_url": d.get("webhook_url"),
             "webhook": d.get("webhook"),
+            "problem": d.get("problem"),  # why it is not moving on (a full disk), if stuck
         }
         if b.status == "in_progress":
             # Batches created before it and still running: a rough place in line (the
@@ -434,7 +440,7 @@ class BatchService:
             if b.status in ("in_progress", "cancelling", "finalizing"):
                 by = self.store.batch_counts(b.id)
                 if not by.get(TaskStatus.QUEUED) and not by.get(TaskStatus.RUNNING):
-                    b = self._finalize(b)
+                    b = self._try_finalize(b, now)
             if b.status in _ENDED and _hook_pending(b):
                 self._hooks.add(b.id)
                 # A batch that ended in this tick is read again from `_hooks` (it was live
@@ -482,6 +488,32 @@ class BatchService:
             if len(page) < 500:
                 return
 
+    def _try_finalize(self, b: Batch, now: float) -> Batch:
+        """`_finalize`, unless writing its files failed on a full disk: then the batch stays
+        `finalizing` with the problem in its object (`corral.problem`), and is tried again
+        every FINALIZE_RETRY_S, so it ends on its own once space returns. Other batches go on
+        meanwhile."""
+        if now < self._retry_at.get(b.id, 0.0):
+            return b
+        try:
+            done = self._finalize(b)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            self._retry_at[b.id] = now + FINALIZE_RETRY_S
+            problem = (
+                f"cannot write the batch's output files: no space left on the device "
+                f"({self.files.root}); tried again every {FINALIZE_RETRY_S:g} s until there is"
+            )
+            b = self.store.get_batch(b.id)
+            if (b.data.get("problem") or {}).get("message") != problem:
+                data = {**b.data, "problem": {"message": problem, "since": int(now)}}
+                b = self.store.update_batch(b.id, b.status, data, [b.status]) or b
+            throttle.warning(f"no space: {self.files.root}", "batch %s: %s", b.id, problem)
+            return b
+        self._retry_at.pop(b.id, None)
+        return done
+
     def _finalize(self, b: Batch) -> Batch:
         now = int(self.clock())
         if b.status != "finalizing":
@@ -524,6 +556,7 @@ class BatchService:
         out_size = self.files.write(out_id, pick(True))
         err_size = self.files.write(err_id, pick(False))
         data = dict(b.data)
+        data.pop("problem", None)  # written at last
         keep_s = data.get("output_expires_after_s")
         if completed or not failed:
             self._record(out_id, f"{b.id}_output.jsonl", out_size, keep_s)

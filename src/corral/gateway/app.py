@@ -34,6 +34,7 @@ from corral.gateway.cluster import Cluster
 from corral.gateway.errors import (
     error,
     http_error,
+    os_error,
     store_unavailable,
     validation_error,
 )
@@ -176,6 +177,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(StoreBusy, store_unavailable)
+    app.add_exception_handler(OSError, os_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(ModelRoutes, handle=px.handle)
     if keys:  # added after: outside the model routes, so it guards them too

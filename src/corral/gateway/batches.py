@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import tempfile
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
@@ -30,7 +31,7 @@ from corral.batch.jsonl import KIND
 from corral.batch.service import BatchError, BatchService, expires_after_s
 from corral.batch.webhooks import Deliverer
 from corral.config import Config
-from corral.gateway.errors import error
+from corral.gateway.errors import error, no_space_error
 from corral.gateway.openapi import (
     BatchList,
     BatchObject,
@@ -44,11 +45,13 @@ from corral.gateway.openapi import (
     json_body,
 )
 from corral.gateway.runtime import Gateway
+from corral.ratelog import Throttle, no_space
 from corral.store import Store, StoreBusy, StoreUnavailable
 from corral.worker.registry import ModelHooks, Registry, current_device, current_task
 from corral.worker.runtime import Worker, WorkerSettings
 
 log = logging.getLogger("corral.batch")
+throttle = Throttle(log)
 
 # 408 and 429 are the server asking for time; 5xx, a server in trouble: worth another try.
 _RETRY = {408, 429}
@@ -220,9 +223,11 @@ class BatchRuntime:
                     for hook in due:  # in the background: a slow target delays no batch
                         hooks.submit(hook.batch_id, hook.url, hook.body)
                 except (StoreUnavailable, StoreBusy) as exc:  # the store logged the outage
-                    log.warning("batch tick skipped: %s", exc)
-                except Exception:  # keep ending batches whatever one tick hit
-                    log.exception("batch tick failed")
+                    throttle.warning("store", "batch tick skipped: %s", exc)
+                except Exception as exc:  # keep ending batches whatever one tick hit
+                    # Once per cause per minute: a fault that repeats every tick wrote
+                    # thousands of lines (issue 25).
+                    throttle.warning(type(exc).__name__, "batch tick failed", exc_info=True)
                 await asyncio.sleep(every_s)
         finally:
             await hooks.close()
@@ -259,6 +264,10 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
             form = await parser.parse()
         except TooLarge:
             return _too_large(max_upload_bytes)
+        except OSError as exc:  # the parser spools file parts to the temporary folder
+            if not no_space(exc):
+                raise
+            return no_space_error(f"the temporary folder ({tempfile.gettempdir()})")
         except Exception as exc:  # the parser's errors have no common base to catch
             return error(400, f"bad multipart body: {exc}", "invalid_request_error")
         try:
@@ -284,6 +293,10 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
                 size = await svc.files.save(file_id, _chunks(part), max_upload_bytes)
             except TooLarge:
                 return _too_large(max_upload_bytes)
+            except OSError as exc:
+                if not no_space(exc):
+                    raise
+                return no_space_error(f"the files folder ({svc.files.root})")
             name = part.filename or "upload.jsonl"
             f = await call(svc.add_file, file_id, name, purpose, size, keep_s)
         finally:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+
+from corral.ratelog import Throttle, no_space
+
+_throttle = Throttle(logging.getLogger("corral.gateway"))
 
 
 def error(
@@ -91,3 +96,25 @@ def upstream_body(status: int, content: bytes, content_type: str) -> bytes | Non
         }
     }
     return json.dumps(wrapped).encode()
+
+
+def no_space_error(where: str) -> JSONResponse:
+    """507: a write failed on a full disk; nothing of the request was kept."""
+    return error(
+        507,
+        f"no space left on the device holding {where}: free some space and try again; nothing "
+        "of this request was kept",
+        "server_error",
+        code="insufficient_storage",
+    )
+
+
+async def os_error(_: Request, exc: Exception) -> Response:
+    """An I/O error no route handled: 507 for a full disk, else 500, both in OpenAI's shape
+    (never Starlette's plain-text 500), logged once per cause per minute."""
+    assert isinstance(exc, OSError)
+    if no_space(exc):
+        _throttle.warning("no space", "a write failed: %s", exc)
+        return no_space_error(f"Corral's data ({getattr(exc, 'filename', None) or 'a file'})")
+    _throttle.warning(f"os {type(exc).__name__}", "an I/O error: %s", exc, exc_info=True)
+    return error(500, f"an I/O error on the server: {exc.strerror or exc}", "server_error")
