@@ -581,6 +581,23 @@ def _describe(err: Any) -> str:
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Validate YAML text; raise `ConfigError` listing every problem with its line."""
     try:
+        return _parse_config(text, source)
+    except RecursionError:  # `&a [*a]`: an alias inside what it names
+        raise ConfigError(
+            [
+                Problem(
+                    source,
+                    None,
+                    "",
+                    "the YAML refers to itself (an alias inside its own "
+                    "anchor, like &a [*a]); write the value out",
+                )
+            ]
+        ) from None
+
+
+def _parse_config(text: str, source: str) -> Config:
+    try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -169,3 +169,9 @@ def test_an_unset_env_variable_is_an_error_naming_it_and_its_line(
         "c.yaml:5: server.api_keys.0: environment variable CORRAL_NOPE is not set "
         "(${env.CORRAL_NOPE})"
     )
+
+
+def test_a_yaml_alias_inside_its_own_anchor_is_a_config_error() -> None:
+    # Found by tests/unit/test_fuzz_parsers.py: it was a RecursionError and a traceback.
+    with pytest.raises(ConfigError, match="refers to itself"):
+        parse_config("models:\n  m: {load_s: 1}\nx: &a [*a]\n", "c.yaml")

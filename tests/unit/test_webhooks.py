@@ -69,6 +69,7 @@ def test_named_hosts_may_be_internal_and_nothing_else_is_allowed_then() -> None:
         ("http://user:pw@hooks.example/x", "credentials"),
         ("http://nowhere.example/x", "does not resolve"),
         ("http://hooks.example:99999/x", "bad port"),
+        ("http://[/x", "not a URL"),  # found by tests/unit/test_fuzz_parsers.py
     ],
 )
 def test_bad_urls_say_what_is_wrong(url: str, why: str) -> None:

@@ -80,12 +80,15 @@ def check_url(
     anything, a loopback address included. Any other host must resolve only to public
     addresses (every address is checked: one internal answer refuses the URL), and the
     delivery connects to the address checked. Raises `WebhookRefused`."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError as exc:  # "http://[": an IPv6 bracket left open
+        raise WebhookRefused(f"webhook_url is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host:
         raise WebhookRefused("webhook_url must be an http(s) URL")
     if parts.username or parts.password:
         raise WebhookRefused("webhook_url must not carry credentials")
-    host = parts.hostname
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
