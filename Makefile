@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,9 @@ bench-devices: $(STAMP)
 
 # Every policy over 100 random scenarios of wide families (sim/families.py): cost's ratio to the
 # best other policy per metric, and any request never served (~2 min).
+bench-intake: $(STAMP)
+	$(BIN)/python benchmarks/bench_intake.py
+
 bench-robust: $(STAMP)
 	$(BIN)/python benchmarks/bench_robust.py --json out/bench-robust.json
 
