@@ -55,9 +55,18 @@ class Guard:
         self.app = app
         self.any_host = "*" in allowed_hosts
         self.allowed = frozenset(h.lower() for h in allowed_hosts)
+        self._hosts: dict[bytes, bool] = {}  # Host header -> answered (the hot path's cache)
 
     def host_allowed(self, name: str) -> bool:
         return self.any_host or name in _LOCAL or name in self.allowed or _is_ip(name)
+
+    def _host_ok(self, host: bytes) -> bool:
+        ok = self._hosts.get(host)
+        if ok is None:
+            ok = self.host_allowed(_hostname(host.decode("latin-1")))
+            if len(self._hosts) < 1024:  # bounded: a client may send any Host
+                self._hosts[host] = ok
+        return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,8 +81,7 @@ class Guard:
             elif k == b"sec-fetch-site":
                 fetch_site = v
         host_text = host.decode("latin-1")
-        name = _hostname(host_text)
-        if host and not self.host_allowed(name):
+        if host and not self._host_ok(host):
             response = error(
                 403,
                 f"Host {host_text!r} is not served: only IP addresses, localhost and "
