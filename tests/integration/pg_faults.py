@@ -31,6 +31,7 @@ class TcpProxy:
         self.cuts = 0
         self.drops = 0
         self._marker: bytes | None = None
+        self._hold_until = 0.0  # monotonic time before which new connections wait
         self._listen()
 
     def drop_answer_to(self, marker: bytes) -> None:
@@ -50,6 +51,10 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # closed: an outage, or the end
+            # After a dropped answer, the next connection (the client's retry) waits until the
+            # dropped statement has surely run: on a loaded machine the retry could otherwise
+            # reach the server first, and the test would see another, equally correct, path.
+            time.sleep(max(0.0, self._hold_until - time.monotonic()))
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
@@ -73,6 +78,7 @@ class TcpProxy:
                 if up and marker is not None and marker in data:
                     self._marker = None
                     self.drops += 1
+                    self._hold_until = time.monotonic() + 2.5
                     dropped.set()
                     # The client hears nothing more; the server keeps its connection a moment,
                     # so it finishes (and commits) what it was sent.

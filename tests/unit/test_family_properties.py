@@ -6,10 +6,8 @@ scenarios `make bench-robust` measures, shortened to a few hundred requests, dra
   (a reload's round trip: what the rent-or-buy rule may wait);
 - while the load leaves room for the switches the bound forces, no interactive wait exceeds
   the bound plus two swaps and a service;
-- a bound never makes the oldest request wait longer than no bound would, beyond that same
-  slack (1.1x no bound's worst, plus two swaps and a service). Between two bounds this does not
-  hold yet: where only the tighter one stretches, the stretch can overshoot (seed 171341 at 600
-  requests: 280 s at 60 s, 172 s at 240 s; issue 24's note).
+- a tighter bound is never worse than a looser one (or none) beyond that same slack: the oldest
+  request waits no longer than 1.1x the looser bound's worst, plus two swaps and a service.
 
 CORRAL_EXAMPLES=5000 for a long hunt (docs/design/scheduler.md); CI runs the default.
 """
@@ -85,7 +83,7 @@ def with_bound(config: Config, max_wait_s: float | None) -> Config:
 def slack_s(sc: Scenario) -> float:
     """Two of the longest swaps and the longest service: the granularity of a wait bound."""
     swap_s = max(m.load_s + m.unload_s for m in sc.config.models.values())
-    return 2 * swap_s + max(x.service_s for x in sc.trace.lines)
+    return 2 * swap_s + max((x.service_s for x in sc.trace.lines), default=0.0)
 
 
 def interactive_waits(run: Run) -> list[float]:
@@ -109,7 +107,7 @@ def test_no_device_idles_while_a_model_with_no_copy_waits_beyond_a_linger(
     sc = random_scenario(seed, REQUESTS)
     run = simulate(sc.config.with_policy(policy), sc.trace, check=True)  # type: ignore[arg-type]
     linger_s = max(max(m.load_s + m.unload_s, m.unload_delay_s) for m in sc.config.models.values())
-    end = max(r.finished_at or 0.0 for r in run.requests)
+    end = max((r.finished_at or 0.0 for r in run.requests), default=0.0)
     busy: dict[str, Intervals] = defaultdict(list)
     hosted: dict[str, Intervals] = defaultdict(list)
     waiting: dict[str, Intervals] = defaultdict(list)
@@ -136,7 +134,7 @@ def leaves_room(sc: Scenario, max_wait_s: float, copies: bool) -> bool:
     (core/stretch.py's rule with HEADROOM 0.5 instead of 1.5), and, for a policy that keeps one
     copy per model, no model alone needs more than 0.7 of a device."""
     lines = sc.trace.lines
-    span_s = max(x.t or 0.0 for x in lines) or 1.0
+    span_s = max((x.t or 0.0 for x in lines), default=0.0) or 1.0
     demands = []
     for name, spec in sc.config.models.items():
         mine = [x.service_s for x in lines if x.model == name]
@@ -162,12 +160,15 @@ def test_while_the_load_leaves_room_no_wait_exceeds_the_bound_plus_two_swaps_and
         return  # about a fifth of the draws leave room; the rest are the other tests' cases
     config = with_bound(sc.config, bound_s).with_policy(policy)  # type: ignore[arg-type]
     run = simulate(config, sc.trace, check=True)
-    assert max(interactive_waits(run)) <= bound_s + slack_s(sc), sc.summary
+    assert max(interactive_waits(run), default=0.0) <= bound_s + slack_s(sc), sc.summary
 
 
 @SETTINGS
-@given(SEEDS, st.sampled_from([(30.0, None), (60.0, None), (120.0, None), (240.0, None)]))
-def test_a_bound_never_makes_the_oldest_wait_longer_than_no_bound_beyond_the_slack(
+@given(
+    SEEDS,
+    st.sampled_from([(30.0, 60.0), (60.0, 240.0), (120.0, 480.0), (60.0, None), (120.0, None)]),
+)
+def test_a_tighter_bound_is_never_worse_than_a_looser_one_beyond_the_slack(
     seed: int, bounds: tuple[float, float | None]
 ) -> None:
     sc = random_scenario(seed, 2 * REQUESTS)
