@@ -389,6 +389,10 @@ class BatchConfig(_Strict):
         "loopback or private addresses). Unset: any host that resolves only to public "
         "addresses; loopback, link-local, private and multicast ones are refused.",
     )
+    webhook_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="A webhook delivery's deadline, for everything (connect, send, the answer).",
+    )
     webhook_secret: str | None = Field(
         default=None,
         description="Signs every webhook the Standard Webhooks way: webhook-id, "

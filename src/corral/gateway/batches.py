@@ -209,7 +209,9 @@ class BatchRuntime:
             await asyncio.to_thread(self.service.webhook_sent, batch_id, problem)
 
         limits = self.config.batch
-        hooks = Deliverer(limits.webhook_hosts, report, limits.webhook_secret)
+        hooks = Deliverer(
+            limits.webhook_hosts, report, limits.webhook_secret, limits.webhook_timeout_s
+        )
         try:
             while True:
                 if not self.leads():  # another node of the cluster ends batches
