@@ -63,3 +63,19 @@ def res(
 )
 def test_plan_placement(devices: list[DeviceView], expected: Plan | None) -> None:
     assert plan_placement(devices) == expected
+
+
+def test_the_kv_cache_estimate_counts_layers_heads_and_context() -> None:
+    from pathlib import Path
+
+    from corral.modelfiles.gguf import GgufModel, estimate_memory
+
+    m = GgufModel(Path("x.gguf"), "llama", "x", 8_000_000_000, "Q4_K_M", 131072, 32, 4096,
+                  14336, 32, 8, 128, 128, 128256, None, None, 4_900_000_000)  # fmt: skip
+    e = estimate_memory(m, 8192)
+    assert e.kv_bytes == 32 * 8192 * 8 * (128 + 128) * 2  # 1 GiB, as llama.cpp prints it
+    assert e.weights_bytes == 4_900_000_000
+    swa = GgufModel(Path("g.gguf"), "gemma3", "g", 1, "Q8_0", 32768, 18, 640, 2048, 4, 1, 256,
+                    256, 262144, 512, None, 1)  # fmt: skip
+    # 3 of 18 layers are full: they hold the whole context; 15 hold 4 windows and a batch.
+    assert estimate_memory(swa, 32768).kv_bytes == 1024 * (3 * 32768 + 15 * 2560)

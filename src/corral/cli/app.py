@@ -16,6 +16,7 @@ from rich.table import Table
 from corral import __version__
 from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
+from corral.cli.models import models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
@@ -44,6 +45,7 @@ app.add_typer(batches_app, name="batches")
 app.command(name="submit")(submit)
 app.command(name="worker")(worker_cmd)
 app.command(name="bench")(bench_cmd)
+app.command(name="models")(models_cmd)
 
 
 @app.command()

@@ -1,0 +1,51 @@
+"""`corral models DIR...`: the models a folder of GGUF files holds, what each is, how much memory
+serving it takes, and the command that serves it (issue 27)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from corral.console import err_console, fail, out_console
+
+
+def models_cmd(
+    folders: Annotated[list[Path], typer.Argument(help="Folders of GGUF files.")],
+    llama_server: Annotated[
+        str | None, typer.Option("--llama-server", help="The llama-server to run them with.")
+    ] = None,
+) -> None:
+    """List the models in FOLDERS: name, file, architecture, parameters, quantization, context,
+    memory estimate and the command that serves each."""
+    from corral.modelfiles.folder import find_llama_server, scan
+
+    server = find_llama_server(llama_server) or "llama-server"
+    table = Table(title=None, show_lines=False)
+    for column in ("model", "file", "arch", "params", "quant", "context", "memory", "command"):
+        table.add_column(column, overflow="fold")
+    count = 0
+    for folder in folders:
+        try:
+            found, bad = scan(folder)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        for u in bad:
+            err_console.print(f"[yellow]skipped[/yellow] {u.why}", highlight=False)
+        for m in found:
+            count += 1
+            table.add_row(
+                m.name,
+                str(m.info.path),
+                m.info.architecture,
+                m.info.size_label,
+                m.info.quantization,
+                f"{m.context:,} of {m.info.context_length:,}",
+                f"{m.estimate.total_gb:.2f} GB",
+                m.command(server),
+            )
+    if not count:
+        raise fail(f"no GGUF models in {', '.join(map(str, folders))}")
+    out_console.print(table)
