@@ -16,7 +16,7 @@ from rich.table import Table
 from corral import __version__
 from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
-from corral.cli.models import models_cmd
+from corral.cli.models import devices_cmd, models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
@@ -46,6 +46,7 @@ app.command(name="submit")(submit)
 app.command(name="worker")(worker_cmd)
 app.command(name="bench")(bench_cmd)
 app.command(name="models")(models_cmd)
+app.command(name="devices")(devices_cmd)
 
 
 @app.command()

@@ -49,3 +49,21 @@ def models_cmd(
     if not count:
         raise fail(f"no GGUF models in {', '.join(map(str, folders))}")
     out_console.print(table)
+
+
+def devices_cmd() -> None:
+    """List this machine's devices: NVIDIA GPUs through NVML, else the host's memory."""
+    from corral.machine import detect
+
+    found, why = detect()
+    table = Table()
+    for column in ("device", "kind", "model", "memory", "free", "env"):
+        table.add_column(column)
+    for d in found:
+        env = " ".join(f"{k}={v}" for k, v in d.env.items())
+        table.add_row(
+            d.name, d.kind, d.model, f"{d.total_gb:.1f} GB", f"{d.free_bytes / 1e9:.1f} GB", env
+        )
+    out_console.print(table)
+    if why is not None:
+        err_console.print(f"no GPU: {why}; models go on the CPU device", highlight=False)

@@ -1,0 +1,84 @@
+"""Devices from NVML answers (issue 27). NVML cannot run on this machine, so the adapter is
+driven by answers in NVML's shapes (names, UUIDs, memory in bytes as nvmlDeviceGetMemoryInfo
+gives them); `corral devices` runs for real on the CPU path."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import ClassVar
+
+import psutil
+import pytest
+
+from corral.machine import Nvml, detect, gpus
+from tests.e2e.test_gateway import CORRAL
+
+
+class RecordedNvml:
+    """Two GPUs as NVML reports them."""
+
+    GPUS: ClassVar[list[tuple[str, str, int, int]]] = [
+        ("NVIDIA H100 80GB HBM3", "GPU-4f2a1c3e-0000-1111-2222-3333", 85520809984, 84700000000),
+        ("NVIDIA L4", "GPU-9b8e7d6c-aaaa-bbbb-cccc-dddd", 24152899584, 20000000000),
+    ]
+
+    def __init__(self) -> None:
+        self.inited = False
+
+    def init(self) -> None:
+        self.inited = True
+
+    def device_count(self) -> int:
+        assert self.inited
+        return len(self.GPUS)
+
+    def name(self, index: int) -> str:
+        return self.GPUS[index][0]
+
+    def uuid(self, index: int) -> str:
+        return self.GPUS[index][1]
+
+    def memory(self, index: int) -> tuple[int, int]:
+        return self.GPUS[index][2], self.GPUS[index][3]
+
+
+class BrokenNvml(RecordedNvml):
+    def init(self) -> None:
+        raise RuntimeError("NVML: NVML Shared Library Not Found")
+
+
+def test_each_gpu_is_a_device_that_pins_its_servers_to_it() -> None:
+    nvml: Nvml = RecordedNvml()
+    found = gpus(nvml)
+    assert [(d.name, d.model, d.env) for d in found] == [
+        ("gpu0", "NVIDIA H100 80GB HBM3", {"CUDA_VISIBLE_DEVICES": "0"}),
+        ("gpu1", "NVIDIA L4", {"CUDA_VISIBLE_DEVICES": "1"}),
+    ]
+    assert found[0].total_gb == pytest.approx(85.52, abs=0.01)
+    assert found[1].free_bytes == 20000000000
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [("1", ["NVIDIA L4"]), ("1,0", ["NVIDIA L4", "NVIDIA H100 80GB HBM3"]),
+     ("GPU-9b8e", ["NVIDIA L4"]), ("7", []), ("", ["NVIDIA H100 80GB HBM3", "NVIDIA L4"])],
+)  # fmt: skip
+def test_cuda_visible_devices_narrows_and_orders_them(visible: str, expected: list[str]) -> None:
+    found = gpus(RecordedNvml(), visible)
+    assert [d.model for d in found] == expected
+    assert [d.name for d in found] == [f"gpu{i}" for i in range(len(expected))]
+
+
+def test_without_nvml_the_host_is_one_cpu_device() -> None:
+    found, why = detect(BrokenNvml())
+    assert why == "NVML: NVML Shared Library Not Found"
+    (d,) = found
+    assert (d.name, d.kind, d.env) == ("cpu", "cpu", {})
+    assert d.total_bytes == psutil.virtual_memory().total
+
+
+def test_corral_devices_on_this_machine() -> None:
+    out = subprocess.run([CORRAL, "devices"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "cpu" in out.stdout
+    assert "no GPU: NVML" in out.stderr
