@@ -425,7 +425,12 @@ class Config(_Strict):
         return [n for n, m in self.models.items() if m.cmd is None and m.upstream is None]
 
     devices: list[DeviceConfig] = Field(default_factory=_default_devices, min_length=1)
-    models: dict[str, ModelConfig] = Field(min_length=1)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    models_dir: list[str] = Field(
+        default_factory=list,
+        description="Folders of GGUF files: each file a model served by llama-server, named by "
+        "its file (`corral models DIR` lists them). Models written under `models:` win.",
+    )
     scheduler: SchedulerConfig = SchedulerConfig()
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
@@ -440,6 +445,9 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> Config:
+        if not self.models and not self.models_dir:
+            raise ValueError("no models: write them under `models:`, or name folders of GGUF "
+                             "files under `models_dir:`")  # fmt: skip
         names = [d.name for d in self.devices]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -354,17 +354,32 @@ def serve_cmd(
     policy: Annotated[
         str | None, typer.Option(help=f"Scheduling policy: {', '.join(POLICY_NAMES)}.")
     ] = None,
+    models: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--models", help="A folder of GGUF files to serve, each a model (repeatable)."
+        ),
+    ] = None,
+    llama_server: Annotated[
+        str | None, typer.Option("--llama-server", help="The llama-server for --models.")
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
     import logging
 
     import uvicorn
 
+    from corral.config import Config
     from corral.gateway.app import create_app
     from corral.gateway.demo import data_dir, demo_config
+    from corral.modelfiles.serving import with_folders
 
     try:
-        if config_path is None:
+        if config_path is None and models:
+            config = Config.model_validate({"models_dir": [str(m) for m in models]})
+            models = []
+            title = f"the models in {', '.join(config.models_dir)}"
+        elif config_path is None:
             config = demo_config()
             title = "the built-in demo (three simulated models)"
         else:
@@ -375,6 +390,11 @@ def serve_cmd(
             for key, why in mapping.ignored if mapping else ():  # never silently
                 err_console.print(f"[yellow]ignored[/yellow]  {key}: {why}", highlight=False)
             _warn_if_exposed(config_path, config)
+        folders = [Path(x) for x in config.models_dir] + list(models or [])
+        if folders:
+            config, notes = with_folders(config, folders, llama_server)
+            for note in notes:
+                err_console.print(f"models: {note}", highlight=False)
         if listen is not None:
             server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
             config = config.model_copy(update={"server": server})

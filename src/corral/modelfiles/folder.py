@@ -15,6 +15,9 @@ from corral.modelfiles.gguf import GgufModel, MemoryEstimate, estimate_memory, r
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})$")
 DEFAULT_CONTEXT = 8192  # what a model gets unless it was trained for less
+# llama.cpp's built-in chat templates, for GGUFs that carry none of their own.
+BUILTIN_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml",
+                     "qwen3": "chatml", "phi3": "phi3"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,14 +30,18 @@ class FoundModel:
 
     def command(self, server: str) -> str:
         """The llama-server command that serves it (`${PORT}` filled in by Corral). The GGUF's
-        own chat template when it carries one (--jinja); llama.cpp picks a built-in template
-        from the architecture otherwise."""
+        own chat template when it carries one (--jinja), else llama.cpp's built-in one for its
+        architecture where there is one (BUILTIN_TEMPLATES)."""
         argv = [server, "-m", str(self.info.path), "--port", "${PORT}", "--alias", self.name]
         argv += ["--ctx-size", str(self.context)]
         if self.projector is not None:
             argv += ["--mmproj", str(self.projector)]
         if self.info.chat_template:
             argv.append("--jinja")
+        elif self.info.architecture in BUILTIN_TEMPLATES:
+            # A named built-in template applies only with jinja off (llama-server's default is
+            # on, and then it falls back to its generic template).
+            argv += ["--no-jinja", "--chat-template", BUILTIN_TEMPLATES[self.info.architecture]]
         return shlex.join(argv).replace("'${PORT}'", "${PORT}")
 
 

