@@ -62,8 +62,11 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
     gen = serving(["--models", str(folder)], tmp_path)
     g, logged = next(gen)
     try:
-        listed = [m["id"] for m in httpx.get(f"{g.url}/v1/models").json()["data"]]
-        assert listed == ["gemma-a", "gemma-b"]
+        def listed() -> dict[str, str]:  # llama-swap's status, as Open WebUI reads it
+            data = httpx.get(f"{g.url}/v1/models").json()["data"]
+            return {m["id"]: m["status"]["value"] for m in data}
+
+        assert listed() == {"gemma-a": "unloaded", "gemma-b": "unloaded"}
         client = g.client(max_retries=0, timeout=240)
         for model in ("gemma-a", "gemma-b"):
             out = client.chat.completions.create(
@@ -73,6 +76,7 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         # Two models of 0.38 GB on one device of gigabytes: packed, the first stayed loaded.
         states = {n: m["state"] for n, m in g.status()["models"].items()}
         assert states == {"gemma-a": "ready", "gemma-b": "ready"}
+        assert listed() == {"gemma-a": "loaded", "gemma-b": "loaded"}
     finally:
         for _ in gen:
             pass

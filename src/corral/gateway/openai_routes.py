@@ -21,6 +21,7 @@ from corral.gateway.openapi import (
     json_body,
 )
 from corral.gateway.proxy import FORM_ROUTES, GET_ROUTES, Proxy, unknown_model
+from corral.gateway.runtime import Gateway
 
 
 async def _form(px: Proxy, path: str, request: Request) -> Response:
@@ -103,7 +104,7 @@ def openai_routes(px: Proxy) -> APIRouter:
             {
                 "object": "list",
                 "data": [
-                    listed_model(listed, name, config, created)
+                    listed_model(listed, name, config, created, _status(gateway, name))
                     for name in gateway.backends
                     if not config.models[name].unlisted
                     for listed in (
@@ -118,11 +119,27 @@ def openai_routes(px: Proxy) -> APIRouter:
     return router
 
 
-def listed_model(listed: str, name: str, config: Config, created: int) -> dict[str, Any]:
-    """A /v1/models record: OpenAI's fields, and llama-swap's name, description and metadata."""
+# Scheduler states as llama-swap names them in /v1/models (Open WebUI shows them).
+_STATUS = {"ready": "loaded", "loading": "loading", "unloaded": "unloaded"}
+
+
+def _status(gateway: Gateway, name: str) -> str | None:
+    sched = gateway.scheduler
+    if sched is None or name not in sched.models:
+        return None
+    return _STATUS.get(sched.models[name].state.value, sched.models[name].state.value)
+
+
+def listed_model(
+    listed: str, name: str, config: Config, created: int, status: str | None = None
+) -> dict[str, Any]:
+    """A /v1/models record: OpenAI's fields, and llama-swap's name, description, metadata and
+    `status` (`{"value": "loaded" | "loading" | "unloaded"}`)."""
     m = config.models[name]
     record: dict[str, Any] = {"id": listed, "object": "model", "created": created}
     record["owned_by"] = "corral"
+    if status is not None:
+        record["status"] = {"value": status}
     if m.name:
         record["name"] = m.name
     if m.description:
