@@ -5,6 +5,8 @@ config, where a model written by hand wins over the file of the same name."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -62,6 +64,7 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
     gen = serving(["--models", str(folder)], tmp_path)
     g, logged = next(gen)
     try:
+
         def listed() -> dict[str, str]:  # llama-swap's status, as Open WebUI reads it
             data = httpx.get(f"{g.url}/v1/models").json()["data"]
             return {m["id"]: m["status"]["value"] for m in data}
@@ -123,3 +126,32 @@ def test_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "no such folder" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def ollama_store(root: Path, gguf: Path, name: str, tag: str) -> Path:
+    """An Ollama model store holding `gguf` as `name:tag`, laid out as `ollama pull` does."""
+    digest = "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
+    (root / "blobs").mkdir(parents=True)
+    os.link(gguf, root / "blobs" / digest.replace(":", "-"))
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest.parent.mkdir(parents=True)
+    layer = {"mediaType": "application/vnd.ollama.image.model", "digest": digest,
+             "size": gguf.stat().st_size}  # fmt: skip
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [layer]}))
+    return root
+
+
+def test_an_ollama_store_is_served_under_its_ollama_names(folder: Path, tmp_path: Path) -> None:
+    store = ollama_store(tmp_path / "ollama", folder / "gemma-a.gguf", "gemma3", "270m")
+    gen = serving(["--models", str(store)], tmp_path)
+    g, _ = next(gen)
+    try:
+        client = g.client(max_retries=0, timeout=240)
+        assert [m.id for m in client.models.list()] == ["gemma3:270m"]
+        out = client.chat.completions.create(
+            model="gemma3:270m", messages=CAPITALS, max_tokens=4, temperature=0
+        )
+        assert (out.choices[0].message.content or "").strip().startswith("Paris")
+    finally:
+        for _ in gen:
+            pass

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.modelfiles.gguf import GgufModel, MemoryEstimate, estimate_memory, read_gguf
+from corral.modelfiles.ollama_store import is_store, scan_store
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})$")
 DEFAULT_CONTEXT = 8192  # what a model gets unless it was trained for less
@@ -53,9 +54,12 @@ class Unreadable:
 
 def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
     """Every model in `folder` (searched to any depth), by name; and the files that could not
-    be read, with why."""
+    be read, with why. An Ollama model store (`manifests/` and `blobs/`) gives its models under
+    their Ollama names."""
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder")
+    if is_store(folder):
+        return _scan_store(folder)
     files = sorted(folder.rglob("*.gguf"))
     projectors = {p.parent: p for p in files if p.name.lower().startswith("mmproj")}
     found: dict[str, FoundModel] = {}
@@ -79,6 +83,21 @@ def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
             name, info, context, estimate_memory(info, context), projectors.get(path.parent)
         )
     return [found[k] for k in sorted(found)], bad
+
+
+def _scan_store(store: Path) -> tuple[list[FoundModel], list[Unreadable]]:
+    models, problems = scan_store(store)
+    found: list[FoundModel] = []
+    bad = [Unreadable(path, f"{path}: {why}") for path, why in problems]
+    for m in models:
+        try:
+            info = read_gguf(m.gguf)
+        except ValueError as exc:
+            bad.append(Unreadable(m.gguf, f"{m.name}: {exc}"))
+            continue
+        context = min(info.context_length, DEFAULT_CONTEXT)
+        found.append(FoundModel(m.name, info, context, estimate_memory(info, context), m.projector))
+    return sorted(found, key=lambda f: f.name), bad
 
 
 def find_llama_server(explicit: str | None = None) -> str | None:
