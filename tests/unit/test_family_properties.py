@@ -30,10 +30,16 @@ from corral.sim.scenarios import Scenario
 pytestmark = pytest.mark.property
 POLICIES = ["fifo", "grouped", "fifo-plus", "priority", "cost"]
 BOUNDED = ["fifo-plus", "priority", "cost"]  # the policies that keep `max_wait_s`
+HUNT = "CORRAL_EXAMPLES" in os.environ
 EXAMPLES = max(1, int(os.environ.get("CORRAL_EXAMPLES", "200")) // 2)
 REQUESTS = 300
+# `make test` draws the same seeds every run (a new failing seed is a finding for the long
+# hunt, not a coin that turns CI red); the hunt draws fresh ones.
 SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not HUNT,
 )
 SEEDS = st.integers(0, 2**31 - 1)
 
@@ -177,3 +183,14 @@ def test_a_tighter_bound_is_never_worse_than_a_looser_one_beyond_the_slack(
         for b in bounds
     )
     assert tight <= 1.1 * loose + slack_s(sc), (seed, sc.summary, bounds, tight, loose)
+
+
+@pytest.mark.xfail(strict=True, reason="known: cost holds an idle device for 35 s (issue 24)")
+def test_known_cost_keeps_an_idle_model_while_a_model_with_no_copy_waits() -> None:
+    """Found by a loaded CI run's draw (seed 435814, 300 requests): six devices at load 0.22,
+    m07's two interactive requests wait 47 s while d4 holds m03 idle from 104 s to 153 s; cost's
+    interchange test keeps the idle, popular m03 over a short queue. Strict: this passes, and
+    the suite fails, once the policy no longer does it."""
+    test_no_device_idles_while_a_model_with_no_copy_waits_beyond_a_linger.hypothesis.inner_test(  # type: ignore[attr-defined]
+        435814, "cost"
+    )
