@@ -25,14 +25,10 @@ from pathlib import Path
 
 import httpx
 
+from corral.backends.process import free_port
+
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
 BOUNDARY = "benchboundary"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def upload(port: int, mb: int) -> float:

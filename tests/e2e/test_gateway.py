@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from corral.backends.process import free_port
@@ -59,6 +60,13 @@ class Gateway:
         return openai.OpenAI(
             base_url=f"{self.url}/v1", api_key="unused", _strict_response_validation=True, **kw
         )
+
+    def pid(self) -> int:
+        """The `corral serve` process `serve` started (a child of this test process)."""
+        assert self.folder is not None
+        config = str(self.folder / "corral.yaml")
+        (proc,) = [p for p in psutil.Process().children() if config in " ".join(p.cmdline())]
+        return int(proc.pid)
 
     def status(self, auth: bool = False) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {KEY}"} if auth else {}

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.e2e.test_batches import finish
-from tests.e2e.test_gateway import SIM, Gateway, serve
+from tests.e2e.test_gateway import SIM, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -85,13 +85,6 @@ def chunked_upload(port: int, total: int, pace_s: float = 0.0) -> tuple[int, int
     return int(answer.split(b" ", 2)[1]), sent
 
 
-def pid_of(g: Gateway) -> int:
-    assert g.folder is not None
-    config = str(g.folder / "corral.yaml")
-    (proc,) = [p for p in psutil.Process().children() if config in " ".join(p.cmdline())]
-    return int(proc.pid)
-
-
 def test_a_chunked_upload_is_refused_once_it_passes_the_limit(tmp_path: Path) -> None:
     with serve(tmp_path, CONFIG.replace("max_file_mb: 60", "max_file_mb: 2")) as g:
         port = int(g.url.rsplit(":", 1)[1])
@@ -99,7 +92,7 @@ def test_a_chunked_upload_is_refused_once_it_passes_the_limit(tmp_path: Path) ->
         assert status == 413
         # Refused at 2 MB and 64 KB, not after 100 MB (socket buffers hold a few MB more).
         assert sent < 12 << 20
-        pid = pid_of(g)
+        pid = g.pid()
         # Starlette spools file parts to anonymous files in the temp folder: none kept open.
         spooled = [
             f.path for f in psutil.Process(pid).open_files()
@@ -117,7 +110,7 @@ def test_one_huge_batch_line_is_never_read_whole(tmp_path: Path) -> None:
     with serve(tmp_path, CONFIG) as g:
         client = g.client(max_retries=0)
         file_id = client.files.create(file=("in.jsonl", line + huge + line), purpose="batch").id
-        rss = psutil.Process(pid_of(g))
+        rss = psutil.Process(g.pid())
         before = rss.memory_info().rss
         b = client.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"

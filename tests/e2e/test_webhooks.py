@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.e2e.test_batches import chat_line, finish, upload
-from tests.e2e.test_gateway import SIM, Gateway, serve, wait_for
+from tests.e2e.test_gateway import SIM, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -135,13 +135,6 @@ def webhook(client: openai.OpenAI, batch_id: str) -> dict[str, Any]:
     return extra["corral"]["webhook"] or {}
 
 
-def gateway_pid(g: Gateway) -> int:
-    assert g.folder is not None
-    config = str(g.folder / "corral.yaml")
-    (proc,) = [p for p in psutil.Process().children() if config in " ".join(p.cmdline())]
-    return int(proc.pid)
-
-
 def test_internal_targets_are_refused_by_default(tmp_path: Path, listeners: list[Listener]) -> None:
     inside = Listener("ok")
     listeners.append(inside)
@@ -202,9 +195,9 @@ def test_a_huge_answer_is_never_read_into_memory(tmp_path: Path, listeners: list
     listeners.append(flood)
     with serve(tmp_path, HOOKED) as g:
         client = g.client(max_retries=0)
-        rss_before = psutil.Process(gateway_pid(g)).memory_info().rss
+        rss_before = psutil.Process(g.pid()).memory_info().rss
         b = batch(client, flood.url)
         wait_for(lambda: bool(webhook(client, b).get("delivered_at")))
-        rss_after = psutil.Process(gateway_pid(g)).memory_info().rss
+        rss_after = psutil.Process(g.pid()).memory_info().rss
     assert flood.sent < 50_000_000  # it hung up after a few KB (and socket buffers)
     assert rss_after - rss_before < 50_000_000
