@@ -185,12 +185,11 @@ def test_a_tighter_bound_is_never_worse_than_a_looser_one_beyond_the_slack(
     assert tight <= 1.1 * loose + slack_s(sc), (seed, sc.summary, bounds, tight, loose)
 
 
-@pytest.mark.xfail(strict=True, reason="known: cost holds an idle device for 35 s (issue 24)")
-def test_known_cost_keeps_an_idle_model_while_a_model_with_no_copy_waits() -> None:
+def test_cost_never_keeps_an_idle_device_while_a_model_with_no_copy_waits() -> None:
     """Found by a loaded CI run's draw (seed 435814, 300 requests): six devices at load 0.22,
-    m07's two interactive requests wait 47 s while d4 holds m03 idle from 104 s to 153 s; cost's
-    interchange test keeps the idle, popular m03 over a short queue. Strict: this passes, and
-    the suite fails, once the policy no longer does it."""
+    m07's two interactive requests waited 47 s while d4 held m03 idle from 104 s to 153 s.
+    Placement saw a lingering idle model and one that was not as equals, planned every
+    challenger over the lingering one (the lower index), and the policy refused each time."""
     test_no_device_idles_while_a_model_with_no_copy_waits_beyond_a_linger.hypothesis.inner_test(  # type: ignore[attr-defined]
         435814, "cost"
     )

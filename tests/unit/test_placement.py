@@ -14,9 +14,14 @@ def dev(
 
 
 def res(
-    name: str, size: float, in_flight: int = 0, pending: int = 0, keep: float = 0.0
+    name: str,
+    size: float,
+    in_flight: int = 0,
+    pending: int = 0,
+    keep: float = 0.0,
+    lingering: bool = False,
 ) -> ResidentView:
-    return ResidentView(name, size, in_flight, pending, keep)
+    return ResidentView(name, size, in_flight, pending, keep, lingering)
 
 
 @pytest.mark.parametrize(
@@ -56,6 +61,21 @@ def res(
             [dev("g0", 1, 1, res("a", 1, pending=4)), dev("g1", 1, 1, res("b", 1))],
             Plan("g1", ("b",)),
             id="device whose eviction hurts least",
+        ),
+        pytest.param(
+            [dev("g0", 1, 1, res("a", 1, lingering=True)), dev("g1", 1, 1, res("b", 1))],
+            Plan("g1", ("b",)),
+            id="an idle model that does not linger goes before one that does",
+        ),
+        pytest.param(
+            [dev("g", 24, 10, res("a", 10, lingering=True), res("b", 10, keep=7))],
+            Plan("g", ("b",)),
+            id="lingering outweighs value among idle models",
+        ),
+        pytest.param(
+            [dev("g0", 1, 1, res("a", 1, lingering=True)), dev("g1", 1, 1, res("b", 1, 1))],
+            Plan("g0", ("a",)),
+            id="a lingering model goes before one with work in flight",
         ),
         pytest.param([dev("g", 1, 1, busy=True)], None, id="busy device takes no swap"),
         pytest.param([dev("g", 8, 10)], None, id="too big for the device"),

@@ -10,13 +10,16 @@ _EPS = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class ResidentView:
-    """A resident model as placement sees it. `keep` is the policy's value of keeping it."""
+    """A resident model as placement sees it. `keep` is the policy's value of keeping it;
+    `lingering`: idle, but debounced because more work is due soon (it goes after idle models
+    that are not)."""
 
     name: str
     size: float
     in_flight: int
     pending: int
     keep: float
+    lingering: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +37,17 @@ class Plan:
     evict: tuple[str, ...]
 
 
-def _eviction_order(r: ResidentView) -> tuple[bool, bool, float, str]:
-    # Idle models without work go first, then those merely idle, then by the policy's value.
-    return (r.pending > 0, r.in_flight > 0, r.keep, r.name)
+def _eviction_order(r: ResidentView) -> tuple[bool, bool, bool, float, str]:
+    # Idle models without work go first, then those merely idle, then lingering ones, then by
+    # the policy's value.
+    return (r.pending > 0, r.in_flight > 0, r.lingering, r.keep, r.name)
 
 
 def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
     """The cheapest place for a model: free room if any, else the device whose evictions hurt
-    least (fewest victims with work, then in flight, then least value). None if it fits nowhere
-    now (every device that could hold it is mid-swap)."""
-    best: tuple[tuple[int, int, int, float, int], Plan] | None = None
+    least (fewest victims with work, then in flight, then lingering, then least value). None if
+    it fits nowhere now (every device that could hold it is mid-swap)."""
+    best: tuple[tuple[int, int, int, int, float, int], Plan] | None = None
     for index, d in enumerate(devices):
         if d.busy or d.target_size > d.capacity + _EPS:
             continue
@@ -59,6 +63,9 @@ def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
         key = (
             sum(1 for v in victims if v.pending),
             sum(1 for v in victims if v.in_flight),
+            # A lingering victim usually refuses to go (the policy's should_yield), so a plan
+            # over one blocked every challenger while idle devices stood by (issue 24).
+            sum(1 for v in victims if v.lingering),
             len(victims),
             sum(v.keep for v in victims),
             index,

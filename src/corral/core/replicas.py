@@ -27,8 +27,12 @@ _UNLOADED = Lifecycle.UNLOADED
 REPLICA_LOADS = 2.0
 REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this busy
 # A model its copies cannot keep up with gets its next copy ahead of the candidates once its
-# oldest request has waited this fraction of `max_wait_s` (at once without a bound).
+# oldest request has waited this fraction of `max_wait_s`, the bound capped at the default's
+# 120 s: a looser bound (or none) lets other models wait longer for a turn, not the copy of a
+# model whose queue only grows until it comes (devices-8 at 600 s: a mean of 69.7 s against
+# 52.4 s without a bound, docs/design/scheduler.md).
 OUTRUN_WAIT_FRAC = 0.5
+OUTRUN_BOUND_CAP_S = 120.0
 REPLICA_RETRY_S = 60.0  # after a replica failed to load, the model gets none for this long
 DEMAND_TIMER = "demand:"  # timer key: a copy kept by its decaying demand is looked at again
 # What a replica that becomes the primary brings with it.
@@ -102,11 +106,12 @@ class Replicating:
         return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
 
     def _copy_urgent(self, m: ModelRecord, now: float) -> bool:
-        """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound (or is there
-        none)?"""
+        """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound, capped at
+        OUTRUN_BOUND_CAP_S (the cap without a bound)?"""
         bound = self._bound_s(False)
+        cap_s = OUTRUN_BOUND_CAP_S if bound is None else min(bound, OUTRUN_BOUND_CAP_S)
         r = m.oldest()
-        return bound is None or (r is not None and now - r.arrived_at >= OUTRUN_WAIT_FRAC * bound)
+        return r is not None and now - r.arrived_at >= OUTRUN_WAIT_FRAC * cap_s
 
     @staticmethod
     def _shared(v: ModelRecord) -> bool:
@@ -123,7 +128,7 @@ class Replicating:
         elsewhere first."""
         if self._spare(c, now):  # a replica before its primary
             keep = -1.0 if c.primary is not None else self.policy.keep_value(c, now)
-            return ResidentView(c.name, d.size_of(c), c.in_flight, 0, keep)
+            return ResidentView(c.name, d.size_of(c), c.in_flight, 0, keep, lingering(c, now))
         m = c.queue
         return ResidentView(c.name, d.size_of(c), c.in_flight, max(m.count, 1), math.inf)
 

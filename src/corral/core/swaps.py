@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from corral.core.placement import DeviceView, ResidentView, plan_placement
+from corral.core.policies import lingering
 from corral.core.replicas import Replicating
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
 from corral.core.types import Lifecycle, Request
@@ -82,7 +83,9 @@ class Swapping(Replicating):
                 residents=tuple(
                     ResidentView(m.name, d.size_of(m), m.in_flight, 0, -1.0)
                     if forced and self._shared(m)
-                    else ResidentView(m.name, d.size_of(m), m.in_flight, m.count, keep(m, now))
+                    else ResidentView(
+                        m.name, d.size_of(m), m.in_flight, m.count, keep(m, now), lingering(m, now)
+                    )
                     if m.primary is None and (m.count or not self._replicas)
                     else self._copy_view(m, d, now)
                     for m in d.residents
