@@ -1,7 +1,8 @@
 """A folder of GGUF files served with no YAML (issue 27): `corral serve --models DIR` with the
-real gemma GGUF, answered through the official openai client; two small models packed on the
-machine's one device by their memory estimates, both resident at once; `models_dir:` in a
-config, where a model written by hand wins over the file of the same name."""
+real gemma GGUF, answered through the official openai and ollama clients; two small models
+packed on the machine's one device by their memory estimates, both resident at once;
+`models_dir:` in a config, where a model written by hand wins over the file of the same name;
+an Ollama store served under its Ollama names."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import ollama
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -80,6 +82,24 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         states = {n: m["state"] for n, m in g.status()["models"].items()}
         assert states == {"gemma-a": "ready", "gemma-b": "ready"}
         assert listed() == {"gemma-a": "loaded", "gemma-b": "loaded"}
+        # The same models through Ollama's API and its official client.
+        oc = ollama.Client(host=g.url, timeout=240)
+        tags = {m.model or "": m for m in oc.list().models}
+        assert sorted(tags) == ["gemma-a:latest", "gemma-b:latest"]
+        details = tags["gemma-a:latest"].details
+        assert details is not None
+        assert (details.family, details.quantization_level) == ("gemma3", "Q4_K_M")
+        assert details.parameter_size == "268M"
+        info = oc.show("gemma-a").modelinfo or {}
+        assert info["general.architecture"] == "gemma3"
+        assert info["gemma3.context_length"] == 8192
+        answer = oc.chat(
+            model="gemma-a", messages=CAPITALS, options={"num_predict": 4, "temperature": 0}
+        )
+        assert (answer.message.content or "").strip().startswith("Paris")
+        assert answer.eval_count
+        assert answer.eval_duration
+        assert {m.model for m in oc.ps().models} == {"gemma-a:latest", "gemma-b:latest"}
     finally:
         for _ in gen:
             pass
@@ -152,6 +172,19 @@ def test_an_ollama_store_is_served_under_its_ollama_names(folder: Path, tmp_path
             model="gemma3:270m", messages=CAPITALS, max_tokens=4, temperature=0
         )
         assert (out.choices[0].message.content or "").strip().startswith("Paris")
+        # An Ollama user's own client and names, unchanged: streamed, as Open WebUI asks.
+        oc = ollama.Client(host=g.url, timeout=240)
+        assert [m.model for m in oc.list().models] == ["gemma3:270m"]
+        parts = list(
+            oc.chat(
+                model="gemma3:270m",
+                messages=CAPITALS,
+                stream=True,
+                options={"num_predict": 4, "temperature": 0},
+            )
+        )
+        assert parts[-1].done
+        assert "".join(p.message.content or "" for p in parts).strip().startswith("Paris")
     finally:
         for _ in gen:
             pass

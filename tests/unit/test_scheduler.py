@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from corral.core import RequestState, SchedulerBug
@@ -456,6 +458,31 @@ def test_without_ttl_an_idle_model_stays() -> None:
     h.at(5).finish("a1")
     h.at(1e6).timers_due()
     assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
+
+
+def test_keep_alive_from_a_request_overrides_ttl_until_the_next_one_says_otherwise() -> None:
+    """Ollama's keep_alive: 0 unloads once idle, a duration replaces ttl_s, math.inf keeps the
+    model; set while a request runs, the clock starts when the model goes idle."""
+    h = Harness("models:\n  a: {load_s: 4, ttl_s: 30}\n")
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    h.s.on_keep_alive("a", 0.0)  # busy: nothing yet
+    h.at(5).timers_due()
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
+    h.at(6).finish("a1")
+    h.timers_due()
+    assert h.take() == [("unload", "a")]
+    h.at(10).arrive("a2")
+    h.at(14).loaded("a")
+    h.s.on_keep_alive("a", math.inf)
+    h.at(15).finish("a2")
+    h.at(1e6).timers_due()  # ttl_s 30 no longer applies
+    assert h.take() == [("load", "a", ()), ("dispatch", "a2")]
+    h.s.on_keep_alive("a", 60.0)  # idle: the clock starts now
+    h.at(1e6 + 59).timers_due()
+    assert h.take() == []
+    h.at(1e6 + 60).timers_due()
+    assert h.take() == [("unload", "a")]
 
 
 def test_operator_load_evicts_only_an_idle_model() -> None:

@@ -189,13 +189,20 @@ def build_app(settings: SimSettings) -> Starlette:
         }
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         per_token_s = 1.0 / settings.tokens_per_s
+        call = _tool_call(body) if chat else None
+        shaped = _formatted(body, words)
+        if shaped is not None:
+            words = [shaped]
         if not body.get("stream"):
             served[0] += 1
             async with slots:
                 await asyncio.sleep(len(words) * per_token_s)
             text = " ".join(words)
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
-            if chat:
+            finish = "tool_calls" if call else ("stop" if shaped is not None else "length")
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+            if call is not None:
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            elif chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
@@ -214,11 +221,18 @@ def build_app(settings: SimSettings) -> Starlette:
         async def events() -> AsyncIterator[bytes]:
             served[0] += 1
             async with slots:
-                for i, word in enumerate(words):
-                    await asyncio.sleep(per_token_s)
-                    piece = word if i == 0 else " " + word
-                    yield _chunk(rid, chat, settings.model, piece, None, first=i == 0)
-                yield _chunk(rid, chat, settings.model, None, "length", first=not words)
+                if call is not None:  # as OpenAI streams one: the name, then the arguments in parts
+                    for delta in _call_deltas(call):
+                        await asyncio.sleep(per_token_s)
+                        yield _sse(_event(rid, settings.model, {"tool_calls": [delta]}, None))
+                    yield _sse(_event(rid, settings.model, {}, "tool_calls"))
+                else:
+                    for i, word in enumerate(words):
+                        await asyncio.sleep(per_token_s)
+                        piece = word if i == 0 else " " + word
+                        yield _chunk(rid, chat, settings.model, piece, None, first=i == 0)
+                    finish = "stop" if shaped is not None else "length"
+                    yield _chunk(rid, chat, settings.model, None, finish, first=not words)
                 if include_usage:
                     yield _sse(
                         {
@@ -347,6 +361,72 @@ def _embedding(text: str, settings: SimSettings) -> list[float]:
     raw = [(digest[i % len(digest)] - 127.5) / 127.5 for i in range(settings.embedding_dim)]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     return [x / norm for x in raw]
+
+
+def _example(schema: Any) -> Any:
+    """A value that fits a JSON schema's type (objects: every property filled)."""
+    if not isinstance(schema, dict):
+        return "x"
+    kind = schema.get("type")
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return {k: _example(v) for k, v in props.items()} if props else {"answer": "x"}
+    if kind == "array":
+        return [_example(schema.get("items"))]
+    return {"integer": 1, "number": 1.5, "boolean": True, "null": None}.get(str(kind), "x")
+
+
+def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """With `tools` and a user's turn last, the model calls the first tool (arguments made from
+    its schema), as a model that decides to call one does; after a tool's answer, it talks."""
+    tools = body.get("tools")
+    messages = body.get("messages") or []
+    if not tools or body.get("tool_choice") == "none" or not messages:
+        return None
+    if not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+        return None
+    fn = (tools[0] or {}).get("function") or {}
+    args = _example(fn.get("parameters") or {"type": "object", "properties": {}})
+    return {
+        "id": f"call_{uuid.uuid4().hex[:12]}",
+        "type": "function",
+        "function": {"name": str(fn.get("name", "tool")), "arguments": json.dumps(args)},
+    }
+
+
+def _call_deltas(call: dict[str, Any]) -> list[dict[str, Any]]:
+    args = call["function"]["arguments"]
+    half = len(args) // 2
+    head = {"index": 0, "id": call["id"], "type": "function"}
+    return [
+        {**head, "function": {"name": call["function"]["name"], "arguments": ""}},
+        {"index": 0, "function": {"arguments": args[:half]}},
+        {"index": 0, "function": {"arguments": args[half:]}},
+    ]
+
+
+def _formatted(body: dict[str, Any], words: list[str]) -> str | None:
+    """The answer as JSON when `response_format` asks for it (an object, or the schema's)."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return json.dumps({"answer": " ".join(words)})
+    if fmt.get("type") == "json_schema":
+        return json.dumps(_example((fmt.get("json_schema") or {}).get("schema")))
+    return None
+
+
+def _event(rid: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

@@ -288,6 +288,19 @@ class Scheduler(Swapping):
         self._settle(now)
         return None
 
+    def on_keep_alive(self, model: str, ttl_s: float) -> None:
+        """A request sets how long `model` stays once idle (Ollama's `keep_alive`): seconds,
+        0 to unload as soon as it is idle, math.inf to stay until evicted. It holds until the
+        next request that says otherwise; an idle model's timer starts again from now."""
+        m = self.models[model]
+        m.keep_alive_s = ttl_s
+        now = self._clock()
+        if m.state is not _READY or m.count or m.in_flight or m.yielding or m.lost:
+            return  # a request is under way: the timer starts when the model goes idle
+        m.idle_since = now
+        if m.ttl_s is not None:
+            self._fx.set_timer(now + m.ttl_s, _TTL + m.name)
+
     def on_timer(self, key: str) -> None:
         """A timer set through `Effects.set_timer` fired."""
         now = self._clock()
@@ -386,7 +399,7 @@ class Scheduler(Swapping):
     def _ttl_expired(self, m: ModelRecord | None, now: float) -> None:
         if m is None or m.state is not _READY or m.lost or m.yielding or m.count or m.in_flight:
             return  # busy again, or already gone: a later idle period sets a new timer
-        ttl_s = m.spec.ttl_s
+        ttl_s = m.ttl_s
         if ttl_s is None or m.idle_since is None:
             return
         due = m.idle_since + ttl_s
@@ -423,8 +436,8 @@ class Scheduler(Swapping):
         m.idle_since = now
         linger = self.policy.linger_s(m, now)
         m.linger_until = now + linger if linger > 0 else None
-        if m.spec.ttl_s is not None:
-            self._fx.set_timer(now + m.spec.ttl_s, _TTL + m.name)
+        if m.ttl_s is not None:
+            self._fx.set_timer(now + m.ttl_s, _TTL + m.name)
         if self._pending:
             self._need_decide = True
 

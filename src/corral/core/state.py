@@ -63,6 +63,7 @@ class ModelRecord:
         "icount",
         "idle_since",
         "in_flight",
+        "keep_alive_s",
         "last_arrival_at",
         "last_level",
         "linger_timer_at",
@@ -130,6 +131,9 @@ class ModelRecord:
         self.linger_until: float | None = None
         self.linger_timer_at: float | None = None
         self.idle_since: float | None = None
+        # Idle time before it unloads, set by a request's `keep_alive` (Ollama's API): None
+        # until one does (then `spec.ttl_s`), math.inf for never.
+        self.keep_alive_s: float | None = None
         self.gap_est: float | None = None  # EWMA of idle gaps: went idle -> next arrival
         self.gap_dev = 0.0  # EWMA of the gaps' absolute deviation from gap_est
         self.last_arrival_at: float | None = None
@@ -143,6 +147,12 @@ class ModelRecord:
 
     def __repr__(self) -> str:
         return f"ModelRecord({self.name!r}, {self.state.value}, pending={self.count})"
+
+    @property
+    def ttl_s(self) -> float | None:
+        """Idle seconds before it unloads (None: it stays)."""
+        ttl_s = self.spec.ttl_s if self.keep_alive_s is None else self.keep_alive_s
+        return None if ttl_s is None or ttl_s == math.inf else ttl_s
 
     @property
     def resident(self) -> bool:

@@ -40,6 +40,7 @@ from corral.gateway.errors import (
 )
 from corral.gateway.guard import Guard
 from corral.gateway.llamaswap_routes import llamaswap_routes
+from corral.gateway.ollama_routes import ollama_routes
 from corral.gateway.openai_routes import openai_routes
 from corral.gateway.proxy import (
     FORM_ROUTES,
@@ -186,6 +187,7 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))
+    app.include_router(ollama_routes(px))
     openapi.install(app)
     return app
 

@@ -125,7 +125,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
 
         return StreamingResponse(lines(), media_type="text/plain; charset=utf-8")
 
-    @router.get("/api/version")
+    @router.api_route("/api/version", methods=["GET", "HEAD"])  # Ollama's clients ask too
     async def version() -> Response:
         return JSONResponse({"version": __version__, "commit": "", "build_date": ""})
 

@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from fastapi import Request
@@ -81,6 +81,22 @@ DROP = {
     "x-corral-priority",
 }
 DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
+
+
+class Dialect(Protocol):
+    """A front door that speaks another API than the model servers' (OpenAI's): it turns
+    their answers into its own (`ollama_shapes.OllamaAnswer`). Its errors come to it in
+    OpenAI's shape, to map once at its door."""
+
+    media_type: str
+
+    def whole(self, content: bytes, wait_s: float) -> bytes:
+        """A complete answer; raises ValueError if it cannot be read."""
+        ...
+
+    def stream(self, events: AsyncIterator[bytes], wait_s: float) -> AsyncIterator[bytes]:
+        """Server-sent events, cut at line ends, as the dialect's stream."""
+        ...
 
 
 class Upstream:
@@ -211,6 +227,7 @@ class Proxy:
         priority: int,
         stream: bool = True,
         openai: bool = False,
+        dialect: Dialect | None = None,
     ) -> Response:
         arrived = time.monotonic()
         r = await self.wait_turn(request, model, priority)
@@ -219,7 +236,9 @@ class Proxy:
             return r
         wait_s = time.monotonic() - arrived
         self.metrics.wait_seconds.labels(model).observe(wait_s)
-        return await self.proxy(request, r, model, path, body, arrived, stream, wait_s, openai)
+        return await self.proxy(
+            request, r, model, path, body, arrived, stream, wait_s, openai, dialect
+        )
 
     async def proxy(
         self,
@@ -232,11 +251,16 @@ class Proxy:
         stream: bool,
         wait_s: float = 0.0,
         openai: bool = False,
+        dialect: Dialect | None = None,
     ) -> Response:
         """Send `body` to the model's server and relay its answer; `openai`: an OpenAI route,
-        whose error answers reach the client in OpenAI's shape whatever the server sent."""
+        whose error answers reach the client in OpenAI's shape whatever the server sent;
+        `dialect`: another API's route (the same, and the answer turned into its shape)."""
+        openai = openai or dialect is not None
         backend = self.gateway.backend_on(model, r.device)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP}
+        if dialect is not None:
+            headers["Content-Type"] = "application/json"  # the body was rewritten as OpenAI's
         headers.update(backend.headers)
         url = f"{backend.proxy_url}{path}"
         query = request.scope["query_string"]
@@ -257,8 +281,9 @@ class Proxy:
                 resp = await self.pool.session.request(
                     request.method, url, headers=headers, data=body
                 )
-            if not stream or resp.status >= 400:  # error answers are small: read them whole
-                stream = False
+            sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+            if not stream or resp.status >= 400 or (dialect is not None and not sse):
+                stream = False  # error answers are small: read them whole
                 content = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             await backend.exited(timeout_s=1.0)
@@ -291,6 +316,17 @@ class Proxy:
                 if openai
                 else None
             )
+            if dialect is not None and resp.status < 400:
+                try:
+                    content = dialect.whole(content, wait_s)
+                except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+                    return error(
+                        502,
+                        f"model {model}: its server's answer is not the JSON it should be",
+                        "upstream_error",
+                        code="bad_upstream_answer",
+                    )
+                wrapped = content
             if wrapped is not None:
                 content = wrapped
                 out_headers = {k: v for k, v in out_headers.items() if k.lower() != "content-type"}
@@ -299,7 +335,7 @@ class Proxy:
 
         # Server-sent events on an OpenAI route: a server that dies mid-answer is reported with
         # an error event, as OpenAI does, since the 200 is already on its way.
-        events = openai and resp.headers.get("content-type", "").startswith("text/event-stream")
+        events = openai and sse
 
         async def relay() -> AsyncIterator[bytes]:
             ended = False
@@ -333,8 +369,13 @@ class Proxy:
                 self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
                 self.metrics.requests.labels(model, str(resp.status)).inc()
 
+        body_iterator = relay()
+        if dialect is not None:
+            body_iterator = dialect.stream(body_iterator, wait_s)
+            out_headers = {k: v for k, v in out_headers.items() if k.lower() != "content-type"}
+            out_headers["content-type"] = dialect.media_type
         return ModelStream(
-            relay(),
+            body_iterator,
             self.config.server.stream_send_timeout_s,
             f"model {model}",
             status_code=resp.status,

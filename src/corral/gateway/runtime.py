@@ -408,7 +408,7 @@ class Gateway:
                 if m.device is not None
                 else self.backends.get(name)
             )
-            ttl_s = m.spec.ttl_s
+            ttl_s = m.ttl_s
             idle_since = m.idle_since if m.state.value == "ready" else None
             models[name] = {
                 "state": m.state.value,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.config import Config, DeviceConfig, ModelConfig
+from corral.config import CapabilitiesConfig, Config, DeviceConfig, ModelConfig
 from corral.errors import CorralError
 from corral.machine import detect
 from corral.modelfiles.folder import find_llama_server, scan
@@ -40,10 +40,27 @@ def with_folders(
             if m.name in models:
                 notes.append(f"{m.name}: kept the model written in the config ({m.info.path})")
                 continue
+            template = m.info.chat_template or ""
             models[m.name] = ModelConfig(
                 cmd=m.command(server),
                 memory_gb=round(m.estimate.total_gb, 3),
                 health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
+                capabilities=CapabilitiesConfig(
+                    inputs=["text", "image"] if m.projector is not None else ["text"],
+                    outputs=["text"],
+                    tools="tools" in template,  # the template renders a tool list
+                    context=m.context,
+                ),
+                # What Ollama's /api/tags and /api/show report (gateway/ollama_routes.py).
+                metadata={
+                    "file": str(m.info.path),
+                    "architecture": m.info.architecture,
+                    "parameters": m.info.parameters,
+                    "parameter_size": m.info.size_label,
+                    "quantization": m.info.quantization,
+                    "size_bytes": m.info.weights_bytes,
+                    "context_length": m.info.context_length,
+                },
             )
             notes.append(
                 f"{m.name}: {m.info.architecture} {m.info.size_label} {m.info.quantization}, "

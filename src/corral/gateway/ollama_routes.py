@@ -1,0 +1,340 @@
+"""Ollama's API as a front door (issue 27), on the same scheduler and request pipeline as the
+OpenAI routes: `/`, `/api/tags`, `/api/ps`, `/api/show`, `/api/chat`, `/api/generate`,
+`/api/embed`, `/api/embeddings`, and clear refusals for the model-store commands (`pull` of a
+model Corral serves succeeds, as Ollama's does for one already pulled).
+
+A request is read and checked here, rewritten as the OpenAI request its model's server takes
+(`ollama_shapes.py`), and goes through `Proxy.serve` (admission, the model's turn, the call,
+the relay) with an `OllamaAnswer` turning the answer into Ollama's shape. Every error reaches
+the client once, as Ollama writes it: `{"error": "..."}` with the status, or a last
+`{"error": ...}` line in a stream already under way. `keep_alive` sets how long the model stays
+once idle (`Scheduler.on_keep_alive`); an empty prompt loads the model through the queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from corral.config import Config, ModelConfig
+from corral.gateway.ollama_shapes import (
+    BadRequest,
+    Kind,
+    OllamaAnswer,
+    chat_request,
+    embed_request,
+    generate_request,
+    keep_alive_s,
+)
+from corral.gateway.proxy import Proxy, _no_constant
+from corral.gateway.runtime import Gateway
+
+_STORE_COMMANDS = ("/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}")
+_FOREVER = "2318-11-23T00:00:00Z"  # what Ollama shows for a model kept loaded (keep_alive -1)
+
+
+def ollama_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def as_ollama(response: Response) -> Response:
+    """An answer of the shared pipeline, its errors (OpenAI's shape) in Ollama's."""
+    if response.status_code < 400 or response.status_code == 499:
+        return response
+    body = getattr(response, "body", b"")
+    try:
+        parsed = json.loads(body) if body else {}
+    except ValueError:
+        parsed = {}
+    err = parsed.get("error") if isinstance(parsed, dict) else None
+    message = err.get("message") if isinstance(err, dict) else err
+    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
+    return JSONResponse(
+        {"error": str(message or f"HTTP {response.status_code}")},
+        status_code=response.status_code,
+        headers=headers,
+    )
+
+
+def tag_of(name: str) -> str:
+    """The name as Ollama lists it: `name:tag`, `latest` when it has none."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def ollama_routes(px: Proxy) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    config, gateway = px.config, px.gateway
+
+    def resolve(name: Any) -> str | Response:
+        if not isinstance(name, str) or not name:
+            return ollama_error(400, "missing `model`: say which model should answer")
+        model = config.resolve(name)
+        if model is None and name.endswith(":latest"):
+            model = config.resolve(name[: -len(":latest")])
+        if model is None or model not in gateway.backends:
+            listed = ", ".join(sorted(tag_of(n) for n in _listed(config, gateway)))
+            return ollama_error(404, f"model '{name}' not found; Corral serves: {listed}")
+        return model
+
+    async def read(request: Request) -> dict[str, Any] | Response:
+        body = await px.read_body(request)
+        if isinstance(body, Response):
+            return as_ollama(body)
+        try:
+            data = json.loads(body or b"{}", parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:
+            return ollama_error(400, f"the request body is not valid JSON: {exc}")
+        if not isinstance(data, dict):
+            return ollama_error(400, "the request body must be a JSON object")
+        return data
+
+    @router.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    @router.api_route("/api/tags", methods=["GET", "HEAD"])
+    async def tags() -> Response:
+        return JSONResponse(
+            {"models": [_entry(n, config.models[n]) for n in _listed(config, gateway)]}
+        )
+
+    @router.get("/api/ps")
+    async def ps() -> Response:
+        status = gateway.status()["models"]
+        out = []
+        for name in _listed(config, gateway):
+            s = status[name]
+            if s["state"] != "ready":
+                continue
+            entry = _entry(name, config.models[name])
+            if s["unloads_in_s"] is not None:
+                entry["expires_at"] = _iso(time.time() + s["unloads_in_s"])
+            elif s["ttl_s"] is not None and s["idle_s"] is None:  # busy: from its next idle
+                entry["expires_at"] = _iso(time.time() + s["ttl_s"])
+            else:
+                entry["expires_at"] = _FOREVER
+            memory_gb = config.models[name].memory_gb or 0.0
+            entry["size_vram"] = 0 if _cpu(s["device"]) else int(memory_gb * 1e9)
+            entry["size"] = int(memory_gb * 1e9) or entry["size"]
+            context = _context(config.models[name])
+            if context:
+                entry["context_length"] = context
+            del entry["modified_at"]
+            out.append(entry)
+        return JSONResponse({"models": out})
+
+    @router.post("/api/show")
+    async def show(request: Request) -> Response:
+        data = await read(request)
+        if isinstance(data, Response):
+            return data
+        model = resolve(data.get("model") or data.get("name"))
+        if isinstance(model, Response):
+            return model
+        m = config.models[model]
+        details = _details(m)
+        arch = details["family"] or "unknown"
+        info: dict[str, Any] = {"general.architecture": arch}
+        if m.metadata.get("parameters"):
+            info["general.parameter_count"] = m.metadata["parameters"]
+        context = _context(m)
+        if context:
+            info[f"{arch}.context_length"] = context
+        return JSONResponse(
+            {
+                "modelfile": f"# served by Corral\nFROM {m.metadata.get('file', model)}\n",
+                "parameters": "",
+                "template": "",
+                "details": details,
+                "model_info": info,
+                "capabilities": _capabilities(m),
+                "modified_at": _modified(m),
+            }
+        )
+
+    async def answer(request: Request, kind: Kind) -> Response:
+        data = await read(request)
+        if isinstance(data, Response):
+            return data
+        name = data.get("model")
+        model = resolve(name)
+        if isinstance(model, Response):
+            return model
+        if (sent := await px.elsewhere(request, model, json.dumps(data).encode())) is not None:
+            return sent  # another node holds it; it answers in Ollama's shape itself
+        priority = px.priority_of(request, data)
+        if isinstance(priority, Response):
+            return as_ollama(priority)
+        assert isinstance(name, str)
+        reply = OllamaAnswer(name, kind)
+        served = gateway.backends[model].served_name
+        try:
+            keep = keep_alive_s(data.get("keep_alive"))
+            if kind == "chat":
+                if not data.get("messages"):
+                    return await bare(request, model, keep, priority, reply)
+                path, body = "/v1/chat/completions", chat_request(data, served)
+            elif kind == "generate":
+                if not data.get("prompt") and not data.get("images"):
+                    return await bare(request, model, keep, priority, reply)
+                path, body = generate_request({**data, "prompt": data.get("prompt", "")}, served)
+            else:
+                path, body = "/v1/embeddings", embed_request(data, served, kind)
+        except BadRequest as exc:
+            return ollama_error(400, str(exc))
+        if keep is not None:
+            _keep_alive(gateway, model, keep)
+        stream = bool(body.get("stream"))
+        sent_body = json.dumps(body).encode()
+        response = await px.serve(
+            request, model, path, sent_body, priority, stream=stream, dialect=reply
+        )
+        return as_ollama(response)
+
+    async def bare(
+        request: Request, model: str, keep: float | None, priority: int, reply: OllamaAnswer
+    ) -> Response:
+        """Nothing to generate: `keep_alive: 0` unloads the model once idle; otherwise the
+        model loads, in its turn like any request (a turn that uses no slot)."""
+        if keep == 0:
+            _keep_alive(gateway, model, 0.0)
+            return Response(reply.bare("unload"), media_type="application/json")
+        if keep is not None:
+            _keep_alive(gateway, model, keep)
+        arrived = time.monotonic()
+        r = await px.wait_turn(request, model, priority)
+        if isinstance(r, Response):
+            return as_ollama(r)
+        gateway.finished(r)
+        wait_s = time.monotonic() - arrived
+        return Response(reply.bare("load", wait_s), media_type="application/json")
+
+    @router.post("/api/chat")
+    async def chat(request: Request) -> Response:
+        return await answer(request, "chat")
+
+    @router.post("/api/generate")
+    async def generate(request: Request) -> Response:
+        return await answer(request, "generate")
+
+    @router.post("/api/embed")
+    async def embed(request: Request) -> Response:
+        return await answer(request, "embed")
+
+    @router.post("/api/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await answer(request, "embeddings")
+
+    @router.post("/api/pull")
+    async def pull(request: Request) -> Response:
+        data = await read(request)
+        if isinstance(data, Response):
+            return data
+        model = resolve(data.get("model") or data.get("name"))
+        if isinstance(model, Response):
+            return ollama_error(
+                404,
+                f"{json.loads(bytes(model.body))['error']}. Corral serves the models already on "
+                "disk and downloads nothing: run `ollama pull` (Corral reads Ollama's store) or "
+                "put the GGUF file in a models folder (corral serve --models DIR)",
+            )
+        done = {"status": "success"}  # already here: what Ollama answers for a pulled model
+        if data.get("stream", True) is False:
+            return JSONResponse(done)
+        return Response(json.dumps(done) + "\n", media_type="application/x-ndjson")
+
+    async def store_command(request: Request) -> Response:
+        verb = request.url.path.split("/")[2]
+        return ollama_error(
+            501,
+            f"Corral does not {verb} models: it serves the models already on disk (a models "
+            "folder, Ollama's store, or its config); use `ollama` itself to manage the store",
+        )
+
+    for route in _STORE_COMMANDS:
+        router.add_api_route(route, store_command, methods=["POST", "HEAD"])
+    router.add_api_route("/api/delete", store_command, methods=["DELETE"])
+
+    return router
+
+
+def _keep_alive(gateway: Gateway, model: str, seconds: float) -> None:
+    sched = gateway.scheduler
+    assert sched is not None
+    sched.on_keep_alive(model, seconds)
+
+
+def _listed(config: Config, gateway: Gateway) -> list[str]:
+    return [n for n in gateway.backends if not config.models[n].unlisted]
+
+
+def _cpu(device: str | None) -> bool:
+    """The device `corral serve --models` makes of the host's memory (machine.py)."""
+    return device is not None and device.startswith("cpu")
+
+
+def _context(m: ModelConfig) -> int:
+    if m.capabilities is not None and m.capabilities.context:
+        return m.capabilities.context
+    value = m.metadata.get("context_length")
+    return value if isinstance(value, int) else 0
+
+
+def _modified(m: ModelConfig) -> str:
+    file = m.metadata.get("file")
+    try:
+        return _iso(Path(file).stat().st_mtime) if isinstance(file, str) else _iso(0.0)
+    except OSError:
+        return _iso(0.0)
+
+
+def _details(m: ModelConfig) -> dict[str, Any]:
+    arch = str(m.metadata.get("architecture", ""))
+    return {
+        "parent_model": "",
+        "format": "gguf" if m.metadata.get("file") else "",
+        "family": arch,
+        "families": [arch] if arch else None,
+        "parameter_size": str(m.metadata.get("parameter_size", "")),
+        "quantization_level": str(m.metadata.get("quantization", "")),
+    }
+
+
+def _capabilities(m: ModelConfig) -> list[str]:
+    caps = m.capabilities
+    if m.metadata.get("embedding"):
+        return ["embedding"]
+    out = ["completion"]
+    if caps is not None and caps.tools:
+        out.append("tools")
+    if caps is not None and "image" in caps.inputs:
+        out.append("vision")
+    return out
+
+
+def _entry(name: str, m: ModelConfig) -> dict[str, Any]:
+    size = m.metadata.get("size_bytes")
+    file = m.metadata.get("file", "")
+    digest = hashlib.sha256(f"{name}\0{file}\0{size}".encode()).hexdigest()
+    return {
+        "name": tag_of(name),
+        "model": tag_of(name),
+        "modified_at": _modified(m),
+        "size": size if isinstance(size, int) else int((m.memory_gb or 0.0) * 1e9),
+        "digest": digest,
+        "details": _details(m),
+    }
+
+
+def _iso(epoch_s: float) -> str:
+    if not math.isfinite(epoch_s):
+        return _FOREVER
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,485 @@
+"""Ollama's API in OpenAI's terms, both ways (issue 27): pure functions and one answer
+translator, no I/O. The model servers behind Corral speak OpenAI's API; the Ollama routes
+(`ollama_routes.py`) turn an Ollama request into the OpenAI request a server takes, and
+`OllamaAnswer` turns the server's answer (JSON, or server-sent events) into Ollama's (JSON, or
+NDJSON: one object per line, the last with `done: true`, durations in nanoseconds).
+
+The shapes are Ollama's as its clients read them (../shared/notes/peers.md, "Ollama's API"):
+`message` in every chat line, tool-call arguments as an object, `{"error": ...}` for errors, a
+final `{"error": ...}` line for an answer cut short.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+Kind = Literal["chat", "generate", "embed", "embeddings"]
+
+# The version /api/version reports: Ollama's clients compare it as dotted integers (Open WebUI
+# parses it with int()), and some turn features on past a version, so it reads as a recent
+# Ollama; Corral's own version is beside it.
+OLLAMA_VERSION = "0.12.6"
+
+# Ollama's options and the OpenAI (or llama-server) field each maps to. `num_ctx` has no
+# counterpart: the server's context is fixed when it starts (the models folder sizes it).
+_OPTIONS = {
+    "num_predict": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repeat_penalty": "repeat_penalty",
+    "typical_p": "typical_p",
+}
+_IGNORED_OPTIONS = frozenset(
+    {"num_ctx", "num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"}
+)
+_DONE_REASON = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
+_IMAGE_KINDS = (
+    (b"\x89PNG", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"RIFF", "image/webp"),
+)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class BadRequest(ValueError):
+    """An Ollama request Corral cannot take; the message names the field and the fix."""
+
+
+def now_iso() -> str:
+    """The time as Ollama writes it (RFC 3339, UTC)."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def keep_alive_s(raw: Any) -> float | None:
+    """`keep_alive` in seconds: None when absent, `math.inf` for a negative value (forever), 0
+    to unload after the request. Takes what Ollama takes: a number of seconds, or a string of
+    one ("300", "-1") or a Go duration ("5m", "1h30m", "250ms")."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool):
+        raise BadRequest(
+            f"keep_alive must be a duration like '5m' or a number of seconds; got {raw}"
+        )
+    if isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        text = raw.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            sign = -1.0 if text.startswith("-") else 1.0
+            body = text.lstrip("+-")
+            parts = _DURATION.findall(body)
+            if not body or "".join(n + u for n, u in parts) != body:
+                raise BadRequest(
+                    f"keep_alive {raw[:40]!r} is not a duration: use seconds (300), a duration "
+                    "('5m', '1h30m'), -1 to keep the model loaded, or 0 to unload it"
+                ) from None
+            value = sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    else:
+        raise BadRequest(
+            f"keep_alive must be a duration like '5m' or a number of seconds; got {raw!r}"
+        )
+    if math.isnan(value):
+        raise BadRequest("keep_alive must be a number of seconds, not NaN")
+    return math.inf if value < 0 else value
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"`{key}` must be a JSON object; got {type(value).__name__}")
+    return value
+
+
+def _sampling(body: dict[str, Any], out: dict[str, Any]) -> None:
+    """`options` and `format` into the OpenAI request `out`."""
+    options = _object(body, "options")
+    for key, value in options.items():
+        target = _OPTIONS.get(key)
+        if target is not None:
+            if key == "num_predict" and isinstance(value, int) and value < 0:
+                continue  # Ollama's -1: no limit, the server's default
+            out[target] = value
+        elif key not in _IGNORED_OPTIONS:
+            out[key] = value  # llama-server and vLLM take more sampling fields by their names
+    fmt = body.get("format")
+    if fmt is None or fmt == "":
+        return
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "format", "schema": fmt, "strict": True},
+        }
+    else:
+        raise BadRequest(f'`format` must be "json" or a JSON schema object; got {fmt!r:.40}')
+
+
+def _image_part(image: Any, where: str) -> dict[str, Any]:
+    if not isinstance(image, str):
+        raise BadRequest(f"{where}: each image must be a base64 string")
+    data = image.split(",", 1)[1] if image.startswith("data:") else image
+    try:
+        head = base64.b64decode(data[:64] + "=" * (-len(data[:64]) % 4), validate=False)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{where}: an image is not valid base64") from None
+    mime = next((m for sig, m in _IMAGE_KINDS if head.startswith(sig)), "image/png")
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
+
+
+def _content(text: Any, images: Any, where: str) -> Any:
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise BadRequest(f"{where}.content must be a string")
+    if not images:
+        return text
+    if not isinstance(images, list):
+        raise BadRequest(f"{where}.images must be a list of base64 strings")
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    return parts + [_image_part(x, where) for x in images]
+
+
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadRequest("`messages` must be a list of {role, content} objects")
+    out: list[dict[str, Any]] = []
+    ids: dict[str, str] = {}  # a tool's name -> the id of the call that asked for it
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object with `role` and `content`")
+        role = m.get("role")
+        if role not in ("system", "user", "assistant", "tool"):
+            raise BadRequest(f"{where}.role must be system, user, assistant or tool; got {role!r}")
+        msg: dict[str, Any] = {
+            "role": role,
+            "content": _content(m.get("content"), m.get("images"), where),
+        }
+        calls = m.get("tool_calls")
+        if role == "assistant" and calls:
+            if not isinstance(calls, list):
+                raise BadRequest(f"{where}.tool_calls must be a list")
+            msg["tool_calls"] = []
+            for j, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise BadRequest(f"{where}.tool_calls[{j}] needs function.name")
+                args = fn.get("arguments", {})
+                call_id = f"call_{i}_{j}"
+                ids[fn["name"]] = call_id
+                msg["tool_calls"].append(
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": fn["name"],
+                            "arguments": args if isinstance(args, str) else json.dumps(args),
+                        },
+                    }
+                )
+        if role == "tool":
+            name = m.get("tool_name") or m.get("name")
+            msg["tool_call_id"] = ids.get(str(name), next(iter(reversed(ids.values())), "call_0"))
+        out.append(msg)
+    return out
+
+
+def chat_request(body: dict[str, Any], served: str) -> dict[str, Any]:
+    """An Ollama /api/chat body as the OpenAI chat request for model `served`."""
+    out: dict[str, Any] = {"model": served, "messages": _messages(body.get("messages"))}
+    tools = body.get("tools")
+    if tools:
+        if not isinstance(tools, list):
+            raise BadRequest("`tools` must be a list of {type: function, function: {...}}")
+        out["tools"] = tools
+    _thinking(body, out)
+    _sampling(body, out)
+    _streaming(body, out)
+    return out
+
+
+def generate_request(body: dict[str, Any], served: str) -> tuple[str, dict[str, Any]]:
+    """An Ollama /api/generate body as (OpenAI path, request): a chat request with the prompt
+    (and `system`, `images`) as messages, or with `raw`, a plain completion of the prompt."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise BadRequest("`prompt` must be a string")
+    if body.get("raw"):
+        out: dict[str, Any] = {"model": served, "prompt": prompt}
+        path = "/v1/completions"
+    else:
+        messages: list[dict[str, Any]] = []
+        system = body.get("system")
+        if system:
+            if not isinstance(system, str):
+                raise BadRequest("`system` must be a string")
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": _content(prompt, body.get("images"), "prompt")})
+        out = {"model": served, "messages": messages}
+        path = "/v1/chat/completions"
+        _thinking(body, out)
+    if body.get("suffix"):
+        out["suffix"] = body["suffix"]
+    _sampling(body, out)
+    _streaming(body, out)
+    return path, out
+
+
+def embed_request(body: dict[str, Any], served: str, kind: Kind) -> dict[str, Any]:
+    """/api/embed (`input`: a string or a list) or the older /api/embeddings (`prompt`)."""
+    key = "input" if kind == "embed" else "prompt"
+    value = body.get(key)
+    if kind == "embed" and isinstance(value, list):
+        if not all(isinstance(x, str) for x in value):
+            raise BadRequest("`input` must be a string or a list of strings")
+    elif not isinstance(value, str):
+        raise BadRequest(
+            f"`{key}` must be a string" + (" or a list of strings" if kind == "embed" else "")
+        )
+    out: dict[str, Any] = {"model": served, "input": value}
+    if isinstance(body.get("dimensions"), int):
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+def _thinking(body: dict[str, Any], out: dict[str, Any]) -> None:
+    think = body.get("think")
+    if think is None:
+        return
+    if think is False:
+        # llama-server passes these to the chat template (Qwen3, DeepSeek and the like).
+        out["chat_template_kwargs"] = {"enable_thinking": False}
+    elif think is True or think in ("low", "medium", "high"):
+        out["chat_template_kwargs"] = {"enable_thinking": True}
+        if isinstance(think, str):
+            out["reasoning_effort"] = think
+    else:
+        raise BadRequest(f"`think` must be true, false, or low/medium/high; got {think!r:.40}")
+
+
+def _streaming(body: dict[str, Any], out: dict[str, Any]) -> None:
+    stream = body.get("stream", True)  # Ollama streams unless told not to
+    if not isinstance(stream, bool):
+        raise BadRequest("`stream` must be true or false")
+    out["stream"] = stream
+    if stream:
+        out["stream_options"] = {"include_usage": True}
+
+
+def error_line(message: str) -> bytes:
+    return json.dumps({"error": message}).encode() + b"\n"
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments as the object Ollama's clients require (servers send a string)."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str) and raw.strip():
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            return {"arguments": raw}
+        return parsed if isinstance(parsed, dict) else {"value": parsed}
+    return {}
+
+
+class OllamaAnswer:
+    """Turns one OpenAI answer into Ollama's, for the model name the client used. Made when
+    the request arrives: `total_duration` counts from then, `load_duration` is the wait for
+    the model (queue and swap)."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, model: str, kind: Kind) -> None:
+        self.model = model
+        self.kind = kind
+        self.arrived = time.monotonic()
+
+    # --- whole answers ------------------------------------------------------------------------
+    def whole(self, content: bytes, wait_s: float) -> bytes:
+        """A complete OpenAI answer (chat, completion or embeddings) as Ollama's JSON."""
+        data = json.loads(content)
+        usage = data.get("usage") or {}
+        if self.kind in ("embed", "embeddings"):
+            vectors = [d.get("embedding", []) for d in sorted(data.get("data", []), key=_index)]
+            if self.kind == "embeddings":
+                return json.dumps({"embedding": vectors[0] if vectors else []}).encode()
+            return json.dumps(
+                {
+                    "model": self.model,
+                    "embeddings": vectors,
+                    "total_duration": _ns(time.monotonic() - self.arrived),
+                    "load_duration": _ns(wait_s),
+                    "prompt_eval_count": usage.get("prompt_tokens", 0),
+                }
+            ).encode()
+        choice = (data.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        text = message.get("content") if "message" in choice else choice.get("text")
+        out = self._line(text or "", message.get("reasoning_content"))
+        calls = [
+            {
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": _arguments(c["function"].get("arguments")),
+                }
+            }
+            for c in message.get("tool_calls") or []
+            if isinstance(c, dict) and isinstance(c.get("function"), dict)
+        ]
+        if calls:
+            out["message"]["tool_calls"] = calls
+        out.update(
+            self._final(choice.get("finish_reason"), usage, data.get("timings"), wait_s, None)
+        )
+        return json.dumps(out).encode()
+
+    # --- streamed answers ---------------------------------------------------------------------
+    async def stream(
+        self, events: AsyncIterator[bytes], wait_s: float
+    ) -> AsyncGenerator[bytes, None]:
+        """Server-sent events (lines cut whole by the relay) as NDJSON lines. Closing it closes
+        `events` at once (the relay's `finally` frees the model's slot)."""
+        try:
+            async for line in self._lines(events, wait_s):
+                yield line
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _lines(self, events: AsyncIterator[bytes], wait_s: float) -> AsyncIterator[bytes]:
+        buffer = b""
+        calls: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        timings: dict[str, Any] | None = None
+        first_at: float | None = None
+        async for chunk in events:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]" or not payload:
+                    continue
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    continue
+                if "error" in data:
+                    err = data["error"]
+                    message = err.get("message") if isinstance(err, dict) else str(err)
+                    yield error_line(str(message))
+                    return
+                usage = data.get("usage") or usage
+                timings = data.get("timings") or timings
+                for choice in data.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content") if "delta" in choice else choice.get("text")
+                    thinking = delta.get("reasoning_content")
+                    for call in delta.get("tool_calls") or []:
+                        slot = calls.setdefault(
+                            int(call.get("index", 0)), {"name": "", "arguments": ""}
+                        )
+                        fn = call.get("function") or {}
+                        slot["name"] += fn.get("name") or ""
+                        slot["arguments"] += fn.get("arguments") or ""
+                    if text or thinking:
+                        first_at = first_at or time.monotonic()
+                        yield json.dumps(self._line(text or "", thinking)).encode() + b"\n"
+        if calls and self.kind == "chat":
+            called = self._line("", None)
+            called["message"]["tool_calls"] = [
+                {"function": {"name": c["name"], "arguments": _arguments(c["arguments"])}}
+                for _, c in sorted(calls.items())
+            ]
+            yield json.dumps(called).encode() + b"\n"
+        last = self._line("", None)
+        last.update(self._final(finish, usage, timings, wait_s, first_at))
+        yield json.dumps(last).encode() + b"\n"
+
+    def _line(self, text: str, thinking: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": now_iso()}
+        if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            out["message"] = message
+        else:
+            out["response"] = text
+            if thinking:
+                out["thinking"] = thinking
+        out["done"] = False
+        return out
+
+    def _final(
+        self,
+        finish: str | None,
+        usage: dict[str, Any],
+        timings: dict[str, Any] | None,
+        wait_s: float,
+        first_at: float | None,
+    ) -> dict[str, Any]:
+        end = time.monotonic()
+        if timings and "prompt_ms" in timings and "predicted_ms" in timings:
+            prompt_s = float(timings["prompt_ms"]) / 1000  # llama-server measures them
+            eval_s = float(timings["predicted_ms"]) / 1000
+        else:
+            started = self.arrived + wait_s
+            prompt_s = (first_at - started) if first_at else 0.0
+            eval_s = end - (first_at or started)
+        return {
+            "done": True,
+            "done_reason": _DONE_REASON.get(finish or "stop", "stop"),
+            "total_duration": _ns(end - self.arrived),
+            "load_duration": _ns(wait_s),
+            "prompt_eval_count": int(usage.get("prompt_tokens") or 0),
+            "prompt_eval_duration": _ns(prompt_s),
+            "eval_count": int(usage.get("completion_tokens") or 0),
+            "eval_duration": _ns(eval_s),
+        }
+
+    def bare(self, reason: str, wait_s: float = 0.0) -> bytes:
+        """The answer to a request with nothing to generate (an empty prompt loads, or with
+        `keep_alive: 0` unloads): one final line, `done_reason` saying which."""
+        out = self._line("", None)
+        out.update({"done": True, "done_reason": reason})
+        if reason == "load":
+            out["load_duration"] = _ns(wait_s)
+            out["total_duration"] = _ns(time.monotonic() - self.arrived)
+        return json.dumps(out).encode()
+
+
+def _index(d: dict[str, Any]) -> int:
+    value = d.get("index", 0)
+    return value if isinstance(value, int) else 0
