@@ -7,6 +7,7 @@ line when a node is killed in the middle of it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import uuid
@@ -17,6 +18,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import ollama
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -173,11 +175,28 @@ def test_a_request_for_a_model_another_node_holds_is_forwarded_there_streams_inc
     assert direct.headers["x-corral-node"] == b_id
     assert len(direct.json()["choices"][0]["text"].split()) == 3
 
+    # Ollama's API (issue 27): the same hop, the other node answering in Ollama's shape.
+    with httpx.stream(
+        "POST",
+        f"{a.gw.url}/api/chat",
+        json={"model": "beta", "messages": [{"role": "user", "content": "hi"}],
+              "options": {"num_predict": 3}},
+        timeout=30,
+    ) as lines:  # fmt: skip
+        assert lines.headers["x-corral-node"] == b_id
+        assert lines.headers["content-type"] == "application/x-ndjson"
+        chunks = [json.loads(x) for x in lines.iter_lines() if x]
+    assert [c["done"] for c in chunks] == [False] * 3 + [True]
+    said_o = ollama.Client(host=a.gw.url).generate(
+        model="beta:latest", prompt="hi", options={"num_predict": 2}
+    )
+    assert len((said_o.response or "").split()) == 2
+
     mine = a.gw.status()
     assert mine["models"]["beta"]["state"] == "unloaded"  # a never loaded it
     assert mine["models"]["beta"]["dispatched"] == 0
     (to_b,) = [n for n in mine["cluster"]["nodes"] if n["id"] == b_id]
-    assert to_b["forwarded"] == 4
+    assert to_b["forwarded"] == 6
     # A model nobody else holds is served where it was asked for, and never forwarded twice.
     raw = client.chat.completions.with_raw_response.create(
         model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=2
