@@ -8,6 +8,8 @@ test_models_folder.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -284,3 +286,45 @@ def test_the_same_models_through_the_openai_client(gw: Gateway) -> None:
         options={"num_predict": 5},
     )
     assert out.choices[0].message.content == via_ollama.message.content
+
+
+def test_a_crash_mid_stream_ends_with_an_error_line_the_ollama_client_raises(gw: Gateway) -> None:
+    c = client(gw)
+    c.generate(model="beta", prompt="x", options={"num_predict": 1})
+    got: list[str] = []
+    with pytest.raises(ollama.ResponseError) as info:
+        for part in c.chat(
+            model="beta",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            options={"num_predict": 100_000},
+        ):
+            got.append(part.message.content or "")
+            if len(got) == 3:
+                pid = httpx.get(f"{gw.url}/api/status", headers=AUTH).json()["models"]["beta"][
+                    "pid"
+                ]
+                os.kill(pid, signal.SIGKILL)
+    assert len(got) >= 3
+    assert "model beta: the answer was cut short (its server exited)" in info.value.error
+    assert c.generate(model="beta", prompt="y", options={"num_predict": 1}).done  # back again
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_slot_at_once(gw: Gateway) -> None:
+    """The relay under the Ollama translation is closed with it: nothing stays in flight."""
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/api/generate",
+        headers=AUTH,
+        json={"model": "alpha", "prompt": "x", "options": {"num_predict": 100_000}},
+        timeout=30,
+    ) as r:
+        first = next(r.iter_lines())
+        assert json.loads(first)["done"] is False
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status = httpx.get(f"{gw.url}/api/status", headers=AUTH).json()["models"]["alpha"]
+        if status["in_flight"] == 0:
+            break
+        time.sleep(0.05)
+    assert status["in_flight"] == 0

@@ -12,8 +12,9 @@ import asyncio
 import logging
 from typing import Any
 
+import anyio
 from fastapi.responses import StreamingResponse
-from starlette.types import Message, Send
+from starlette.types import Message, Receive, Send
 
 log = logging.getLogger("corral.gateway")
 
@@ -22,32 +23,59 @@ class _Stalled(Exception):
     pass
 
 
+class _Gone(Exception):
+    pass
+
+
 class ModelStream(StreamingResponse):
     """A `StreamingResponse` whose every send must complete within `send_timeout_s`. A client
     that stops reading gets its connection closed (by the server, since the response stays
-    unfinished), and the body iterator is closed at once, so its `finally` frees the slot."""
+    unfinished); one that stops reading or leaves gets the body iterator closed at once, so its
+    `finally` frees the slot."""
 
     def __init__(self, content: Any, send_timeout_s: float, what: str, **kw: Any) -> None:
         super().__init__(content, **kw)
         self.send_timeout_s = send_timeout_s
         self.what = what
+        self._gone = False
+
+    async def listen_for_disconnect(self, receive: Receive) -> None:
+        await super().listen_for_disconnect(receive)
+        # Starlette cancels the stream now, but a cancellation lands only where the stream
+        # waits: uvicorn's send returns at once for a client that left, and a body with
+        # buffered data to read never waits, so the stream ran on to its end (and held the
+        # model's slot). The next send stops it instead.
+        self._gone = True
 
     async def stream_response(self, send: Send) -> None:
         async def timed(message: Message) -> None:
+            if self._gone:
+                raise _Gone
+            # asyncio.timeout rather than wait_for: no task made per send.
             try:
-                await asyncio.wait_for(send(message), self.send_timeout_s)
+                async with asyncio.timeout(self.send_timeout_s):
+                    await send(message)
             except TimeoutError:
                 raise _Stalled from None
 
+        ended = False
         try:
             await super().stream_response(timed)
+            ended = True
+        except _Gone:
+            pass  # the client left; the body is closed below
         except _Stalled:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
             log.warning(
                 "%s: the client read nothing for %g s (server.stream_send_timeout_s); "
                 "dropped it and freed its slot",
                 self.what,
                 self.send_timeout_s,
             )
+        finally:
+            if not ended:
+                # Stalled, left or cancelled: close the body now, so its `finally` frees the
+                # slot, rather than whenever the garbage collector finalizes it.
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
