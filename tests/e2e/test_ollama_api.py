@@ -292,7 +292,8 @@ def test_a_crash_mid_stream_ends_with_an_error_line_the_ollama_client_raises(gw:
     c = client(gw)
     c.generate(model="beta", prompt="x", options={"num_predict": 1})
     got: list[str] = []
-    with pytest.raises(ollama.ResponseError) as info:
+
+    def read() -> None:
         for part in c.chat(
             model="beta",
             messages=[{"role": "user", "content": "hi"}],
@@ -301,10 +302,11 @@ def test_a_crash_mid_stream_ends_with_an_error_line_the_ollama_client_raises(gw:
         ):
             got.append(part.message.content or "")
             if len(got) == 3:
-                pid = httpx.get(f"{gw.url}/api/status", headers=AUTH).json()["models"]["beta"][
-                    "pid"
-                ]
-                os.kill(pid, signal.SIGKILL)
+                status = httpx.get(f"{gw.url}/api/status", headers=AUTH).json()
+                os.kill(status["models"]["beta"]["pid"], signal.SIGKILL)
+
+    with pytest.raises(ollama.ResponseError) as info:
+        read()
     assert len(got) >= 3
     assert "model beta: the answer was cut short (its server exited)" in info.value.error
     assert c.generate(model="beta", prompt="y", options={"num_predict": 1}).done  # back again
