@@ -11,6 +11,8 @@ of the backend's own start (issue 4).
   same runs, so what Corral adds beyond what any Python proxy pays is visible.
 - Throughput: 32 concurrent clients for a few seconds, straight to the server and through the
   gateway.
+- Front doors: the same one-token chat through OpenAI's routes and Ollama's (plain and
+  streamed, and Ollama's generate), taking turns in blocks (issue 27).
 
 Run: `make bench-gateway` (LiteLLM's proxy side by side, from .venv-bench), or
 `.venv/bin/python benchmarks/bench_gateway.py [--swaps 10] [--requests 500]` (Corral only).
@@ -170,6 +172,51 @@ def added_latency(targets: dict[str, str], n: int, block: int = 50) -> dict[str,
     return res
 
 
+# The same one-token chat through each of the gateway's front doors (issue 27): OpenAI's
+# routes pass the answer through; Ollama's rewrite the request and translate the answer.
+_MESSAGES = [{"role": "user", "content": "x"}]
+ROUTES: dict[str, tuple[str, dict[str, Any]]] = {
+    "openai_chat": ("/v1/chat/completions", {"messages": _MESSAGES, "max_tokens": 1}),
+    "ollama_chat": (
+        "/api/chat",
+        {"messages": _MESSAGES, "stream": False, "options": {"num_predict": 1}},
+    ),
+    "openai_chat_stream": (
+        "/v1/chat/completions",
+        {"messages": _MESSAGES, "max_tokens": 1, "stream": True},
+    ),
+    "ollama_chat_stream": ("/api/chat", {"messages": _MESSAGES, "options": {"num_predict": 1}}),
+    "ollama_generate": (
+        "/api/generate",
+        {"prompt": "x", "stream": False, "options": {"num_predict": 1}},
+    ),
+}
+
+
+def routes_latency(url: str, n: int, block: int = 50) -> dict[str, Any]:
+    """p50/p99 of one request at a time through each front door (whole answer read), routes
+    taking turns in blocks; and what Ollama's add over OpenAI's of the same kind."""
+    out: dict[str, list[float]] = {name: [] for name in ROUTES}
+    with httpx.Client(timeout=60) as client:
+        for _ in range(max(1, n // block)):
+            for name, (path, body) in ROUTES.items():
+                for _ in range(block):
+                    t = time.perf_counter()
+                    r = client.post(f"{url}{path}", json={**body, "model": "one"})
+                    out[name].append(time.perf_counter() - t)
+                    assert r.status_code == 200, (name, r.text)
+    res: dict[str, Any] = {}
+    for name, xs in out.items():
+        res[f"{name}_ms_p50"] = 1000 * pct(xs, 50)
+        res[f"{name}_ms_p99"] = 1000 * pct(xs, 99)
+    for ollama, openai in (
+        ("ollama_chat", "openai_chat"),
+        ("ollama_chat_stream", "openai_chat_stream"),
+    ):
+        res[f"{ollama}_over_openai_ms_p50"] = res[f"{ollama}_ms_p50"] - res[f"{openai}_ms_p50"]
+    return res
+
+
 # The floor for a Python proxy: uvicorn and aiohttp passing the request through, nothing else (no
 # routing by model, no scheduler, no metrics). What Corral adds beyond this is its own work.
 _BARE = """
@@ -269,9 +316,12 @@ def main() -> None:
             if litellm is not None:
                 targets["litellm"] = litellm
             lat = added_latency(targets, args.requests)
+            routes = routes_latency(url, args.requests)
             tput = throughput(targets, args.seconds, args.clients)
     print(f"{platform.node()}, {os.cpu_count()} CPUs")
-    print(json.dumps({"swap": swap, "latency": lat, "throughput": tput}, indent=2))
+    print(
+        json.dumps({"swap": swap, "latency": lat, "routes": routes, "throughput": tput}, indent=2)
+    )
 
 
 if __name__ == "__main__":

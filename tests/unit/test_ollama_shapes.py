@@ -135,9 +135,10 @@ def _run(answer: OllamaAnswer, *lines: str) -> list[dict[str, Any]]:
     async def collect() -> list[bytes]:
         return [x async for x in answer.stream(_events(*lines), 0.5)]
 
-    out = asyncio.run(collect())
-    assert all(x.endswith(b"\n") and x.count(b"\n") == 1 for x in out)  # NDJSON, nothing blank
-    return [json.loads(x) for x in out]
+    out = b"".join(asyncio.run(collect()))
+    assert out.endswith(b"\n")
+    assert b"\n\n" not in out  # NDJSON: one object a line, nothing blank
+    return [json.loads(x) for x in out.splitlines()]
 
 
 def _sse(obj: dict[str, Any]) -> str:

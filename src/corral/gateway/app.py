@@ -40,7 +40,7 @@ from corral.gateway.errors import (
 )
 from corral.gateway.guard import Guard
 from corral.gateway.llamaswap_routes import llamaswap_routes
-from corral.gateway.ollama_routes import ollama_routes
+from corral.gateway.ollama_routes import OllamaDoor, ollama_routes
 from corral.gateway.openai_routes import openai_routes
 from corral.gateway.proxy import (
     FORM_ROUTES,
@@ -98,18 +98,23 @@ _GUARDED = frozenset(
 _ALSO_GET = frozenset(GET_ROUTES)  # a JSON route that is also a GET route (/v1/audio/voices)
 
 
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
 class ModelRoutes:
     """The hot path: POST to a model-routed JSON endpoint (/v1/chat/completions and the rest of
-    `JSON_ROUTES`) goes straight to `handle(request, path)` as pure ASGI, skipping FastAPI's
-    routing and request machinery (a quarter of the gateway's CPU per request); everything else
-    goes on to FastAPI."""
+    `JSON_ROUTES`, Ollama's /api/chat and the rest of `OllamaDoor.PATHS`) goes straight to its
+    handler as pure ASGI, skipping FastAPI's routing and request machinery (a quarter of the
+    gateway's CPU per request); everything else goes on to FastAPI."""
 
-    def __init__(self, app: ASGIApp, handle: Callable[[Request, str], Awaitable[Response]]) -> None:
+    def __init__(self, app: ASGIApp, handle: Handler, ollama: Handler) -> None:
         self.app = app
-        self.handle = handle
+        self.handlers = dict.fromkeys(_MODEL_ROUTES, handle)
+        self.handlers.update(dict.fromkeys(OllamaDoor.PATHS, ollama))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in _MODEL_ROUTES:
+        handle = self.handlers.get(scope["path"]) if scope["type"] == "http" else None
+        if handle is not None:
             if scope["method"] == "GET" and scope["path"] in _ALSO_GET:
                 await self.app(scope, receive, send)
                 return
@@ -119,7 +124,7 @@ class ModelRoutes:
                 )
             else:
                 path = upstream_path(scope["path"])
-                response = await self.handle(Request(scope, receive), path)
+                response = await handle(Request(scope, receive), path)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -180,14 +185,15 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
     app.add_exception_handler(StoreBusy, store_unavailable)
     app.add_exception_handler(OSError, os_error)
     app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_middleware(ModelRoutes, handle=px.handle)
+    door = OllamaDoor(px)
+    app.add_middleware(ModelRoutes, handle=px.handle, ollama=door.handle)
     if keys:  # added after: outside the model routes, so it guards them too
         app.add_middleware(ApiKeys, keys=keys)
     app.add_middleware(Guard, allowed_hosts=config.server.allowed_hosts)  # outermost
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))
-    app.include_router(ollama_routes(px))
+    app.include_router(ollama_routes(door))
     openapi.install(app)
     return app
 

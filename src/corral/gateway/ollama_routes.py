@@ -19,7 +19,7 @@ import math
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -69,23 +69,39 @@ def tag_of(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
-def ollama_routes(px: Proxy) -> APIRouter:
-    router = APIRouter(include_in_schema=False)
-    config, gateway = px.config, px.gateway
+class OllamaDoor:
+    """Ollama's model routes (chat, generate, embed, embeddings), served as pure ASGI by the
+    gateway's fast path like OpenAI's (`app.ModelRoutes`), and the helpers the other routes
+    share."""
 
-    def resolve(name: Any) -> str | Response:
+    PATHS: ClassVar[dict[str, Kind]] = {
+        "/api/chat": "chat",
+        "/api/generate": "generate",
+        "/api/embed": "embed",
+        "/api/embeddings": "embeddings",
+    }
+
+    def __init__(self, px: Proxy) -> None:
+        self.px = px
+        self.config = px.config
+        self.gateway = px.gateway
+
+    async def handle(self, request: Request, path: str) -> Response:
+        return await self.answer(request, self.PATHS[path])
+
+    def resolve(self, name: Any) -> str | Response:
         if not isinstance(name, str) or not name:
             return ollama_error(400, "missing `model`: say which model should answer")
-        model = config.resolve(name)
+        model = self.config.resolve(name)
         if model is None and name.endswith(":latest"):
-            model = config.resolve(name[: -len(":latest")])
-        if model is None or model not in gateway.backends:
-            listed = ", ".join(sorted(tag_of(n) for n in _listed(config, gateway)))
+            model = self.config.resolve(name[: -len(":latest")])
+        if model is None or model not in self.gateway.backends:
+            listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway)))
             return ollama_error(404, f"model '{name}' not found; Corral serves: {listed}")
         return model
 
-    async def read(request: Request) -> dict[str, Any] | Response:
-        body = await px.read_body(request)
+    async def read(self, request: Request) -> dict[str, Any] | Response:
+        body = await self.px.read_body(request)
         if isinstance(body, Response):
             return as_ollama(body)
         try:
@@ -95,6 +111,76 @@ def ollama_routes(px: Proxy) -> APIRouter:
         if not isinstance(data, dict):
             return ollama_error(400, "the request body must be a JSON object")
         return data
+
+    async def answer(self, request: Request, kind: Kind) -> Response:
+        data = await self.read(request)
+        if isinstance(data, Response):
+            return data
+        name = data.get("model")
+        model = self.resolve(name)
+        if isinstance(model, Response):
+            return model
+        if (sent := await self.px.elsewhere(request, model, json.dumps(data).encode())) is not None:
+            return sent  # another node holds it; it answers in Ollama's shape itself
+        priority = self.px.priority_of(request, data)
+        if isinstance(priority, Response):
+            return as_ollama(priority)
+        assert isinstance(name, str)
+        reply = OllamaAnswer(name, kind)
+        served = self.gateway.backends[model].served_name
+        try:
+            keep = keep_alive_s(data.get("keep_alive"))
+            if kind == "chat":
+                if not data.get("messages"):
+                    return await self.bare(request, model, keep, priority, reply)
+                path, body = "/v1/chat/completions", chat_request(data, served)
+            elif kind == "generate":
+                if not data.get("prompt") and not data.get("images"):
+                    return await self.bare(request, model, keep, priority, reply)
+                path, body = generate_request({**data, "prompt": data.get("prompt", "")}, served)
+            else:
+                path, body = "/v1/embeddings", embed_request(data, served, kind)
+        except BadRequest as exc:
+            return ollama_error(400, str(exc))
+        if keep is not None:
+            _keep_alive(self.gateway, model, keep)
+        stream = bool(body.get("stream"))
+        sent_body = json.dumps(body).encode()
+        response = await self.px.serve(
+            request, model, path, sent_body, priority, stream=stream, dialect=reply
+        )
+        return as_ollama(response)
+
+    async def bare(
+        self,
+        request: Request,
+        model: str,
+        keep: float | None,
+        priority: int,
+        reply: OllamaAnswer,
+    ) -> Response:
+        """Nothing to generate: `keep_alive: 0` unloads the model once idle; otherwise the
+        model loads, in its turn like any request (a turn that uses no slot)."""
+        if keep == 0:
+            _keep_alive(self.gateway, model, 0.0)
+            return Response(reply.bare("unload"), media_type="application/json")
+        if keep is not None:
+            _keep_alive(self.gateway, model, keep)
+        arrived = time.monotonic()
+        r = await self.px.wait_turn(request, model, priority)
+        if isinstance(r, Response):
+            return as_ollama(r)
+        self.gateway.finished(r)
+        wait_s = time.monotonic() - arrived
+        return Response(reply.bare("load", wait_s), media_type="application/json")
+
+
+def ollama_routes(door: OllamaDoor) -> APIRouter:
+    """Ollama's other routes: `/`, the model list, what is loaded, one model's details, and
+    the model-store commands."""
+    router = APIRouter(include_in_schema=False)
+    config, gateway = door.config, door.gateway
+    resolve, read = door.resolve, door.read
 
     @router.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
@@ -159,79 +245,6 @@ def ollama_routes(px: Proxy) -> APIRouter:
                 "modified_at": _modified(m),
             }
         )
-
-    async def answer(request: Request, kind: Kind) -> Response:
-        data = await read(request)
-        if isinstance(data, Response):
-            return data
-        name = data.get("model")
-        model = resolve(name)
-        if isinstance(model, Response):
-            return model
-        if (sent := await px.elsewhere(request, model, json.dumps(data).encode())) is not None:
-            return sent  # another node holds it; it answers in Ollama's shape itself
-        priority = px.priority_of(request, data)
-        if isinstance(priority, Response):
-            return as_ollama(priority)
-        assert isinstance(name, str)
-        reply = OllamaAnswer(name, kind)
-        served = gateway.backends[model].served_name
-        try:
-            keep = keep_alive_s(data.get("keep_alive"))
-            if kind == "chat":
-                if not data.get("messages"):
-                    return await bare(request, model, keep, priority, reply)
-                path, body = "/v1/chat/completions", chat_request(data, served)
-            elif kind == "generate":
-                if not data.get("prompt") and not data.get("images"):
-                    return await bare(request, model, keep, priority, reply)
-                path, body = generate_request({**data, "prompt": data.get("prompt", "")}, served)
-            else:
-                path, body = "/v1/embeddings", embed_request(data, served, kind)
-        except BadRequest as exc:
-            return ollama_error(400, str(exc))
-        if keep is not None:
-            _keep_alive(gateway, model, keep)
-        stream = bool(body.get("stream"))
-        sent_body = json.dumps(body).encode()
-        response = await px.serve(
-            request, model, path, sent_body, priority, stream=stream, dialect=reply
-        )
-        return as_ollama(response)
-
-    async def bare(
-        request: Request, model: str, keep: float | None, priority: int, reply: OllamaAnswer
-    ) -> Response:
-        """Nothing to generate: `keep_alive: 0` unloads the model once idle; otherwise the
-        model loads, in its turn like any request (a turn that uses no slot)."""
-        if keep == 0:
-            _keep_alive(gateway, model, 0.0)
-            return Response(reply.bare("unload"), media_type="application/json")
-        if keep is not None:
-            _keep_alive(gateway, model, keep)
-        arrived = time.monotonic()
-        r = await px.wait_turn(request, model, priority)
-        if isinstance(r, Response):
-            return as_ollama(r)
-        gateway.finished(r)
-        wait_s = time.monotonic() - arrived
-        return Response(reply.bare("load", wait_s), media_type="application/json")
-
-    @router.post("/api/chat")
-    async def chat(request: Request) -> Response:
-        return await answer(request, "chat")
-
-    @router.post("/api/generate")
-    async def generate(request: Request) -> Response:
-        return await answer(request, "generate")
-
-    @router.post("/api/embed")
-    async def embed(request: Request) -> Response:
-        return await answer(request, "embed")
-
-    @router.post("/api/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await answer(request, "embeddings")
 
     @router.post("/api/pull")
     async def pull(request: Request) -> Response:

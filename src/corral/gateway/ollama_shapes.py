@@ -376,21 +376,29 @@ class OllamaAnswer:
                 await aclose()
 
     async def _lines(self, events: AsyncIterator[bytes], wait_s: float) -> AsyncIterator[bytes]:
+        """The lines each piece of `events` makes, as one write (a send per token line cost a
+        millisecond a request). The last lines go out with `[DONE]`; the rest of `events` is
+        still read, so the server's connection ends cleanly and is reused."""
         buffer = b""
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         usage: dict[str, Any] = {}
         timings: dict[str, Any] | None = None
         first_at: float | None = None
+        done = False
         async for chunk in events:
+            if done:
+                continue
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
+            out: list[bytes] = []
             for line in lines:
                 if not line.startswith(b"data:"):
                     continue
                 payload = line[5:].strip()
-                if payload == b"[DONE]" or not payload:
-                    continue
+                if payload == b"[DONE]":
+                    done = True
+                    break
                 try:
                     data = json.loads(payload)
                 except ValueError:
@@ -398,7 +406,7 @@ class OllamaAnswer:
                 if "error" in data:
                     err = data["error"]
                     message = err.get("message") if isinstance(err, dict) else str(err)
-                    yield error_line(str(message))
+                    yield b"".join(out) + error_line(str(message))
                     return
                 usage = data.get("usage") or usage
                 timings = data.get("timings") or timings
@@ -416,17 +424,36 @@ class OllamaAnswer:
                         slot["arguments"] += fn.get("arguments") or ""
                     if text or thinking:
                         first_at = first_at or time.monotonic()
-                        yield json.dumps(self._line(text or "", thinking)).encode() + b"\n"
+                        out.append(json.dumps(self._line(text or "", thinking)).encode() + b"\n")
+            if done:
+                out += self._tail(calls, finish, usage, timings, wait_s, first_at)
+            if out:
+                yield b"".join(out)
+        if not done:  # the server ended without [DONE]: the answer ends here all the same
+            yield b"".join(self._tail(calls, finish, usage, timings, wait_s, first_at))
+
+    def _tail(
+        self,
+        calls: dict[int, dict[str, Any]],
+        finish: str | None,
+        usage: dict[str, Any],
+        timings: dict[str, Any] | None,
+        wait_s: float,
+        first_at: float | None,
+    ) -> list[bytes]:
+        """The tool calls, gathered whole, and the final line."""
+        out = []
         if calls and self.kind == "chat":
             called = self._line("", None)
             called["message"]["tool_calls"] = [
                 {"function": {"name": c["name"], "arguments": _arguments(c["arguments"])}}
                 for _, c in sorted(calls.items())
             ]
-            yield json.dumps(called).encode() + b"\n"
+            out.append(json.dumps(called).encode() + b"\n")
         last = self._line("", None)
         last.update(self._final(finish, usage, timings, wait_s, first_at))
-        yield json.dumps(last).encode() + b"\n"
+        out.append(json.dumps(last).encode() + b"\n")
+        return out
 
     def _line(self, text: str, thinking: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": now_iso()}
