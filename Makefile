@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 bench-cluster: $(STAMP)
 	$(BIN)/python benchmarks/bench_cluster.py
+
+# From a folder holding the gemma GGUF to its first answer through the ollama client (issue 27).
+bench-first-answer: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_first_answer.py
 
 bench-devices: $(STAMP)
 	$(BIN)/python benchmarks/bench_devices.py
