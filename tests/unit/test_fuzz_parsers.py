@@ -23,6 +23,13 @@ from corral.batch.webhooks import WebhookRefused, check_url
 from corral.config import parse_config
 from corral.errors import ConfigError
 from corral.gateway.guard import Guard
+from corral.gateway.ollama_shapes import (
+    BadRequest,
+    chat_request,
+    embed_request,
+    generate_request,
+    keep_alive_s,
+)
 from corral.secrets import Redactor, flag_values, mask
 
 EXAMPLES = int(os.environ.get("CORRAL_EXAMPLES", "200"))
@@ -192,3 +199,44 @@ def test_secrets_are_found_and_masked_in_any_text(cmd: str, secret: str) -> None
     assert isinstance(flag_values(cmd), list)  # never raises, whatever the quoting
     shown = Redactor([secret])(cmd + secret + cmd)
     assert mask(secret) in shown
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+OLLAMA_KEYS = st.sampled_from(
+    ["model", "messages", "prompt", "system", "images", "options", "format", "tools", "think",
+     "stream", "keep_alive", "raw", "suffix", "input", "role", "content", "tool_calls",
+     "tool_name", "function", "arguments", "num_predict", "stop"]
+)  # fmt: skip
+OLLAMA_BODIES = st.dictionaries(
+    OLLAMA_KEYS,
+    JSON_VALUES
+    | st.lists(st.dictionaries(OLLAMA_KEYS, JSON_VALUES, max_size=5), max_size=3)
+    | st.dictionaries(OLLAMA_KEYS, JSON_VALUES, max_size=4),
+    max_size=8,
+)
+
+
+@SETTINGS
+@given(OLLAMA_BODIES)
+def test_ollama_requests_are_taken_or_refused_by_name(body: dict[str, object]) -> None:
+    """Any JSON object an Ollama client (or an attacker) sends becomes an OpenAI request or a
+    BadRequest naming the field; nothing else escapes (it would be a 500)."""
+    for convert in (
+        lambda b: chat_request(b, "m"),
+        lambda b: generate_request(b, "m"),
+        lambda b: embed_request(b, "m", "embed"),
+        lambda b: embed_request(b, "m", "embeddings"),
+        lambda b: keep_alive_s(b.get("keep_alive")),
+    ):
+        why = ""
+        try:
+            convert(body)
+        except BadRequest as exc:
+            why = str(exc) or "(empty)"
+        assert why != "(empty)"  # a refusal says why
