@@ -43,6 +43,10 @@ class Nvml(Protocol):
         """(total, free) bytes."""
         ...
 
+    def utilization(self, index: int) -> int:
+        """The percent of the last sample period a kernel ran on the GPU."""
+        ...
+
 
 class PyNvml:
     """`Nvml` over the real library. Raises `RuntimeError` when NVML is missing or fails."""
@@ -80,6 +84,10 @@ class PyNvml:
     def memory(self, index: int) -> tuple[int, int]:
         info = self._call("nvmlDeviceGetMemoryInfo", self._handle(index))
         return int(info.total), int(info.free)  # type: ignore[attr-defined]
+
+    def utilization(self, index: int) -> int:
+        rates = self._call("nvmlDeviceGetUtilizationRates", self._handle(index))
+        return int(rates.gpu)  # type: ignore[attr-defined]
 
 
 def gpus(nvml: Nvml, visible: str | None = None) -> list[Device]:
@@ -121,3 +129,45 @@ def detect(nvml: Nvml | None = None) -> tuple[list[Device], str | None]:
     if not found:
         return [cpu()], "NVML reports no GPU"
     return found, None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU now: what `/metrics` and the dashboard show."""
+
+    device: str  # gpu0, gpu1, ... as `gpus` names them
+    model: str
+    total_bytes: int
+    used_bytes: int
+    utilization: float  # 0..1
+
+
+class GpuWatch:
+    """Reads the GPUs `gpus` found, on demand (at each scrape). Made by `watch()`; a GPU that
+    stops answering is reported as missing from the readings, never as an error."""
+
+    def __init__(self, nvml: Nvml, devices: list[Device]) -> None:
+        self.nvml = nvml
+        self.devices = devices
+
+    def read(self) -> list[GpuReading]:
+        out = []
+        for d in self.devices:
+            index = int(d.env["CUDA_VISIBLE_DEVICES"])
+            try:
+                total, free = self.nvml.memory(index)
+                util = self.nvml.utilization(index)
+            except RuntimeError:
+                continue
+            out.append(GpuReading(d.name, d.model, total, total - free, util / 100))
+        return out
+
+
+def watch(nvml: Nvml | None = None) -> GpuWatch | None:
+    """A `GpuWatch` over this machine's GPUs, or None where NVML has none to show."""
+    try:
+        nv = nvml or PyNvml()
+        found = gpus(nv, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except RuntimeError:
+        return None
+    return GpuWatch(nv, found) if found else None

@@ -190,3 +190,36 @@ def test_overview_shows_classes_live_batches_labelled_swaps_and_past_events(
     assert "100%" not in problems
     shot(browser, "batches-failed-validation")
     client.batches.cancel(running.id)
+
+
+def test_the_activity_view_lists_recent_requests_with_waits_and_tokens(
+    gw: Gateway, browser: WebDriver
+) -> None:
+    client = gw.client()
+    client.chat.completions.create(
+        model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    for _ in client.chat.completions.create(
+        model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+    ):
+        pass
+    streamed, whole = [a for a in gw.status()["activity"] if a["model"] == "alpha"][:2]
+    assert (whole["tokens"], streamed["tokens"]) == (3, 4)  # usage; the stream's text pieces
+    assert whole["route"] == streamed["route"] == "/v1/chat/completions"
+    assert whole["status"] == streamed["status"] == 200
+    assert streamed["first_byte_s"] <= streamed["duration_s"]
+    assert whole["first_byte_s"] is None  # a whole answer has no first byte apart from its last
+    assert streamed["tokens_per_s"] > 0
+
+    browser.get("about:blank")  # a fresh page, not a hash change of the one already open
+    browser.get(f"{gw.url}/ui#overview")
+    wait = WebDriverWait(browser, 30, poll_frequency=0.2)
+    rows = "#activity tbody tr"
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) >= 2)
+    newest = browser.find_element(By.CSS_SELECTOR, rows).text
+    assert "alpha /v1/chat/completions 200" in newest
+    assert newest.split()[-2] == "4"  # its tokens
+    header = browser.find_element(By.CSS_SELECTOR, "#activity thead").text
+    assert "swaps waited" in header
+    assert "tokens/s" in header
+    shot(browser, "overview-activity")

@@ -9,8 +9,10 @@ from typing import ClassVar
 
 import psutil
 import pytest
+from prometheus_client import generate_latest
 
-from corral.machine import Nvml, detect, gpus
+from corral.gateway.metrics import Metrics
+from corral.machine import GpuWatch, Nvml, detect, gpus, watch
 from tests.e2e.test_gateway import CORRAL
 
 
@@ -40,6 +42,9 @@ class RecordedNvml:
 
     def memory(self, index: int) -> tuple[int, int]:
         return self.GPUS[index][2], self.GPUS[index][3]
+
+    def utilization(self, index: int) -> int:
+        return (87, 0)[index]  # nvmlDeviceGetUtilizationRates(h).gpu, a percent
 
 
 class BrokenNvml(RecordedNvml):
@@ -82,3 +87,32 @@ def test_corral_devices_on_this_machine() -> None:
     assert out.returncode == 0, out.stderr
     assert "cpu" in out.stdout
     assert "no GPU: NVML" in out.stderr
+
+
+class FailingGpu(RecordedNvml):
+    """The second GPU fell off the bus after start: NVML raises for it."""
+
+    def memory(self, index: int) -> tuple[int, int]:
+        if index == 1:
+            raise RuntimeError("NVML: GPU is lost")
+        return super().memory(index)
+
+
+def test_gpu_memory_and_utilisation_reach_metrics_at_each_scrape() -> None:
+    gpus = watch(RecordedNvml())
+    assert gpus is not None
+    metrics = Metrics(lambda: {"models": {}}, gpus)
+    text = generate_latest(metrics.registry).decode()
+    h100 = 'device="gpu0",name="NVIDIA H100 80GB HBM3"'
+    assert f"corral_gpu_memory_total_bytes{{{h100}}} 8.5520809984e+10" in text
+    assert f"corral_gpu_memory_used_bytes{{{h100}}} 8.20809984e+08" in text
+    assert f"corral_gpu_utilization_ratio{{{h100}}} 0.87" in text
+    assert 'corral_gpu_utilization_ratio{device="gpu1",name="NVIDIA L4"} 0.0' in text
+    lost = GpuWatch(FailingGpu(), gpus.devices)  # found at start, lost since
+    assert [g.device for g in lost.read()] == ["gpu0"]
+
+
+def test_without_nvml_there_is_no_gpu_watch_and_no_gpu_metrics() -> None:
+    assert watch(BrokenNvml()) is None
+    text = generate_latest(Metrics(lambda: {"models": {}}).registry).decode()
+    assert "corral_gpu" not in text

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from corral.machine import GpuWatch
+
 # Waits and latencies span milliseconds (a resident model) to minutes (behind a long swap).
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -54,8 +56,38 @@ class _Live(Collector):
         yield loaded
 
 
+class _Gpus(Collector):
+    """Each GPU's memory and utilisation, read through NVML at scrape time."""
+
+    def __init__(self, gpus: GpuWatch) -> None:
+        self._gpus = gpus
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["device", "name"]
+        total = GaugeMetricFamily(
+            "corral_gpu_memory_total_bytes", "The GPU's memory.", labels=labels
+        )
+        used = GaugeMetricFamily(
+            "corral_gpu_memory_used_bytes",
+            "The GPU's memory in use (by any process).",
+            labels=labels,
+        )
+        busy = GaugeMetricFamily(
+            "corral_gpu_utilization_ratio",
+            "The share of NVML's last sample period a kernel ran on the GPU.",
+            labels=labels,
+        )
+        for g in self._gpus.read():
+            total.add_metric([g.device, g.model], g.total_bytes)
+            used.add_metric([g.device, g.model], g.used_bytes)
+            busy.add_metric([g.device, g.model], g.utilization)
+        yield total
+        yield used
+        yield busy
+
+
 class Metrics:
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]], gpus: GpuWatch | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.swaps = Counter("corral_swaps", "Model loads started.", ["model"], registry=r)
@@ -114,3 +146,5 @@ class Metrics:
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )
         r.register(_Live(status))
+        if gpus is not None:
+            r.register(_Gpus(gpus))

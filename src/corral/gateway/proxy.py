@@ -18,6 +18,7 @@ from starlette.formparsers import MultiPartParser
 
 from corral.config import Config, FiltersConfig
 from corral.core import Request as SchedRequest
+from corral.gateway.activity import TAIL_BYTES, completion_tokens, pieces
 from corral.gateway.errors import error, stream_error, upstream_body
 from corral.gateway.loading import serve_loading
 from corral.gateway.runtime import Gateway, Rejected
@@ -306,11 +307,16 @@ class Proxy:
         out_headers["x-corral-node"] = self.gateway.node_id  # who served it, in a cluster
         if r.device is not None:  # which device's copy served it (`corral replay` reads it)
             out_headers["x-corral-device"] = r.device
+        activity = self.gateway.activity
         if not stream:  # read whole: one response message instead of a chunk loop
             resp.release()
             self.gateway.finished(r)
             self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
             self.metrics.requests.labels(model, str(resp.status)).inc()
+            activity.record(
+                model, request.url.path, resp.status, r.device, wait_s, r.swaps_waited,
+                arrived, None, completion_tokens(content[-TAIL_BYTES:]),
+            )  # fmt: skip
             wrapped = (
                 upstream_body(resp.status, content, resp.headers.get("content-type", ""))
                 if openai
@@ -340,8 +346,15 @@ class Proxy:
         async def relay() -> AsyncIterator[bytes]:
             ended = False
             partial = b""  # events: a line not yet ended, held so an error event stays parsable
+            first_byte: float | None = None
+            texts = 0  # pieces of text: tokens, for a server that sends no usage
+            tail = b""  # the stream's last bytes, where its usage is
             try:
                 async for chunk in resp.content.iter_any():
+                    if first_byte is None:
+                        first_byte = time.monotonic()
+                    texts += pieces(chunk)
+                    tail = (tail + chunk)[-TAIL_BYTES:]
                     if events:
                         chunk = partial + chunk
                         cut = chunk.rfind(b"\n") + 1
@@ -368,6 +381,11 @@ class Proxy:
                 self.gateway.finished(r)
                 self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
                 self.metrics.requests.labels(model, str(resp.status)).inc()
+                tokens = completion_tokens(tail) or (texts or None)
+                activity.record(
+                    model, request.url.path, resp.status, r.device, wait_s, r.swaps_waited,
+                    arrived, first_byte, tokens,
+                )  # fmt: skip
 
         body_iterator = relay()
         if dialect is not None:

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,10 @@ from corral.backends.orphans import DirLock, ServerRecord
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
 from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
+from corral.gateway.activity import Activity
 from corral.gateway.metrics import Metrics
 from corral.gateway.servers import process_spec, runs_once, upstream_backend
+from corral.machine import watch
 from corral.secrets import Redactor
 from corral.worker.runtime import Worker
 
@@ -77,7 +79,9 @@ class Gateway:
             elif m.upstream is not None:
                 self.backends[name] = upstream_backend(name, m)
         self.crashes: dict[str, int] = {}
-        self.metrics = Metrics(self.status)
+        self.activity = Activity()  # the recent requests (the dashboard's activity view)
+        self.gpus = watch()  # NVML's GPUs, for /metrics and the dashboard (None without)
+        self.metrics = Metrics(self.status, self.gpus)
         self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
         self.scheduler: Scheduler | None = None
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
@@ -491,6 +495,8 @@ class Gateway:
                 for d in list(sched.decisions)[-20:]
             ],
             "uptime_s": round(time.time() - self.started_at, 3),
+            "gpus": [asdict(g) for g in self.gpus.read()] if self.gpus is not None else [],
+            "activity": self.activity.recent(),
         }
 
     def _copy_status(self, model: str, device: str, state: str, in_flight: int) -> dict[str, Any]:

@@ -1,0 +1,93 @@
+"""The recent requests, for the dashboard's activity view (issue 27): model, route, status, how
+long each waited and for how many swaps, its time to first byte, its tokens and tokens/s.
+Kept in memory, bounded (`SIZE` entries); the gateway owns it, the proxy records into it.
+
+Tokens are the server's own count (`usage.completion_tokens`) when its answer carries one, else,
+for a stream, its pieces of text (`"content": "..."`, one a token for llama-server and vLLM),
+else unknown.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SIZE = 200  # entries kept; the dashboard shows the newest
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PIECE = re.compile(rb'"content"\s*:\s*"[^"]')  # a non-empty piece of text in an event
+TAIL_BYTES = 2048  # of a stream, kept to find its usage (the last events)
+
+
+def pieces(chunk: bytes) -> int:
+    """Pieces of text in a chunk of server-sent events."""
+    return len(_PIECE.findall(chunk))
+
+
+def completion_tokens(data: bytes) -> int | None:
+    """The last `completion_tokens` count in `data` (a JSON answer, or a stream's tail)."""
+    found = _USAGE.findall(data)
+    return int(found[-1]) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    at: float  # epoch seconds, when it arrived
+    model: str
+    route: str
+    status: int
+    device: str | None
+    wait_s: float  # for its model's turn: queue and swaps
+    swaps_waited: int  # loads begun while it waited
+    first_byte_s: float | None  # arrival to the first byte of the answer
+    duration_s: float  # arrival to the last byte
+    tokens: int | None
+    tokens_per_s: float | None  # after the first byte (a whole answer: after its dispatch)
+
+
+class Activity:
+    def __init__(self, size: int = SIZE) -> None:
+        self._recent: deque[Served] = deque(maxlen=size)
+
+    def record(
+        self,
+        model: str,
+        route: str,
+        status: int,
+        device: str | None,
+        wait_s: float,
+        swaps_waited: int,
+        arrived: float,
+        first_byte: float | None,
+        tokens: int | None,
+    ) -> None:
+        """One request done; `arrived` and `first_byte` on the monotonic clock (`first_byte`
+        None: a whole answer, whose tokens/s count from its dispatch)."""
+        now = time.monotonic()
+        gen_s = now - (first_byte if first_byte is not None else arrived + wait_s)
+        self._recent.append(
+            Served(
+                at=round(time.time() - (now - arrived), 3),
+                model=model,
+                route=route,
+                status=status,
+                device=device,
+                wait_s=round(wait_s, 4),
+                swaps_waited=swaps_waited,
+                first_byte_s=round(first_byte - arrived, 4) if first_byte is not None else None,
+                duration_s=round(now - arrived, 4),
+                tokens=tokens,
+                tokens_per_s=round(tokens / gen_s, 1) if tokens and gen_s > 0.001 else None,
+            )
+        )
+
+    def recent(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest `limit` requests, newest first."""
+        out: list[dict[str, Any]] = []
+        for s in reversed(self._recent):
+            if len(out) >= limit:
+                break
+            out.append(asdict(s))
+        return out
