@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,6 +186,33 @@ def test_an_ollama_store_is_served_under_its_ollama_names(folder: Path, tmp_path
         )
         assert parts[-1].done
         assert "".join(p.message.content or "" for p in parts).strip().startswith("Paris")
+    finally:
+        for _ in gen:
+            pass
+
+
+def test_a_watched_folder_picks_up_files_added_and_removed(folder: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "watched"
+    mine.mkdir()
+    os.link(folder / "gemma-a.gguf", mine / "gemma-a.gguf")
+    gen = serving(["--models", str(mine), "--watch"], tmp_path)
+    g, _ = next(gen)
+    try:
+
+        def ids() -> list[str]:
+            return sorted(m["id"] for m in httpx.get(f"{g.url}/v1/models").json()["data"])
+
+        def until(want: list[str]) -> None:
+            deadline = time.monotonic() + 30
+            while ids() != want:
+                assert time.monotonic() < deadline, ids()
+                time.sleep(0.1)
+
+        assert ids() == ["gemma-a"]
+        os.link(folder / "gemma-b.gguf", mine / "gemma-b.gguf")
+        until(["gemma-a", "gemma-b"])
+        (mine / "gemma-a.gguf").unlink()
+        until(["gemma-b"])
     finally:
         for _ in gen:
             pass

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from corral.config import parse_config
 from corral.core import RequestState, SchedulerBug
 from tests.helpers import Harness
 
@@ -483,6 +484,39 @@ def test_keep_alive_from_a_request_overrides_ttl_until_the_next_one_says_otherwi
     assert h.take() == []
     h.at(1e6 + 60).timers_due()
     assert h.take() == [("unload", "a")]
+
+
+def test_a_changed_command_restarts_the_model_after_its_requests_end() -> None:
+    """`corral serve --watch`: the running copy takes no new work, unloads once its requests
+    end, and the queue loads it again (with the new command, the gateway's side)."""
+    h = Harness("models:\n  a: {load_s: 4, concurrency: 2}\n")
+    h.arrive("a1")
+    h.at(4).loaded("a")
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
+    assert h.s.on_restart_requested("a")
+    h.at(5).arrive("a2")  # waits: the old server takes no new work
+    assert h.take() == []
+    h.at(6).finish("a1")
+    assert h.take() == [("unload", "a"), ("load", "a", ())]
+    assert h.s.decisions[-2].reason == "restart"
+    h.at(10).loaded("a")
+    assert h.take() == [("dispatch", "a2")]
+
+
+def test_a_model_added_and_removed_while_serving() -> None:
+    h = Harness("models:\n  a: {load_s: 4}\n")
+    h.s.on_model_added("b", parse_config("models: {b: {load_s: 2}}\n").models["b"])
+    h.arrive("b1")
+    h.at(2).loaded("b")
+    assert h.take() == [("load", "b", ()), ("dispatch", "b1")]
+    assert not h.s.on_model_removed("b")  # busy: it unloads once idle
+    h.at(3).finish("b1")
+    h.timers_due()
+    assert h.take() == [("unload", "b")]
+    assert h.s.on_model_removed("b")
+    assert "b" not in h.s.models
+    h.s.on_model_changed("a", parse_config("models: {a: {load_s: 4, priority: 5}}\n").models["a"])
+    assert h.s.models["a"].priority == 5
 
 
 def test_operator_load_evicts_only_an_idle_model() -> None:

@@ -363,6 +363,13 @@ def serve_cmd(
     llama_server: Annotated[
         str | None, typer.Option("--llama-server", help="The llama-server for --models.")
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Apply changes to the config file and the models folders without a restart.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
     import logging
@@ -374,10 +381,12 @@ def serve_cmd(
     from corral.gateway.demo import data_dir, demo_config
     from corral.modelfiles.serving import with_folders
 
-    try:
-        if config_path is None and models:
-            config = Config.model_validate({"models_dir": [str(m) for m in models]})
-            models = []
+    def build(quiet: bool = False) -> tuple[Config, str, list[Path]]:
+        """The configuration from the file, the folders and the options (again, on a change)."""
+        folders_given = list(models or [])
+        if config_path is None and folders_given:
+            config = Config.model_validate({"models_dir": [str(m) for m in folders_given]})
+            folders_given = []
             title = f"the models in {', '.join(config.models_dir)}"
         elif config_path is None:
             config = demo_config()
@@ -387,13 +396,14 @@ def serve_cmd(
 
             config, mapping = load_config_file(config_path)
             title = str(config_path) + (" (llama-swap format)" if mapping else "")
-            for key, why in mapping.ignored if mapping else ():  # never silently
+            for key, why in mapping.ignored if mapping and not quiet else ():  # never silently
                 err_console.print(f"[yellow]ignored[/yellow]  {key}: {why}", highlight=False)
-            _warn_if_exposed(config_path, config)
-        folders = [Path(x) for x in config.models_dir] + list(models or [])
+            if not quiet:
+                _warn_if_exposed(config_path, config)
+        folders = [Path(x) for x in config.models_dir] + folders_given
         if folders:
             config, notes = with_folders(config, folders, llama_server)
-            for note in notes:
+            for note in notes if not quiet else ():
                 err_console.print(f"models: {note}", highlight=False)
         if listen is not None:
             server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
@@ -404,6 +414,10 @@ def serve_cmd(
                     f"unknown policy {policy!r}; choose from {', '.join(POLICY_NAMES)}"
                 )
             config = config.with_policy(policy)
+        return config, title, folders
+
+    try:
+        config, title, folders = build()
     except CorralError as exc:
         raise _fail(exc) from None
     except ValueError as exc:
@@ -439,7 +453,13 @@ def serve_cmd(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     served = [n for n, m in config.models.items() if m.cmd or m.upstream]
     batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
-    app = create_app(config, log_dir, data_dir())
+    watched = None
+    if watch:
+        paths = [p for p in [config_path, *folders] if p is not None]
+        if not paths:
+            raise _fail(CorralError("--watch needs a config file (--config) or --models DIR"))
+        watched = (paths, lambda: build(quiet=True)[0])
+    app = create_app(config, log_dir, data_dir(), watched)
     try:
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
     except CorralError as exc:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 
-from corral.config import Config
+from corral.config import Config, ModelConfig
 from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
@@ -84,10 +84,7 @@ class Scheduler(Swapping):
         # stretched to it while the switches they force would not fit.
         self.stretch = Stretch(self._max_wait_s)
         self.policy.stretch = self.stretch
-        # One model per device, one device: the common case gets O(1) arrival checks.
-        self._solo = len(self.devices) == 1 and all(
-            self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values()
-        )
+        self._solo = self._one_at_a_time()
         self._strict = self.policy.strict_order
         self._several = len(self.devices) > 1
         self._replicas = bool(replicas) and self.policy.replicas and self._several
@@ -301,6 +298,56 @@ class Scheduler(Swapping):
         if m.ttl_s is not None:
             self._fx.set_timer(now + m.ttl_s, _TTL + m.name)
 
+    # --- the configuration changes (`corral serve --watch`) ----------------------------------
+    def on_model_added(self, name: str, spec: ModelConfig) -> None:
+        self.models[name] = ModelRecord(name, spec, self._classes)
+        self._solo = self._one_at_a_time()
+
+    def on_model_changed(self, name: str, spec: ModelConfig) -> None:
+        """New settings for `model` (priority, concurrency, sizes); its measured estimates stay.
+        A new command is `on_restart_requested`'s."""
+        m = self.models[name]
+        for c in (m, *m.copies):
+            c.spec, c.priority, c.concurrency = spec, spec.priority, spec.concurrency
+        self._solo = self._one_at_a_time()
+        self._need_decide = True
+        self._settle(self._clock())
+
+    def on_restart_requested(self, name: str) -> bool:
+        """`model`'s server must start again (its command changed): each ready copy takes no
+        new work and unloads once its requests end; its queue then loads it again. False while
+        a copy is loading (ask again once it is ready)."""
+        m = self.models[name]
+        now = self._clock()
+        while True:  # one copy at a time: a primary that leaves hands its record to a replica
+            ready = [c for c in (m, *m.copies) if c.state is _READY and not c.lost]
+            if not ready:
+                break
+            c = ready[0]
+            c.lost = c.restarting = True
+            if c.in_flight == 0:
+                self._unload(c, now, "restart")
+        self._need_decide = True
+        self._settle(now)
+        return all(c.state is not Lifecycle.LOADING for c in (m, *m.copies))
+
+    def on_model_removed(self, name: str) -> bool:
+        """Forget `model` once it is unloaded with nothing queued; False until then (it is
+        unloaded as soon as it is idle)."""
+        m = self.models[name]
+        if m.state is not _UNLOADED or m.count:
+            self.on_keep_alive(name, 0.0)
+            return False
+        del self.models[name]
+        self._solo = self._one_at_a_time()
+        return True
+
+    def _one_at_a_time(self) -> bool:
+        """One device that holds one model at a time: arrival checks take the O(1) path."""
+        return len(self.devices) == 1 and all(
+            self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values()
+        )
+
     def on_timer(self, key: str) -> None:
         """A timer set through `Effects.set_timer` fired."""
         now = self._clock()
@@ -371,7 +418,7 @@ class Scheduler(Swapping):
         dev.residents.remove(m)
         self._move(m, _UNLOADED)
         m.device = None
-        m.lost = m.yielding = m.recheck = False
+        m.lost = m.yielding = m.recheck = m.restarting = False
         m.linger_until = None  # idle_since stays: the next arrival still measures the gap
         if m.primary is not None:
             m.primary.copies.remove(m)
@@ -412,7 +459,10 @@ class Scheduler(Swapping):
         """A request of copy `m` ended."""
         if m.lost:
             if m.in_flight == 0:
-                self._unload_lost(m)
+                if m.restarting:
+                    self._unload(m, now, "restart")
+                else:
+                    self._unload_lost(m)
                 self._need_decide = True
             self._settle(now)
             return

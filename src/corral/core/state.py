@@ -77,6 +77,7 @@ class ModelRecord:
         "quantum_timer_at",
         "ready_at",
         "recheck",
+        "restarting",
         "served",
         "service_avg",
         "service_est",
@@ -123,6 +124,7 @@ class ModelRecord:
         self._order: list[int] = []  # negated levels, ascending = first to run first
         self.yielding = False  # stops taking new work: it is to make room for another model
         self.lost = False  # its server died: no new work; unloaded once in-flight work ends
+        self.restarting = False  # lost on purpose (its command changed): unloaded the same way
         self.served = False  # dispatched at least once since it last loaded
         self.recheck = False  # a challenger waits for this model's first round to end
         self.load_started_at = 0.0

@@ -50,6 +50,7 @@ from corral.gateway.proxy import (
     Upstream,
     upstream_path,
 )
+from corral.gateway.reload import Reloader
 from corral.gateway.runtime import Gateway
 from corral.store import StoreBusy, StoreUnavailable
 
@@ -130,9 +131,15 @@ class ModelRoutes:
         await self.app(scope, receive, send)
 
 
-def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> FastAPI:
+def create_app(
+    config: Config,
+    log_dir: Path,
+    data_dir: Path | None = None,
+    watch: tuple[list[Path], Callable[[], Config]] | None = None,
+) -> FastAPI:
     """The app. `data_dir` holds the batch store (unless `server.store` names one) and files;
-    without it (and without `server.store`), batches live in memory only."""
+    without it (and without `server.store`), batches live in memory only. `watch`: the paths
+    to watch and how to read the configuration again (`corral serve --watch`, reload.py)."""
     gateway = Gateway(config, log_dir)
     pool = Upstream()
     keys = [k.encode() for k in config.server.api_keys]
@@ -158,10 +165,13 @@ def create_app(config: Config, log_dir: Path, data_dir: Path | None = None) -> F
         preload = [m for name in config.server.preload if (m := config.resolve(name))]
         warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
         view = asyncio.ensure_future(cluster.run()) if cluster is not None else None
+        watcher = (
+            asyncio.ensure_future(Reloader(gateway, *watch).run()) if watch is not None else None
+        )
         try:
             yield
         finally:
-            for t in (warm, view):
+            for t in (warm, view, watcher):
                 if t is not None:
                     t.cancel()
             if batches is not None:

@@ -25,7 +25,7 @@ from typing import Any
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock, ServerRecord
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
-from corral.config import Config
+from corral.config import Config, ModelConfig
 from corral.core import Request, RequestState, Scheduler
 from corral.gateway.activity import Activity
 from corral.gateway.metrics import Metrics
@@ -72,12 +72,7 @@ class Gateway:
         self.servers = ServerRecord(log_dir / "servers.pids")
         self.lock = DirLock(log_dir / "gateway.lock")
         for name, m in config.models.items():
-            if m.cmd is not None:
-                backend = ProcessBackend(process_spec(name, m), log_dir, record=self.servers)
-                backend.on_exit = functools.partial(self._exited, name, backend)
-                self.backends[name] = backend
-            elif m.upstream is not None:
-                self.backends[name] = upstream_backend(name, m)
+            self.add_backend(name, m)
         self.crashes: dict[str, int] = {}
         self.activity = Activity()  # the recent requests (the dashboard's activity view)
         self.gpus = watch()  # NVML's GPUs, for /metrics and the dashboard (None without)
@@ -128,7 +123,8 @@ class Gateway:
     async def close(self) -> None:
         for t in list(self._busy):
             t.cancel()
-        for b in [*self.backends.values(), *self._spares.values()]:
+        every = [*self.backends.values(), *self._spares.values(), *self._on.values()]
+        for b in dict.fromkeys(every):  # a server whose model changed runs until it unloads
             with contextlib.suppress(BackendError):
                 await b.stop()
         self.lock.release()
@@ -164,6 +160,19 @@ class Gateway:
             if backend is not None:
                 return backend
         return self.backends[model]
+
+    def add_backend(self, name: str, m: ModelConfig) -> None:
+        """The server of model `name` as `m` describes it, for its next load (none without
+        `cmd` or `upstream`); a copy running now keeps its own until it unloads."""
+        self.backends.pop(name, None)
+        for key in [k for k in self._spares if k[0] == name]:
+            del self._spares[key]  # spare copies of the old command
+        if m.cmd is not None:
+            backend = ProcessBackend(process_spec(name, m), self.log_dir, record=self.servers)
+            backend.on_exit = functools.partial(self._exited, name, backend)
+            self.backends[name] = backend
+        elif m.upstream is not None:
+            self.backends[name] = upstream_backend(name, m)
 
     def copies(self, model: str) -> list[str]:
         """The devices where `model` runs or loads."""
@@ -443,7 +452,7 @@ class Gateway:
                     for c in m.copies
                     if c.device is not None
                 ],
-                "aliases": self.config.models[name].aliases,
+                "aliases": m.spec.aliases,
                 "crashes": self.crashes.get(name, 0),
                 "dispatched": self.dispatched[name],
                 "ttl_s": ttl_s,
