@@ -120,8 +120,10 @@ class OllamaDoor:
         model = self.resolve(name)
         if isinstance(model, Response):
             return model
-        if (sent := await self.px.elsewhere(request, model, json.dumps(data).encode())) is not None:
-            return sent  # another node holds it; it answers in Ollama's shape itself
+        if self.px.cluster is not None:  # another node may hold it: it answers in Ollama's shape
+            sent = await self.px.elsewhere(request, model, json.dumps(data).encode())
+            if sent is not None:
+                return sent
         priority = self.px.priority_of(request, data)
         if isinstance(priority, Response):
             return as_ollama(priority)
