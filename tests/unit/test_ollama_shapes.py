@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
     BadRequest,
-    OllamaAnswer,
     chat_request,
     embed_request,
     generate_request,

@@ -25,10 +25,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from corral.config import Config, ModelConfig
+from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
     BadRequest,
     Kind,
-    OllamaAnswer,
     chat_request,
     embed_request,
     generate_request,

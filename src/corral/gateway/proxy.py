@@ -86,7 +86,7 @@ DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
 
 class Dialect(Protocol):
     """A front door that speaks another API than the model servers' (OpenAI's): it turns
-    their answers into its own (`ollama_shapes.OllamaAnswer`). Its errors come to it in
+    their answers into its own (`ollama_answers.OllamaAnswer`). Its errors come to it in
     OpenAI's shape, to map once at its door."""
 
     media_type: str
