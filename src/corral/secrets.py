@@ -79,6 +79,11 @@ class Redactor:
     def of(cls, config: Config) -> Redactor:
         return cls(secrets_of(config))
 
+    def with_config(self, config: Config) -> Redactor:
+        """This redactor's secrets and `config`'s (a configuration reloaded: the old servers'
+        logs and the new ones both stay masked)."""
+        return Redactor(sorted(set(self.secrets) | set(secrets_of(config)), key=len, reverse=True))
+
     def __call__(self, text: str) -> str:
         if self._pattern is None:
             return text

@@ -69,3 +69,16 @@ def test_a_config_others_can_read_warns_only_while_it_holds_keys(tmp_path: Path)
         assert warn_if_exposed(f, parse_config(from_env)) is None  # the key is not in the file
     finally:
         del os.environ["CORRAL_T_KEY"]
+
+
+def test_a_reloaded_config_adds_its_secrets_and_keeps_the_old_ones() -> None:
+    """`corral serve --watch`: a model added with a key in its command is masked at once; the
+    removed model's key stays masked (its server's log is still shown)."""
+    before = parse_config("models:\n  a: {cmd: 'srv --api-key sk-old-aaaaaaaaaaaa1111'}\n")
+    after = parse_config("models:\n  b: {cmd: 'srv --api-key sk-new-bbbbbbbbbbbb2222'}\n")
+    shown = Redactor.of(before).with_config(after)(
+        "sk-old-aaaaaaaaaaaa1111 sk-new-bbbbbbbbbbbb2222"
+    )
+    assert "aaaaaaaa" not in shown
+    assert "bbbbbbbb" not in shown
+    assert shown.count("sk-...") == 2

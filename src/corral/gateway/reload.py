@@ -66,6 +66,9 @@ class Reloader:
         except (CorralError, ValueError) as exc:
             log.error("config not reloaded, the previous one stays: %s", exc)
             return []
+        # The new config's secrets are masked too (and the old ones still: their servers'
+        # logs stay), before anything of it can reach a status page or a log.
+        self.gateway.redact = self.gateway.redact.with_config(new)
         lines = self.apply(new)
         for line in lines:
             log.info("config reloaded: %s", line)
