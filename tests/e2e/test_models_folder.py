@@ -100,6 +100,14 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         assert (answer.message.content or "").strip().startswith("Paris")
         assert answer.eval_count
         assert answer.eval_duration
+        # Open WebUI sends its tools with every chat; this GGUF's template takes none, so
+        # llama-server would refuse them (500): they are left out and the model answers.
+        weather = {"type": "function", "function": {"name": "weather", "parameters": {}}}
+        with_tools = oc.chat(
+            model="gemma-a", messages=CAPITALS, tools=[weather],
+            options={"num_predict": 4, "temperature": 0},
+        )  # fmt: skip
+        assert (with_tools.message.content or "").strip().startswith("Paris")
         assert {m.model for m in oc.ps().models} == {"gemma-a:latest", "gemma-b:latest"}
     finally:
         for _ in gen:

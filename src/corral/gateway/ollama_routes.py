@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import time
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from corral.gateway.ollama_shapes import (
 from corral.gateway.proxy import Proxy, _no_constant
 from corral.gateway.runtime import Gateway
 
+log = logging.getLogger("corral.gateway")
 _STORE_COMMANDS = ("/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}")
 _FOREVER = "2318-11-23T00:00:00Z"  # what Ollama shows for a model kept loaded (keep_alive -1)
 
@@ -85,6 +87,7 @@ class OllamaDoor:
         self.px = px
         self.config = px.config
         self.gateway = px.gateway
+        self._told: set[str] = set()  # models whose dropped tools were logged
 
     async def handle(self, request: Request, path: str) -> Response:
         return await self.answer(request, self.PATHS[path])
@@ -136,6 +139,8 @@ class OllamaDoor:
                 if not data.get("messages"):
                     return await self.bare(request, model, keep, priority, reply)
                 path, body = "/v1/chat/completions", chat_request(data, served)
+                if "tools" in body and not self._takes_tools(model):
+                    del body["tools"]
             elif kind == "generate":
                 if not data.get("prompt") and not data.get("images"):
                     return await self.bare(request, model, keep, priority, reply)
@@ -152,6 +157,23 @@ class OllamaDoor:
             request, model, path, sent_body, priority, stream=stream, dialect=reply
         )
         return as_ollama(response)
+
+    def _takes_tools(self, model: str) -> bool:
+        """Whether `model`'s server can take `tools`. Not a model whose capabilities say no (a
+        GGUF whose chat template has no tools: llama-server refuses them with a 500). Open
+        WebUI sends its built-in tools with every chat, so they are left out, said once, and the
+        model answers in text, rather than every chat failing."""
+        caps = self.config.models[model].capabilities
+        if caps is None or caps.tools:
+            return True
+        if model not in self._told:
+            self._told.add(model)
+            log.info(
+                "model %s: its chat template takes no tools; tools sent with a chat are left "
+                "out (capabilities.tools is false)",
+                model,
+            )
+        return False
 
     async def bare(
         self,
