@@ -120,13 +120,19 @@ def main() -> None:
             box.click()
             box.send_keys(QUESTION)
             box.send_keys(Keys.ENTER)
-            wait.until(lambda d: "Paris" in d.find_element(By.TAG_NAME, "body").text)
-            time.sleep(2)  # the answer's last tokens and the stats
+            # The answer streams in (a 270M model may not stop soon: Open WebUI sets no limit).
+            wait.until(lambda d: QUESTION in d.find_element(By.TAG_NAME, "body").text)
+            before = len(driver.find_element(By.TAG_NAME, "body").text)
+            wait.until(lambda d: len(d.find_element(By.TAG_NAME, "body").text) > before + 150)
             Path(args.shot).parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(args.shot)
             print(f"answered; screenshot: {args.shot}")
-            activity = httpx.get(f"{corral_url}/api/status").json()["activity"]
-            print("Corral saw:", [(a["route"], a["model"], a["status"]) for a in activity])
+            status = httpx.get(f"{corral_url}/api/status").json()
+            print(
+                "Corral:",
+                status["models"]["gemma"]["state"],
+                status["models"]["gemma"]["in_flight"],
+            )
         except BaseException:
             if driver is not None:
                 driver.save_screenshot(str(Path(args.shot).with_suffix(".failed.png")))
