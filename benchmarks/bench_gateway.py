@@ -145,6 +145,15 @@ def resident(url: str) -> str:
         return proxy
 
 
+def percentiles_ms(out: dict[str, list[float]]) -> dict[str, Any]:
+    """`{name}_ms_p50` and `{name}_ms_p99` of each list of seconds."""
+    res: dict[str, Any] = {}
+    for name, xs in out.items():
+        res[f"{name}_ms_p50"] = 1000 * pct(xs, 50)
+        res[f"{name}_ms_p99"] = 1000 * pct(xs, 99)
+    return res
+
+
 def added_latency(targets: dict[str, str], n: int, block: int = 50) -> dict[str, Any]:
     """p50/p99 of one request at a time to each target, and what each adds over `direct`.
 
@@ -161,10 +170,7 @@ def added_latency(targets: dict[str, str], n: int, block: int = 50) -> dict[str,
                     r = client.post(f"{base}/v1/completions", json={**BODY, "model": "one"})
                     out[name].append(time.perf_counter() - t)
                     assert r.status_code == 200, (name, r.text)
-    res: dict[str, Any] = {}
-    for name, xs in out.items():
-        res[f"{name}_ms_p50"] = 1000 * pct(xs, 50)
-        res[f"{name}_ms_p99"] = 1000 * pct(xs, 99)
+    res = percentiles_ms(out)
     for name in targets:
         if name != "direct":
             res[f"{name}_added_ms_p50"] = res[f"{name}_ms_p50"] - res["direct_ms_p50"]
@@ -205,10 +211,7 @@ def routes_latency(url: str, n: int, block: int = 50) -> dict[str, Any]:
                     r = client.post(f"{url}{path}", json={**body, "model": "one"})
                     out[name].append(time.perf_counter() - t)
                     assert r.status_code == 200, (name, r.text)
-    res: dict[str, Any] = {}
-    for name, xs in out.items():
-        res[f"{name}_ms_p50"] = 1000 * pct(xs, 50)
-        res[f"{name}_ms_p99"] = 1000 * pct(xs, 99)
+    res = percentiles_ms(out)
     for ollama, openai in (
         ("ollama_chat", "openai_chat"),
         ("ollama_chat_stream", "openai_chat_stream"),

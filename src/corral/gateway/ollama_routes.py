@@ -92,16 +92,29 @@ class OllamaDoor:
     async def handle(self, request: Request, path: str) -> Response:
         return await self.answer(request, self.PATHS[path])
 
-    def resolve(self, name: Any) -> str | Response:
+    def lookup(self, name: Any) -> str | None:
+        """The served model `name` (or `name` without `:latest`) refers to, or None."""
         if not isinstance(name, str) or not name:
-            return ollama_error(400, "missing `model`: say which model should answer")
+            return None
         model = self.config.resolve(name)
         if model is None and name.endswith(":latest"):
             model = self.config.resolve(name[: -len(":latest")])
-        if model is None or model not in self.gateway.backends:
-            listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway)))
-            return ollama_error(404, f"model '{name}' not found; Corral serves: {listed}")
-        return model
+        return model if model is not None and model in self.gateway.backends else None
+
+    def unknown(self, name: Any) -> str:
+        """Why `lookup(name)` found nothing."""
+        if not isinstance(name, str) or not name:
+            return "missing `model`: say which model should answer"
+        listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway)))
+        return f"model '{name}' not found; Corral serves: {listed}"
+
+    def resolve(self, name: Any) -> str | Response:
+        model = self.lookup(name)
+        if model is not None:
+            return model
+        return ollama_error(
+            400 if not isinstance(name, str) or not name else 404, self.unknown(name)
+        )
 
     async def read(self, request: Request) -> dict[str, Any] | Response:
         body = await self.px.read_body(request)
@@ -275,11 +288,11 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
         data = await read(request)
         if isinstance(data, Response):
             return data
-        model = resolve(data.get("model") or data.get("name"))
-        if isinstance(model, Response):
+        name = data.get("model") or data.get("name")
+        if door.lookup(name) is None:
             return ollama_error(
                 404,
-                f"{json.loads(bytes(model.body))['error']}. Corral serves the models already on "
+                f"{door.unknown(name)}. Corral serves the models already on "
                 "disk and downloads nothing: run `ollama pull` (Corral reads Ollama's store) or "
                 "put the GGUF file in a models folder (corral serve --models DIR)",
             )
