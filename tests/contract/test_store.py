@@ -258,6 +258,30 @@ def test_group_commit_commits_each_task_fenced_by_its_own_token(store: Store, cl
     assert store.finish_many([Finished(a, tok[a], "1")]) == []  # exactly one commit
 
 
+def test_one_task_that_joins_a_run_starts_as_a_group(store: Store, clock: Clock) -> None:
+    """`group=True`: the tasks started join a run the worker already holds, so even one is a
+    group (its attempt comes back if the worker dies), and one that must run alone stays
+    reserved, as in any group."""
+    a, b, c = add(store, n=3, max_attempts=1)
+    (ta,) = store.claim("m", "w", limit=1, lease_s=30, group=True)
+    assert (ta.id, ta.attempts, ta.started_in_group) == (a, 1, True)
+    (tb,) = store.claim("m", "w", limit=1, lease_s=30, start=0)
+    assert store.start([(b, tb.lease_token or "")], group=True) == [b]
+    assert (store.get(b).attempts, store.get(b).started_in_group) == (1, True)
+    clock.t += 31
+    assert store.reclaim_expired() == 2
+    for tid in (a, b):  # either may have killed the worker: neither loses its only attempt
+        t = store.get(tid)
+        assert (t.status, t.attempts, t.run_alone) == (TaskStatus.QUEUED, 0, True)
+    got = store.claim("m", "w2", limit=3, lease_s=30, start=1, group=True)
+    assert [(t.id, t.attempts, t.started_at is None) for t in got] == [
+        (a, 0, True), (b, 0, True), (c, 0, True)
+    ]  # fmt: skip
+    tok = {t.id: t.lease_token or "" for t in got}
+    assert store.start([(a, tok[a])], group=True) == []  # must run alone: not in a group
+    assert store.start([(a, tok[a])]) == [a]
+
+
 def test_a_grouped_task_whose_worker_died_gets_its_attempt_back_and_runs_alone(
     store: Store, clock: Clock
 ) -> None:

@@ -340,15 +340,24 @@ class Store(Protocol):
         ...
 
     def claim(
-        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+        self,
+        model: str,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        start: int | None = None,
+        group: bool = False,
     ) -> builtins.list[Task]:
         """Atomically take up to `limit` eligible tasks of `model` (see the module docstring),
-        best first. The first `start` of them (default: all) start now; the rest are reserved."""
+        best first. The first `start` of them (default: all) start now; the rest are reserved.
+        Several started are a group; `group`: those started join a run the worker has already
+        started, so even one is (a `run_alone` task is then left reserved)."""
         ...
 
-    def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+    def start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         """Start reserved tasks, given as (id, lease token): count their attempt. Returns the
-        ids started (a task whose lease was lost is left alone)."""
+        ids started (a task whose lease was lost is left alone). Several are a group, and so is
+        one if `group` (see `claim`)."""
         ...
 
     def heartbeat(self, task_id: str, token: str, lease_s: float) -> Lease:

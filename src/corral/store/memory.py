@@ -128,7 +128,13 @@ class MemoryStore:
             return out
 
     def claim(
-        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+        self,
+        model: str,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        start: int | None = None,
+        group: bool = False,
     ) -> list[Task]:
         with self._lock:
             now = self._clock()
@@ -138,7 +144,7 @@ class MemoryStore:
             )
             picked = eligible[:limit]
             n_start = len(picked) if start is None else min(start, len(picked))
-            group = n_start > 1
+            group = group or n_start > 1
             out = []
             for rank, t in enumerate(picked):
                 starts = rank < n_start and not (group and t.run_alone)
@@ -156,13 +162,13 @@ class MemoryStore:
                 out.append(copy.deepcopy(claimed))
             return out
 
-    def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+    def start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         with self._lock:
-            return self._start(tasks)
+            return self._start(tasks, group)
 
-    def _start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+    def _start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         started = []
-        group = len(tasks) > 1
+        group = group or len(tasks) > 1
         for task_id, token in tasks:
             t = self._holder(task_id, token)
             if t is not None and t.started_at is None and not (group and t.run_alone):

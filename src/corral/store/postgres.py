@@ -107,7 +107,7 @@ FROM done"""
 # commit flushes every claim before it anyway. It spares a WAL flush per claim.
 _STARTS = (
     "array_position(p.a, corral_tasks.seq) <= :start "
-    "AND (:start <= 1 OR cardinality(p.a) <= 1 OR corral_tasks.run_alone = 0)"
+    "AND ((:grp = 0 AND (:start <= 1 OR cardinality(p.a) <= 1)) OR corral_tasks.run_alone = 0)"
 )
 _CLAIM = f"""
 WITH p AS (SELECT ARRAY(SELECT t.seq FROM corral_tasks t
@@ -118,7 +118,7 @@ WITH p AS (SELECT ARRAY(SELECT t.seq FROM corral_tasks t
 UPDATE corral_tasks SET status = 'running',
     attempts = attempts + CASE WHEN {_STARTS} THEN 1 ELSE 0 END,
     started_at = CASE WHEN {_STARTS} THEN :now ELSE NULL END,
-    started_in_group = CASE WHEN {_STARTS} AND :start > 1 AND cardinality(p.a) > 1
+    started_in_group = CASE WHEN {_STARTS} AND (:grp = 1 OR (:start > 1 AND cardinality(p.a) > 1))
                        THEN 1 ELSE 0 END,
     lease_token = :nonce || lpad(to_hex(corral_tasks.seq), 16, '0'),
     lease_expires_at = :expires, worker_id = :worker
@@ -387,7 +387,13 @@ class PostgresStore(SqlStore):
             )
 
     def claim(
-        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+        self,
+        model: str,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        start: int | None = None,
+        group: bool = False,
     ) -> builtins.list[Task]:
         nonce = new_ids(1)[0]
         params = {
@@ -395,6 +401,7 @@ class PostgresStore(SqlStore):
             "model": model,
             "limit": limit,
             "start": limit if start is None else start,
+            "grp": int(group),
             "nonce": nonce,
         }
         return self.outage.call(

@@ -426,13 +426,20 @@ class SqlStore:
         tx.run_many(_INSERT, rows)
 
     def claim(
-        self, model: str, worker_id: str, limit: int, lease_s: float, start: int | None = None
+        self,
+        model: str,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        start: int | None = None,
+        group: bool = False,
     ) -> builtins.list[Task]:
         params = {
             "worker": worker_id,
             "model": model,
             "limit": limit,
             "start": limit if start is None else start,
+            "grp": int(group),
         }
         return self._claim(self._claim_sql(), params, lease_s)
 
@@ -452,12 +459,15 @@ class SqlStore:
         # one statement (window functions cannot share a SELECT with FOR UPDATE: hence the nest).
         # Several started at once are a group, which never includes a task that must run alone
         # (it comes back reserved: the worker starts it by itself).
-        starts = "p.rn <= :start AND (:start <= 1 OR p.picked <= 1 OR p.run_alone = 0)"
+        starts = (
+            "p.rn <= :start AND ((:grp = 0 AND (:start <= 1 OR p.picked <= 1)) OR p.run_alone = 0)"
+        )
         return f"""
 UPDATE corral_tasks SET status = 'running',
     attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END,
     started_at = CASE WHEN {starts} THEN :now ELSE NULL END,
-    started_in_group = CASE WHEN {starts} AND :start > 1 AND p.picked > 1 THEN 1 ELSE 0 END,
+    started_in_group = CASE WHEN {starts} AND (:grp = 1 OR (:start > 1 AND p.picked > 1))
+                       THEN 1 ELSE 0 END,
     lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
 FROM (SELECT s.seq, s.run_alone,
              row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
@@ -469,18 +479,23 @@ FROM (SELECT s.seq, s.run_alone,
 WHERE corral_tasks.seq = p.seq
 RETURNING {_QUALIFIED}"""
 
-    def start(self, tasks: Sequence[tuple[str, str]]) -> list[str]:
+    def start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         with self._tx(write=True, single=len(tasks) == 1) as tx:
-            return self._start(tx, tasks)
+            return self._start(tx, tasks, group)
 
-    def _start(self, tx: Tx, tasks: Sequence[tuple[str, str]]) -> list[str]:
+    def _start(self, tx: Tx, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         started: list[str] = []
         now = self._clock()
-        group = int(len(tasks) > 1)
+        grouped = int(group or len(tasks) > 1)
         for task_id, token in tasks:
             rows = tx.run(
                 _START_SQL,
-                {"start_id": task_id, "start_token": token, "start_now": now, "start_group": group},
+                {
+                    "start_id": task_id,
+                    "start_token": token,
+                    "start_now": now,
+                    "start_group": grouped,
+                },
             )
             started.extend(r["id"] for r in rows)
         return started

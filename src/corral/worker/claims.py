@@ -55,31 +55,43 @@ class Claiming:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(left_s, 0.005))
-            got += await self._take(model, n - len(got))
+            got += await self._take(model, n - len(got), joins=True)
         return got
 
-    async def _take(self, model: str, n: int, claim: bool = True) -> list[Task]:
+    async def _take(
+        self, model: str, n: int, claim: bool = True, joins: bool = False
+    ) -> list[Task]:
         """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed
-        now, with the next few reserved."""
+        now, with the next few reserved. `joins`: they join tasks the slot already has.
+
+        Tasks that will run behind others start as a group, even one alone: a run puts tasks
+        started alone first (`_run_slot`), so one started alone after others jumped the queue
+        (FIFO within a model broken whenever the buffer was short of a run)."""
         if self._stop.is_set():
             return []  # shutting down: start nothing new
         taken: list[Ahead] = []
         stale: list[Ahead] = []
         # Run a task claimed ahead only while its lease has plenty left (it gets no heartbeats
-        # until it runs); older ones go back.
+        # until it runs). Once one is too old, the whole buffer goes back (it is in claim order,
+        # the oldest first) and is claimed again: giving back only the old ones let a fresher
+        # task run before them (FIFO broken on a loaded machine), and a claim racing their
+        # release found nothing, so the model looked idle with work left and was swapped out.
         fresh_after = time.monotonic() - self.settings.lease_s / 4
         with self._ahead_lock:
             keep: deque[Ahead] = deque()
-            for a in self._ahead[model]:
-                if a.state == "starting" or (len(taken) >= n and a.claimed_at >= fresh_after):
-                    keep.append(a)
-                elif a.claimed_at < fresh_after:
-                    stale.append(a)
-                else:
-                    taken.append(a)
+            ahead = self._ahead[model]
+            if any(a.state != "starting" and a.claimed_at < fresh_after for a in ahead):
+                keep = deque(a for a in ahead if a.state == "starting")
+                stale = [a for a in ahead if a.state != "starting"]
+            else:
+                for a in ahead:
+                    if a.state == "starting" or len(taken) >= n:
+                        keep.append(a)
+                    else:
+                        taken.append(a)
             self._ahead[model] = keep
-        for a in stale:
-            self._spawn(asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or ""))
+        if stale:  # before the claim below, which takes them again in order
+            await asyncio.to_thread(_give_back, self.store, [a.task for a in stale])
         tasks = [a.task for a in taken if a.state == "started"]
         # Reserved ones start here, together; one that must run alone is started by itself
         # when its turn comes (`_run_slot`), so it stays reserved.
@@ -90,8 +102,8 @@ class Claiming:
             if a.state == "reserved" and not a.task.run_alone
         ]
         if reserved:
-            started = set(await asyncio.to_thread(self.store.start, reserved))
-            group = len(reserved) > 1
+            group = joins or bool(tasks) or len(reserved) > 1
+            started = set(await asyncio.to_thread(self.store.start, reserved, group))
             tasks += [
                 counted(a.task, group)
                 for a in taken
@@ -108,6 +120,7 @@ class Claiming:
                     need + self._ahead_wanted(model),
                     self.settings.lease_s,
                     need,
+                    joins or bool(tasks),
                 )
             except TRANSIENT:
                 if not tasks:
@@ -187,3 +200,8 @@ class Claiming:
                 self._ahead[model] = deque()
             for a in gone:
                 await asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or "")
+
+
+def _give_back(store: Store, tasks: list[Task]) -> None:
+    for t in tasks:
+        store.release(t.id, t.lease_token or "")

@@ -437,7 +437,9 @@ class Worker(Claiming, Execution, Residing):
                     if time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.001)
-                    tasks += await self._take(model, want - len(tasks), claim=False)
+                    tasks += await self._take(
+                        model, want - len(tasks), claim=False, joins=bool(tasks)
+                    )
                 if tasks and len(tasks) < want and fill_s > 0:
                     with contextlib.suppress(*TRANSIENT):  # run those it has
                         tasks += await self._fill(model, want - len(tasks), fill_s)
