@@ -22,9 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from corral.config import Config
 from corral.gateway.batches import BatchRuntime
+from corral.gateway.calls import unknown_model
 from corral.gateway.cluster import Cluster
 from corral.gateway.errors import error
-from corral.gateway.proxy import unknown_model
 from corral.gateway.runtime import Gateway
 from corral.store import StoreError
 

@@ -30,6 +30,7 @@ from corral.gateway.admin import admin_routes
 from corral.gateway.batches import BatchRuntime
 from corral.gateway.batches import refused as batch_refused
 from corral.gateway.batches import routes as batch_routes
+from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
 from corral.gateway.cluster import Cluster
 from corral.gateway.errors import (
     error,
@@ -42,16 +43,10 @@ from corral.gateway.guard import Guard
 from corral.gateway.llamaswap_routes import llamaswap_routes
 from corral.gateway.ollama_routes import OllamaDoor, ollama_routes
 from corral.gateway.openai_routes import openai_routes
-from corral.gateway.proxy import (
-    FORM_ROUTES,
-    GET_ROUTES,
-    JSON_ROUTES,
-    Proxy,
-    Upstream,
-    upstream_path,
-)
+from corral.gateway.proxy import Proxy
 from corral.gateway.reload import Reloader
 from corral.gateway.runtime import Gateway
+from corral.gateway.upstream import Upstream
 from corral.store import StoreBusy, StoreUnavailable
 
 

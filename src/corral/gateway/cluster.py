@@ -27,9 +27,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from corral.gateway.errors import stream_error
-from corral.gateway.proxy import DROP, DROP_BACK
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
+from corral.gateway.upstream import DROP, DROP_BACK
 from corral.store import Store, StoreError
 from corral.worker.affinity import rendezvous
 

@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.backends.base import Backend
 from corral.config import CoalesceConfig
+from corral.gateway.admission import disconnected
 from corral.gateway.errors import error, upstream_body
-from corral.gateway.proxy import disconnected
 
 if TYPE_CHECKING:
     from corral.gateway.proxy import Proxy

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from corral import __version__
 from corral.config import Config
-from corral.gateway.proxy import unknown_model
+from corral.gateway.calls import unknown_model
 from corral.gateway.runtime import Gateway
 
 log = logging.getLogger("corral.gateway")

@@ -26,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from corral.config import Config, ModelConfig
+from corral.gateway.calls import no_constant
 from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
     BadRequest,
@@ -35,7 +36,7 @@ from corral.gateway.ollama_shapes import (
     generate_request,
     keep_alive_s,
 )
-from corral.gateway.proxy import Proxy, _no_constant
+from corral.gateway.proxy import Proxy
 from corral.gateway.runtime import Gateway
 
 log = logging.getLogger("corral.gateway")
@@ -121,7 +122,7 @@ class OllamaDoor:
         if isinstance(body, Response):
             return as_ollama(body)
         try:
-            data = json.loads(body or b"{}", parse_constant=_no_constant)
+            data = json.loads(body or b"{}", parse_constant=no_constant)
         except (ValueError, RecursionError) as exc:
             return ollama_error(400, f"the request body is not valid JSON: {exc}")
         if not isinstance(data, dict):

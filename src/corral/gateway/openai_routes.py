@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
+from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, unknown_model
 from corral.gateway.openapi import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,7 +21,7 @@ from corral.gateway.openapi import (
     content,
     json_body,
 )
-from corral.gateway.proxy import FORM_ROUTES, GET_ROUTES, Proxy, unknown_model
+from corral.gateway.proxy import Proxy
 from corral.gateway.runtime import Gateway
 
 

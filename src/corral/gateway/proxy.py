@@ -16,72 +16,21 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.formparsers import MultiPartParser
 
-from corral.config import Config, FiltersConfig
+from corral.config import Config
 from corral.core import Request as SchedRequest
 from corral.gateway.activity import TAIL_BYTES, completion_tokens, pieces
+from corral.gateway.admission import disconnected
+from corral.gateway.calls import no_constant, rewrite, unknown_model
 from corral.gateway.errors import error, stream_error, upstream_body
 from corral.gateway.loading import serve_loading
 from corral.gateway.runtime import Gateway, Rejected
 from corral.gateway.streams import ModelStream
+from corral.gateway.upstream import DROP, DROP_BACK, Upstream
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
     from corral.gateway.cluster import Cluster
     from corral.gateway.coalesce import Coalescer
-
-# The model-routed endpoints, as llama-swap routes them (internal/server/server.go): a JSON body
-# naming the model; a multipart form with a `model` field; a GET with `?model=`. The versionless
-# `/v/...` forms reach the server without their `/v`.
-JSON_ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/rerank",
-    "/rerank",
-    "/v1/reranking",
-    "/reranking",
-    "/infill",
-    "/completion",
-    "/v1/audio/speech",
-    "/v1/audio/voices",
-    "/v1/images/generations",
-    "/sdapi/v1/txt2img",
-    "/sdapi/v1/img2img",
-    "/v/chat/completions",
-    "/v/responses",
-    "/v/completions",
-    "/v/messages",
-    "/v/messages/count_tokens",
-    "/v/embeddings",
-    "/v/rerank",
-    "/v/reranking",
-)
-FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/images/edits")
-GET_ROUTES = ("/v1/audio/voices", "/sdapi/v1/loras", "/props")
-
-
-def upstream_path(path: str) -> str:
-    """The path a model server gets: versionless `/v/...` routes lose their `/v`."""
-    return path[2:] if path.startswith("/v/") else path
-
-
-# Hop-by-hop headers and those the client library/uvicorn set themselves.
-DROP = {
-    "host",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-    "proxy-authorization",
-    "authorization",
-    "x-corral-priority",
-}
-DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
 class Dialect(Protocol):
@@ -98,32 +47,6 @@ class Dialect(Protocol):
     def stream(self, events: AsyncIterator[bytes], wait_s: float) -> AsyncIterator[bytes]:
         """Server-sent events, cut at line ends, as the dialect's stream."""
         ...
-
-
-class Upstream:
-    """The pooled HTTP client that proxies to model servers (aiohttp: measured 0.8 ms less per
-    request than httpx here, most of the gateway's added latency; docs/benchmarks.md). Bodies
-    pass through as they are: no decompression, no headers of its own."""
-
-    def __init__(self) -> None:
-        self._session: aiohttp.ClientSession | None = None
-
-    async def open(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        )
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "the gateway is not started"
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
 
 class Proxy:
@@ -477,7 +400,7 @@ class Proxy:
         if isinstance(body, Response):
             return body
         try:
-            data = json.loads(body, parse_constant=_no_constant)
+            data = json.loads(body, parse_constant=no_constant)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
         except ValueError as exc:  # NaN or Infinity: JSON has neither
@@ -502,7 +425,7 @@ class Proxy:
         if name != served or "priority" in data or filters is not None:
             data.pop("priority", None)  # the backend sees its own name, no extension
             if filters is not None:
-                _rewrite(data, filters, str(name))
+                rewrite(data, filters, str(name))
             data["model"] = served
             body = json.dumps(data).encode()
         batching = self.config.models[model].batch
@@ -518,37 +441,6 @@ class Proxy:
         ):
             return await serve_loading(self, request, model, path, body, priority)
         return await self.serve(request, model, path, body, priority, stream=stream, openai=True)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value (use a number or null)")
-
-
-async def disconnected(request: Request) -> None:
-    """Returns when the client has gone (the body was already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def _rewrite(data: dict[str, Any], filters: FiltersConfig, name: str) -> None:
-    """llama-swap's filters, in its order: strip, set, then set by the requested id."""
-    for key in filters.strip_params:
-        data.pop(key, None)
-    data.update(filters.set_params)
-    data.update(filters.set_params_by_id.get(name, {}))
-
-
-def unknown_model(name: str, config: Config) -> JSONResponse:
-    valid = sorted(n for n, m in config.models.items() if (m.cmd or m.upstream) and not m.unlisted)
-    return error(
-        404,
-        f"model {name!r} not found; valid ids: {', '.join(valid)}",
-        "invalid_request_error",
-        param="model",
-        code="model_not_found",
-    )
 
 
 def _too_large(limit: int) -> JSONResponse:
