@@ -59,7 +59,7 @@ def admin_routes(
     async def logs(model: str, lines: int = 200) -> Response:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
-            return unknown_model(model, config)
+            raise unknown_model(model, config)
         tail = gateway.redact(gateway.backends[resolved].log_tail(max(1, min(lines, 10_000))))
         return Response(tail + "\n" if tail else "", media_type="text/plain; charset=utf-8")
 
@@ -77,7 +77,7 @@ def admin_routes(
     async def operate(name: str, wait: bool, load: bool) -> Response:
         model = config.resolve(name)
         if model is None or model not in gateway.backends:
-            return unknown_model(name, config)
+            raise unknown_model(name, config)
         sched = gateway.scheduler
         assert sched is not None
         m = sched.models[model]

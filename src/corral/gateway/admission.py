@@ -1,8 +1,24 @@
-"""Admission: a request's wait for its model's turn in the scheduler."""
+"""Admission: a request's place in its model's queue, from its submission to the scheduler to
+the end of its answer. One owner for the turn: `Turns.admit` refuses a full queue (429), waits
+for the turn, answers a client that left (499), a wait past `request_timeout_s` (504) and a
+model that cannot load (503) by raising, and ends the request in the scheduler exactly once,
+on exit, unless a stream took the slot over (`Slot.keep`), which then ends it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
 from fastapi import Request
+
+from corral.config import Config
+from corral.core import Request as Queued
+from corral.gateway.errors import ClientLeft, ModelUnavailable, QueueFull, WaitTimeout
+from corral.gateway.metrics import Metrics
+from corral.gateway.runtime import Gateway, Rejected
 
 
 async def disconnected(request: Request) -> None:
@@ -11,3 +27,125 @@ async def disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class Slot:
+    """One request's turn: the scheduler's request, its turn (a future), and when it came."""
+
+    __slots__ = ("_gateway", "_over", "arrived", "kept", "model", "queued", "turn", "wait_s")
+
+    def __init__(
+        self, gateway: Gateway, model: str, queued: Queued, turn: asyncio.Future[None]
+    ) -> None:
+        self._gateway = gateway
+        self._over = False
+        self.model = model
+        self.queued = queued
+        self.turn = turn
+        self.arrived = time.monotonic()
+        self.wait_s = 0.0
+        self.kept = False
+
+    @property
+    def device(self) -> str | None:
+        """The device whose copy of the model serves it (once its turn came)."""
+        return self.queued.device
+
+    @property
+    def swaps_waited(self) -> int:
+        return self.queued.swaps_waited
+
+    def ready(self) -> None:
+        """After the turn came: raise 503 if the model could not be loaded for it."""
+        try:
+            self.turn.result()
+        except Rejected as exc:
+            raise ModelUnavailable(str(exc), code="model_unavailable") from None
+
+    def keep(self) -> Slot:
+        """A stream takes the slot over: `admit` leaves it, the stream's end `release`s it."""
+        self.kept = True
+        return self
+
+    def release(self) -> None:
+        """End the request in the scheduler (its slot frees; a request that never got its turn
+        leaves the queue without loading the model for nobody). Idempotent."""
+        if not self._over:
+            self._over = True
+            self._gateway.finished(self.queued)
+
+
+class Turns:
+    """The gateway's admission: every model route waits for its turn through this."""
+
+    def __init__(self, config: Config, gateway: Gateway, metrics: Metrics) -> None:
+        self.config = config
+        self.gateway = gateway
+        self.metrics = metrics
+
+    def submit(self, model: str, priority: int) -> Slot:
+        """Queue a request for `model`; 429 if `max_queue` interactive requests already wait."""
+        m = self.config.models[model]
+        if self.gateway.pending(model) >= m.max_queue:
+            self.metrics.requests.labels(model, "429").inc()
+            raise QueueFull(
+                f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
+                code="queue_full",
+                headers={"Retry-After": str(max(1, round(m.load_s)))},
+            )
+        queued, turn = self.gateway.submit(model, priority)
+        return Slot(self.gateway, model, queued, turn)
+
+    async def wait(self, slot: Slot, gone: Callable[[], Awaitable[Any]] | None = None) -> None:
+        """Wait for the slot's turn. `gone` returns when nobody wants the answer any more. On
+        a refusal (the client left, the wait bound, the model cannot load) the request leaves
+        the queue and the refusal is raised."""
+        m = self.config.models[slot.model]
+        if not slot.turn.done():  # resident with a free slot: no need to watch the client
+            left = asyncio.ensure_future(gone()) if gone is not None else None
+            waits: set[asyncio.Future[Any]] = {slot.turn} if left is None else {slot.turn, left}
+            try:
+                await asyncio.wait(
+                    waits, timeout=m.request_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                if left is not None:
+                    left.cancel()
+            if not slot.turn.done():
+                slot.release()  # left the queue: never loads the model for nobody
+                status, error = (
+                    ("499", ClientLeft())
+                    if left is not None and left.done()
+                    else (
+                        "504",
+                        WaitTimeout(
+                            f"waited {m.request_timeout_s:g} s for model {slot.model} "
+                            "(request_timeout_s)",
+                            code="queue_timeout",
+                        ),
+                    )
+                )
+                self.metrics.requests.labels(slot.model, status).inc()
+                raise error
+        try:
+            slot.ready()
+        except ModelUnavailable:
+            self.metrics.requests.labels(slot.model, "503").inc()
+            raise
+        slot.wait_s = time.monotonic() - slot.arrived
+        self.metrics.wait_seconds.labels(slot.model).observe(slot.wait_s)
+
+    @asynccontextmanager
+    async def admit(
+        self, model: str, priority: int, gone: Callable[[], Awaitable[Any]] | None = None
+    ) -> AsyncIterator[Slot]:
+        """`async with turns.admit(model, priority, gone) as slot:` the body runs in the
+        model's turn (`gone`: see `wait`); the request ends on exit (or when a stream that
+        `keep`s it ends)."""
+        slot = self.submit(model, priority)
+        try:
+            await self.wait(slot, gone)
+            yield slot
+        finally:
+            if not slot.kept:
+                slot.release()

@@ -33,7 +33,9 @@ from corral.gateway.batches import routes as batch_routes
 from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
 from corral.gateway.cluster import Cluster
 from corral.gateway.errors import (
+    GatewayError,
     error,
+    gateway_error,
     http_error,
     os_error,
     store_unavailable,
@@ -120,7 +122,10 @@ class ModelRoutes:
                 )
             else:
                 path = upstream_path(scope["path"])
-                response = await handle(Request(scope, receive), path)
+                try:
+                    response = await handle(Request(scope, receive), path)
+                except GatewayError as exc:  # refused: answered here, once
+                    response = exc.response()
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -136,7 +141,7 @@ def create_app(
     without it (and without `server.store`), batches live in memory only. `watch`: the paths
     to watch and how to read the configuration again (`corral serve --watch`, reload.py)."""
     gateway = Gateway(config, log_dir)
-    pool = Upstream()
+    pool = Upstream(lambda model: gateway.metrics.retries.labels(model).inc())
     keys = [k.encode() for k in config.server.api_keys]
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
     cluster = (
@@ -176,8 +181,7 @@ def create_app(
 
     app = FastAPI(title="Corral", version=__version__, lifespan=lifespan, docs_url=None)
     app.state.gateway = gateway
-    px = Proxy(config, gateway, pool)
-    px.cluster = cluster
+    px = Proxy(config, gateway, pool, cluster)
     if batches is not None and cluster is not None:
         batches.leads = cluster.leads
 
@@ -185,6 +189,7 @@ def create_app(
         max_upload = int(config.batch.max_file_mb * 1024 * 1024)
         app.include_router(batch_routes(batches, max_upload))
         app.add_exception_handler(BatchError, batch_refused)
+    app.add_exception_handler(GatewayError, gateway_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(StoreBusy, store_unavailable)

@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi import Request
 
 from corral.config import Config, FiltersConfig
-from corral.gateway.errors import error
+from corral.gateway.errors import BodyTooLarge, InvalidRequest, ModelNotFound
+from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 # The model-routed endpoints, as llama-swap routes them (internal/server/server.go): a JSON body
 # naming the model; a multipart form with a `model` field; a GET with `?model=`. The versionless
@@ -62,12 +65,80 @@ def rewrite(data: dict[str, Any], filters: FiltersConfig, name: str) -> None:
     data.update(filters.set_params_by_id.get(name, {}))
 
 
-def unknown_model(name: str, config: Config) -> JSONResponse:
+def unknown_model(name: str, config: Config) -> ModelNotFound:
+    """The error for a model name nothing serves, listing the valid ids (raise it)."""
     valid = sorted(n for n, m in config.models.items() if (m.cmd or m.upstream) and not m.unlisted)
-    return error(
-        404,
+    return ModelNotFound(
         f"model {name!r} not found; valid ids: {', '.join(valid)}",
-        "invalid_request_error",
         param="model",
         code="model_not_found",
     )
+
+
+async def read_body(request: Request, max_body: int) -> bytes:
+    """The whole body, refused (413) past `max_body` bytes, declared or sent."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body:
+        raise _too_large(max_body)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            raise _too_large(max_body)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(
+        f"request body over {limit // (1024 * 1024)} MB (server.max_body_mb)",
+        code="body_too_large",
+    )
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 naming what is wrong with it."""
+    try:
+        data = json.loads(body, parse_constant=no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # NaN or Infinity: JSON has neither
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is nested too deeply to read") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return data
+
+
+def priority_of(request: Request, body: dict[str, Any]) -> int:
+    """The request's priority: the `x-corral-priority` header, else the body's `priority`."""
+    raw = request.headers.get("x-corral-priority", body.get("priority", 0))
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and raw.strip().lstrip("+-").isdigit() and len(raw) < 20:
+        value = int(raw)
+    if value is None or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidRequest(
+            f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; "
+            f"got {str(raw)[:40]!r}",
+            param="priority",
+        )
+    return value
+
+
+def model_of(name: Any, config: Config, served: Collection[str]) -> str:
+    """The served model a request names (an alias resolved), or 400/404 saying why not."""
+    if name is None or name == "":
+        raise InvalidRequest("missing `model`: say which model should answer", param="model")
+    if not isinstance(name, str):
+        raise InvalidRequest(
+            f"`model` must be a string naming a model; got {json.dumps(name)[:40]} "
+            f"({type(name).__name__})",
+            param="model",
+        )
+    model = config.resolve(name)
+    if model is None or model not in served:
+        raise unknown_model(name, config)
+    return model

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +26,9 @@ import aiohttp
 from fastapi import Request
 from fastapi.responses import Response
 
-from corral.gateway.errors import stream_error
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
-from corral.gateway.upstream import DROP, DROP_BACK
+from corral.gateway.upstream import DROP, DROP_BACK, relay
 from corral.store import Store, StoreError
 from corral.worker.affinity import rendezvous
 
@@ -170,26 +169,11 @@ class Cluster:
         out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
         events = resp.headers.get("content-type", "").startswith("text/event-stream")
 
-        async def relay() -> AsyncIterator[bytes]:
-            ended = False
-            try:
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-                ended = True
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                if not events:
-                    raise  # the client sees a cut connection, the only signal left
-                yield b"\n" + stream_error(
-                    f"model {model}: node {node.id} cut the answer short ({type(exc).__name__})"
-                )
-            finally:
-                if ended:
-                    resp.release()
-                else:
-                    resp.close()  # the client left or the node failed: stop the node's work
+        async def cut_short(exc: BaseException) -> str:
+            return f"model {model}: node {node.id} cut the answer short ({type(exc).__name__})"
 
         return ModelStream(
-            relay(),
+            relay(resp, events, cut_short),
             self.gateway.config.server.stream_send_timeout_s,
             f"model {model} on node {node.id}",
             status_code=resp.status,

@@ -19,19 +19,23 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from corral.backends.base import Backend
 from corral.config import CoalesceConfig
-from corral.gateway.admission import disconnected
-from corral.gateway.errors import error, upstream_body
-
-if TYPE_CHECKING:
-    from corral.gateway.proxy import Proxy
+from corral.gateway.admission import Turns, disconnected
+from corral.gateway.errors import (
+    ClientLeft,
+    GatewayError,
+    ModelUnavailable,
+    UpstreamFailed,
+    upstream_body,
+)
+from corral.gateway.runtime import Gateway
+from corral.gateway.upstream import Upstream
 
 _OURS = ("input", "priority")  # fields not part of a batch's key
 
@@ -119,8 +123,18 @@ class _Batch:
 class Coalescer:
     """One model's batches; `submit` answers one client's request."""
 
-    def __init__(self, proxy: Proxy, model: str, settings: CoalesceConfig) -> None:
-        self.proxy = proxy
+    def __init__(
+        self,
+        gateway: Gateway,
+        turns: Turns,
+        upstream: Upstream,
+        model: str,
+        settings: CoalesceConfig,
+    ) -> None:
+        self.gateway = gateway
+        self.metrics = gateway.metrics
+        self.turns = turns
+        self.upstream = upstream
         self.model = model
         self.settings = settings
         self.open: dict[str, _Batch] = {}
@@ -136,12 +150,10 @@ class Coalescer:
             return None
         kind, inputs = parsed
         if self.queued + len(inputs) > self.settings.max_queued:
-            self.proxy.metrics.requests.labels(self.model, "503").inc()
-            return error(
-                503,
+            self.metrics.requests.labels(self.model, "503").inc()
+            raise ModelUnavailable(
                 f"model {self.model} has {self.queued} inputs waiting to be batched "
                 f"(batch.max_queued {self.settings.max_queued}); retry shortly",
-                "unavailable_error",
                 code="batch_queue_full",
                 headers={"Retry-After": "1"},
             )
@@ -173,9 +185,7 @@ class Coalescer:
             answer = await self._answer(batch, member)
         finally:
             self.queued -= len(inputs)
-        self.proxy.metrics.latency_seconds.labels(self.model).observe(
-            time.monotonic() - member.arrived
-        )
+        self.metrics.latency_seconds.labels(self.model).observe(time.monotonic() - member.arrived)
         return answer
 
     async def _answer(self, batch: _Batch, member: _Member) -> Response:
@@ -200,62 +210,32 @@ class Coalescer:
         batch.full.set()
 
     async def _run(self, batch: _Batch, path: str) -> None:
-        proxy, model = self.proxy, self.model
-        m = proxy.config.models[model]
+        """The batch's turn (nobody waiting for it any more: it leaves the queue), then its
+        request once full or `max_wait_ms` after it opened."""
         try:
-            full = proxy.queue_full(model)
-            if full is not None:
-                self._answer_all(batch, full)
-                return
-            r, turn = proxy.gateway.submit(model, batch.priority)
-            abandoned: asyncio.Future[Any] = asyncio.ensure_future(batch.abandoned.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    {turn, abandoned},
-                    timeout=m.request_timeout_s,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                abandoned.cancel()
-            if turn not in done:
-                proxy.gateway.finished(r)
-                if not batch.abandoned.is_set():
-                    self._answer_all(
-                        batch,
-                        error(
-                            504,
-                            f"waited {m.request_timeout_s:g} s for model {model} "
-                            "(request_timeout_s)",
-                            "timeout_error",
-                            code="queue_timeout",
-                        ),
-                    )
-                return
-            try:
-                turn.result()
-            except Exception as exc:  # Rejected: the model cannot load
-                self._answer_all(batch, error(503, str(exc), "unavailable_error"))
-                return
-            try:
+            async with self.turns.admit(
+                self.model, batch.priority, gone=batch.abandoned.wait
+            ) as slot:
                 left_s = batch.opened_at + self.settings.max_wait_ms / 1000 - time.monotonic()
                 if left_s > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(batch.full.wait(), left_s)
                 self._close(batch)
-                await self._send(batch, path, proxy.gateway.backend_on(model, r.device))
-            finally:
-                proxy.gateway.finished(r)
+                await self._send(batch, path, self.gateway.backend_on(self.model, slot.device))
+        except ClientLeft:
+            pass  # every member left: nobody to answer
+        except GatewayError as exc:  # a full queue, the wait bound, a model that cannot load
+            self._answer_all(batch, exc.response())
         except Exception as exc:  # never leave a client hanging
             self._answer_all(
-                batch, error(500, f"coalescing failed: {type(exc).__name__}: {exc}", "api_error")
+                batch, GatewayError(f"coalescing failed: {type(exc).__name__}: {exc}").response()
             )
 
     async def _send(self, batch: _Batch, path: str, backend: Backend) -> None:
         members = [mb for mb in batch.members if not mb.gone]
         if not members:
             return
-        proxy = self.proxy
-        proxy.metrics.batch_inputs.labels(self.model).observe(sum(len(mb.inputs) for mb in members))
+        self.metrics.batch_inputs.labels(self.model).observe(sum(len(mb.inputs) for mb in members))
         status, content, ctype, wait_ms = await self._post(batch, members, path, backend)
         if status < 400:
             try:
@@ -267,7 +247,7 @@ class Coalescer:
             except ValueError as exc:
                 self._answer_all(
                     batch,
-                    error(502, f"model {self.model}: {exc}", "upstream_error", code="bad_answer"),
+                    UpstreamFailed(f"model {self.model}: {exc}", code="bad_answer").response(),
                 )
                 return
             size = str(sum(len(mb.inputs) for mb in members))
@@ -289,30 +269,22 @@ class Coalescer:
     ) -> tuple[int, bytes, str, str]:
         """(status, body, content type, wait ms) of one upstream request for `members`, to
         `backend` (the copy of the model the scheduler gave the batch)."""
-        proxy = self.proxy
         wait_ms = f"{(time.monotonic() - batch.opened_at) * 1000:.1f}"
         body = dict(batch.template)
         body["input"] = [x for mb in members for x in mb.inputs]
         headers = {"content-type": "application/json", **backend.headers}
+        url = f"{backend.proxy_url}{path}"
         try:
-            async with proxy.pool.session.post(
-                f"{backend.proxy_url}{path}", data=json.dumps(body).encode(), headers=headers
-            ) as resp:
-                return (
-                    resp.status,
-                    await resp.read(),
-                    resp.headers.get("content-type", ""),
-                    wait_ms,
-                )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            await backend.exited(timeout_s=1.0)
-            down = error(
-                502,
-                f"model {self.model}: its server did not answer ({type(exc).__name__})",
-                "upstream_error",
-                code="backend_unreachable",
+            resp = await self.upstream.send(
+                backend, self.model, "POST", url, headers, json.dumps(body).encode()
             )
-            return 502, bytes(down.body), "application/json", wait_ms
+            try:
+                content = await self.upstream.read(resp, backend, self.model)
+            finally:
+                resp.release()
+        except UpstreamFailed as exc:
+            return 502, bytes(exc.response().body), "application/json", wait_ms
+        return resp.status, content, resp.headers.get("content-type", ""), wait_ms
 
     @staticmethod
     def _response(status: int, content: bytes, ctype: str, wait_ms: str, size: str) -> Response:
@@ -328,7 +300,7 @@ class Coalescer:
         if not member.answer.done():
             member.answer.set_result(response)
         if not member.gone:
-            metrics = self.proxy.metrics
+            metrics = self.metrics
             metrics.requests.labels(self.model, str(response.status_code)).inc()
 
     def _answer_all(self, batch: _Batch, response: Response) -> None:

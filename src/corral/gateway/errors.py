@@ -32,6 +32,79 @@ def error(
     )
 
 
+class GatewayError(Exception):
+    """A request the gateway refuses or cannot serve, raised where it is found and answered in
+    one place (`answer`): OpenAI's error body, or another door's (the Ollama API maps it at
+    its door). A kind sets the status and the OpenAI `type`; the message names the field and
+    the fix."""
+
+    status = 500
+    kind = "api_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def response(self) -> Response:
+        return error(self.status, self.message, self.kind, self.param, self.code, self.headers)
+
+
+class InvalidRequest(GatewayError):
+    status, kind = 400, "invalid_request_error"
+
+
+class ModelNotFound(GatewayError):
+    status, kind = 404, "invalid_request_error"
+
+
+class BodyTooLarge(GatewayError):
+    status, kind = 413, "invalid_request_error"
+
+
+class QueueFull(GatewayError):
+    status, kind = 429, "rate_limit_error"
+
+
+class ClientLeft(GatewayError):
+    """The client went away while it waited: 499 (nginx's), with no body, for the logs."""
+
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("the client left")
+
+    def response(self) -> Response:
+        return Response(status_code=499)
+
+
+class UpstreamFailed(GatewayError):
+    status, kind = 502, "upstream_error"
+
+
+class ModelUnavailable(GatewayError):
+    status, kind = 503, "unavailable_error"
+
+
+class WaitTimeout(GatewayError):
+    status, kind = 504, "timeout_error"
+
+
+async def gateway_error(_: Request, exc: Exception) -> Response:
+    """A `GatewayError` raised in a FastAPI route."""
+    assert isinstance(exc, GatewayError)
+    return exc.response()
+
+
 async def http_error(_: Request, exc: Exception) -> Response:
     """Starlette's own errors (unknown route 404, wrong method 405) in OpenAI's shape."""
     assert isinstance(exc, HTTPException)

@@ -79,7 +79,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
     async def api_unload(model: str) -> Response:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
-            return unknown_model(model, config)
+            raise unknown_model(model, config)
         unload([resolved])
         return PlainTextResponse("OK")
 

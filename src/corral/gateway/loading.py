@@ -14,20 +14,26 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable
+from typing import Protocol
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from corral.gateway.errors import error, stream_error
-from corral.gateway.runtime import Rejected
+from corral.config import Config
+from corral.gateway.admission import Slot, Turns
+from corral.gateway.errors import GatewayError, stream_error
 from corral.gateway.streams import ModelStream
 
-if TYPE_CHECKING:
-    from corral.gateway.proxy import Proxy
-
 TICK_S = 0.75  # llama-swap's pace of loading updates
+
+
+class Answer(Protocol):
+    """In a slot's turn, the model server's answer (`Proxy.answer`)."""
+
+    def __call__(
+        self, request: Request, slot: Slot, path: str, body: bytes, stream: bool, openai: bool
+    ) -> Awaitable[Response]: ...
 
 
 def _thinking(text: str) -> bytes:
@@ -38,48 +44,60 @@ def _thinking(text: str) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-async def serve_loading(
-    px: Proxy, request: Request, model: str, path: str, body: bytes, priority: int
-) -> Response:
-    """Serve a streamed chat request, telling the wait while its model loads."""
-    gateway, m = px.gateway, px.config.models[model]
-    full = px.queue_full(model)
-    if full is not None:
-        return full
-    arrived = time.monotonic()
-    r, turn = gateway.submit(model, priority)
-    if turn.done():  # ready with a free slot: nothing to tell
-        try:
-            turn.result()
-        except Rejected as exc:
-            return error(503, str(exc), "unavailable_error", code="model_unavailable")
-        return await px.proxy(request, r, model, path, body, arrived, True, 0.0, openai=True)
+class LoadingStream:
+    """The step that serves a streamed chat request, telling the wait while its model loads."""
 
-    async def events() -> AsyncIterator[bytes]:
-        handed_over = False
+    def __init__(self, config: Config, turns: Turns, answer: Answer) -> None:
+        self.config = config
+        self.turns = turns
+        self.answer = answer
+
+    async def serve(
+        self, request: Request, model: str, path: str, body: bytes, priority: int
+    ) -> Response:
+        slot = self.turns.submit(model, priority)
+        if slot.turn.done():  # ready with a free slot: nothing to tell
+            try:
+                await self.turns.wait(slot)
+                return await self.answer(request, slot, path, body, True, True)
+            finally:
+                if not slot.kept:
+                    slot.release()
+        return ModelStream(
+            self._events(request, slot, path, body),
+            self.config.server.stream_send_timeout_s,
+            f"model {model}",
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def _events(
+        self, request: Request, slot: Slot, path: str, body: bytes
+    ) -> AsyncIterator[bytes]:
+        model, timeout_s = slot.model, self.config.models[slot.model].request_timeout_s
         try:
             yield _thinking(f"Waiting for model {model} to load (Corral)\n")
-            while not turn.done():
-                waited_s = time.monotonic() - arrived
-                if waited_s > m.request_timeout_s:
+            while not slot.turn.done():
+                if time.monotonic() - slot.arrived > timeout_s:
                     yield stream_error(
-                        f"waited {m.request_timeout_s:g} s for model {model} (request_timeout_s)"
+                        f"waited {timeout_s:g} s for model {model} (request_timeout_s)"
                     )
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(turn), TICK_S)
-                if not turn.done():
-                    yield _thinking(f"... {time.monotonic() - arrived:.0f} s\n")
+                    await asyncio.wait_for(asyncio.shield(slot.turn), TICK_S)
+                if not slot.turn.done():
+                    yield _thinking(f"... {time.monotonic() - slot.arrived:.0f} s\n")
             try:
-                turn.result()
-            except Rejected as exc:
-                yield stream_error(str(exc))
+                await self.turns.wait(slot)
+            except GatewayError as exc:
+                yield stream_error(exc.message)
                 return
-            wait_s = time.monotonic() - arrived
-            px.metrics.wait_seconds.labels(model).observe(wait_s)
-            yield _thinking(f"Model {model} is ready after {wait_s:.1f} s\n\n")
-            handed_over = True
-            answer = await px.proxy(request, r, model, path, body, arrived, True, wait_s, True)
+            yield _thinking(f"Model {model} is ready after {slot.wait_s:.1f} s\n\n")
+            try:
+                answer = await self.answer(request, slot, path, body, True, True)
+            except GatewayError as exc:
+                yield stream_error(exc.message)
+                return
             if isinstance(answer, StreamingResponse):
                 inner = answer.body_iterator
                 try:
@@ -87,20 +105,12 @@ async def serve_loading(
                         yield chunk if isinstance(chunk, bytes) else str(chunk).encode()
                 finally:
                     await inner.aclose()  # type: ignore[attr-defined]
-            elif isinstance(answer, JSONResponse | Response):
+            else:  # the server's error, read whole, in OpenAI's shape
                 try:
                     message = json.loads(bytes(answer.body))["error"]["message"]
                 except (ValueError, KeyError, TypeError):
                     message = f"the model server answered {answer.status_code}"
                 yield stream_error(str(message))
         finally:
-            if not handed_over:
-                gateway.finished(r)  # left while waiting: it never loads the model for nobody
-
-    return ModelStream(
-        events(),
-        px.config.server.stream_send_timeout_s,
-        f"model {model}",
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache"},
-    )
+            if not slot.kept:
+                slot.release()  # left while waiting: it never loads the model for nobody

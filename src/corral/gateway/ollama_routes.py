@@ -13,20 +13,25 @@ once idle (`Scheduler.on_keep_alive`); an empty prompt loads the model through t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import math
 import time
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 
 from corral.config import Config, ModelConfig
-from corral.gateway.calls import no_constant
+from corral.gateway.admission import disconnected
+from corral.gateway.calls import json_object, priority_of, read_body
+from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
     BadRequest,
@@ -46,6 +51,31 @@ _FOREVER = "2318-11-23T00:00:00Z"  # what Ollama shows for a model kept loaded (
 
 def ollama_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def ollama_failure(exc: GatewayError) -> Response:
+    """A refusal of the pipeline as Ollama writes errors: `{"error": "..."}`, the same status
+    (and Retry-After)."""
+    if exc.status == 499:
+        return exc.response()
+    headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "retry-after"}
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+
+class OllamaRoute(APIRoute):
+    """The Ollama router's routes: a `GatewayError` raised in one is answered in Ollama's shape
+    (the app answers the others in OpenAI's)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def mapped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except GatewayError as exc:
+                return ollama_failure(exc)
+
+        return mapped
 
 
 def as_ollama(response: Response) -> Response:
@@ -91,7 +121,10 @@ class OllamaDoor:
         self._told: set[str] = set()  # models whose dropped tools were logged
 
     async def handle(self, request: Request, path: str) -> Response:
-        return await self.answer(request, self.PATHS[path])
+        try:
+            return await self.answer(request, self.PATHS[path])
+        except GatewayError as exc:
+            return ollama_failure(exc)
 
     def lookup(self, name: Any) -> str | None:
         """The served model `name` (or `name` without `:latest`) refers to, or None."""
@@ -109,41 +142,26 @@ class OllamaDoor:
         listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway)))
         return f"model '{name}' not found; Corral serves: {listed}"
 
-    def resolve(self, name: Any) -> str | Response:
+    def resolve(self, name: Any) -> str:
         model = self.lookup(name)
         if model is not None:
             return model
-        return ollama_error(
-            400 if not isinstance(name, str) or not name else 404, self.unknown(name)
-        )
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(self.unknown(name), param="model")
+        raise ModelNotFound(self.unknown(name), param="model")
 
-    async def read(self, request: Request) -> dict[str, Any] | Response:
-        body = await self.px.read_body(request)
-        if isinstance(body, Response):
-            return as_ollama(body)
-        try:
-            data = json.loads(body or b"{}", parse_constant=no_constant)
-        except (ValueError, RecursionError) as exc:
-            return ollama_error(400, f"the request body is not valid JSON: {exc}")
-        if not isinstance(data, dict):
-            return ollama_error(400, "the request body must be a JSON object")
-        return data
+    async def read(self, request: Request) -> dict[str, Any]:
+        return json_object(await read_body(request, self.px.max_body) or b"{}")
 
     async def answer(self, request: Request, kind: Kind) -> Response:
         data = await self.read(request)
-        if isinstance(data, Response):
-            return data
         name = data.get("model")
         model = self.resolve(name)
-        if isinstance(model, Response):
-            return model
         if self.px.cluster is not None:  # another node may hold it: it answers in Ollama's shape
             sent = await self.px.elsewhere(request, model, json.dumps(data).encode())
             if sent is not None:
                 return sent
-        priority = self.px.priority_of(request, data)
-        if isinstance(priority, Response):
-            return as_ollama(priority)
+        priority = priority_of(request, data)
         assert isinstance(name, str)
         reply = OllamaAnswer(name, kind)
         served = self.gateway.backends[model].served_name
@@ -162,7 +180,7 @@ class OllamaDoor:
             else:
                 path, body = "/v1/embeddings", embed_request(data, served, kind)
         except BadRequest as exc:
-            return ollama_error(400, str(exc))
+            raise InvalidRequest(str(exc)) from None
         if keep is not None:
             _keep_alive(self.gateway, model, keep)
         stream = bool(body.get("stream"))
@@ -204,19 +222,17 @@ class OllamaDoor:
             return Response(reply.bare("unload"), media_type="application/json")
         if keep is not None:
             _keep_alive(self.gateway, model, keep)
-        arrived = time.monotonic()
-        r = await self.px.wait_turn(request, model, priority)
-        if isinstance(r, Response):
-            return as_ollama(r)
-        self.gateway.finished(r)
-        wait_s = time.monotonic() - arrived
-        return Response(reply.bare("load", wait_s), media_type="application/json")
+        async with self.px.turns.admit(
+            model, priority, functools.partial(disconnected, request)
+        ) as slot:
+            pass  # the model is loaded: the turn ends at once, using no slot
+        return Response(reply.bare("load", slot.wait_s), media_type="application/json")
 
 
 def ollama_routes(door: OllamaDoor) -> APIRouter:
     """Ollama's other routes: `/`, the model list, what is loaded, one model's details, and
     the model-store commands."""
-    router = APIRouter(include_in_schema=False)
+    router = APIRouter(include_in_schema=False, route_class=OllamaRoute)
     config, gateway = door.config, door.gateway
     resolve, read = door.resolve, door.read
 
@@ -258,11 +274,7 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     @router.post("/api/show")
     async def show(request: Request) -> Response:
         data = await read(request)
-        if isinstance(data, Response):
-            return data
         model = resolve(data.get("model") or data.get("name"))
-        if isinstance(model, Response):
-            return model
         m = config.models[model]
         details = _details(m)
         arch = details["family"] or "unknown"
@@ -287,8 +299,6 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     @router.post("/api/pull")
     async def pull(request: Request) -> Response:
         data = await read(request)
-        if isinstance(data, Response):
-            return data
         name = data.get("model") or data.get("name")
         if door.lookup(name) is None:
             return ollama_error(

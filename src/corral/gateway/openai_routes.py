@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
-from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, unknown_model
+from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, priority_of, read_body, unknown_model
 from corral.gateway.openapi import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,13 +67,9 @@ def openai_routes(px: Proxy) -> APIRouter:
     async def upstream(request: Request, model: str, path: str) -> Response:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
-            return unknown_model(model, config)
-        body = await px.read_body(request)
-        if isinstance(body, Response):
-            return body
-        priority = px.priority_of(request, {})
-        if isinstance(priority, Response):
-            return priority
+            raise unknown_model(model, config)
+        body = await read_body(request, px.max_body)
+        priority = priority_of(request, {})
         if (sent := await px.elsewhere(request, resolved, body)) is not None:
             return sent  # another node holds it: the raw route goes there too
         return await px.serve(request, resolved, f"/{path}", body, priority)
@@ -92,7 +88,7 @@ def openai_routes(px: Proxy) -> APIRouter:
         """One model, as `client.models.retrieve(id)` reads it (aliases answer too)."""
         resolved = config.resolve(model_id)
         if resolved is None or resolved not in gateway.backends:
-            return unknown_model(model_id, config)
+            raise unknown_model(model_id, config)
         created = int(gateway.started_at)
         return JSONResponse(
             {"id": model_id, "object": "model", "created": created, "owned_by": "corral"}

@@ -1,9 +1,15 @@
 """The gateway's one client to model servers: a pooled aiohttp session, the headers that never
-pass through (hop by hop, and Corral's own)."""
+pass through (hop by hop, and Corral's own), the one call (`Upstream.send`, a server that does
+not answer raised as `UpstreamFailed`) and the one relay of a streamed answer (`relay`)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+
 import aiohttp
+
+from corral.backends.base import Backend
+from corral.gateway.errors import UpstreamFailed, stream_error
 
 # Hop-by-hop headers and those the client library/uvicorn set themselves.
 DROP = {
@@ -26,8 +32,9 @@ class Upstream:
     request than httpx here, most of the gateway's added latency; docs/benchmarks.md). Bodies
     pass through as they are: no decompression, no headers of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, retried: Callable[[str], None] = lambda _: None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._retried = retried  # counts a retry on a fresh connection, per model
 
     async def open(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -45,3 +52,90 @@ class Upstream:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    async def send(
+        self,
+        backend: Backend,
+        model: str,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+    ) -> aiohttp.ClientResponse:
+        """Send a request to `model`'s server (`backend`); its answer's headers, the body to
+        read or relay. A server that does not answer raises `UpstreamFailed` (502) once the
+        backend had a moment to notice the process exited."""
+        try:
+            try:
+                return await self.session.request(method, url, headers=headers, data=body)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise  # nothing listens: the server is down, not the connection stale
+                # Closed before any byte of an answer: most likely a pooled keep-alive
+                # connection the server had closed (some close after an error without saying
+                # so). One retry on a fresh connection; a dead server fails it at once.
+                self._retried(model)
+                return await self.session.request(method, url, headers=headers, data=body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise await down(backend, model, exc) from None
+
+    @staticmethod
+    async def read(resp: aiohttp.ClientResponse, backend: Backend, model: str) -> bytes:
+        """The whole body of an answer; a server that dies while sending it is a 502."""
+        try:
+            return await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise await down(backend, model, exc) from None
+
+
+async def down(backend: Backend, model: str, exc: BaseException) -> UpstreamFailed:
+    """The 502 for a model server that did not answer (raise it)."""
+    await backend.exited(timeout_s=1.0)
+    return UpstreamFailed(
+        f"model {model}: its server did not answer ({type(exc).__name__})",
+        code="backend_unreachable",
+    )
+
+
+async def relay(
+    resp: aiohttp.ClientResponse,
+    events: bool,
+    cut_short: Callable[[BaseException], Awaitable[str]],
+    seen: Callable[[bytes], None] | None = None,
+    ended: Callable[[], None] | None = None,
+) -> AsyncIterator[bytes]:
+    """An answer's body, chunk by chunk as it comes. `events` (server-sent events): chunks are
+    cut at line ends, so an error event added after a failure stays parsable, and a failure
+    mid-answer becomes that error event (`cut_short` says why), since the 200 is already on its
+    way; otherwise the failure is raised and the client sees a cut connection, the only signal
+    left. `seen` gets each chunk; `ended` runs however it ends (finished, failed, or the client
+    left, which drops the connection so the server stops generating)."""
+    whole = False
+    partial = b""  # events: a line not yet ended
+    try:
+        async for chunk in resp.content.iter_any():
+            if seen is not None:
+                seen(chunk)
+            if events:
+                chunk = partial + chunk
+                cut = chunk.rfind(b"\n") + 1
+                chunk, partial = chunk[:cut], chunk[cut:]
+                if not chunk:
+                    continue
+            yield chunk
+        if partial:
+            yield partial
+        whole = True
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        why = await cut_short(exc)
+        if not events:
+            raise
+        # The blank line ends an event cut between its lines; the torn line is dropped.
+        yield b"\n" + stream_error(why)
+    finally:
+        if whole:
+            resp.release()
+        else:
+            resp.close()
+        if ended is not None:
+            ended()
