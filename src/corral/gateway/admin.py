@@ -24,7 +24,7 @@ from corral.config import Config
 from corral.gateway.batches import BatchRuntime
 from corral.gateway.calls import unknown_model
 from corral.gateway.cluster import Cluster
-from corral.gateway.errors import error
+from corral.gateway.errors import Conflict, ModelUnavailable
 from corral.gateway.runtime import Gateway
 from corral.store import StoreError
 
@@ -86,13 +86,13 @@ def admin_routes(
         reason = act(model)
         if reason is not None:
             verb = "load" if load else "unload"
-            return error(409, f"cannot {verb} {model} now: {reason}", "conflict", code="busy")
+            raise Conflict(f"cannot {verb} {model} now: {reason}", code="busy")
         if wait:
             await gateway.settled(model)
         state = m.state.value
         if load and wait and state != "ready":
             failed = next((s.error for s in reversed(gateway.swaps) if s.model == model), None)
-            return error(503, failed or f"{model} did not load", "unavailable_error")
+            raise ModelUnavailable(failed or f"{model} did not load")
         changed = state != before
         return JSONResponse(
             {"model": model, "state": state}, status_code=202 if changed and not wait else 200

@@ -31,7 +31,7 @@ from corral.batch.jsonl import KIND
 from corral.batch.service import BatchError, BatchService, expires_after_s
 from corral.batch.webhooks import Deliverer
 from corral.config import Config
-from corral.gateway.errors import error, no_space_error
+from corral.gateway.errors import InvalidRequest, error, no_space_error
 from corral.gateway.openapi import (
     BatchList,
     BatchObject,
@@ -271,18 +271,13 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
                 raise
             return no_space_error(f"the temporary folder ({tempfile.gettempdir()})")
         except Exception as exc:  # the parser's errors have no common base to catch
-            return error(400, f"bad multipart body: {exc}", "invalid_request_error")
+            raise InvalidRequest(f"bad multipart body: {exc}") from None
         try:
             part, purpose = form.get("file"), form.get("purpose")
             if not isinstance(part, StarletteUploadFile):
-                return error(400, "missing the `file` part", "invalid_request_error", param="file")
+                raise InvalidRequest("missing the `file` part", param="file")
             if purpose != "batch":
-                return error(
-                    400,
-                    f"purpose must be 'batch'; got {purpose!r}",
-                    "invalid_request_error",
-                    param="purpose",
-                )
+                raise InvalidRequest(f"purpose must be 'batch'; got {purpose!r}", param="purpose")
             keep_s = None
             if "expires_after[anchor]" in form or "expires_after[seconds]" in form:
                 fields = {
@@ -336,17 +331,13 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
         try:
             body = await request.json()
         except ValueError:
-            return error(400, "the request body is not valid JSON", "invalid_request_error")
+            raise InvalidRequest("the request body is not valid JSON") from None
         if not isinstance(body, dict):
-            return error(400, "the request body must be a JSON object", "invalid_request_error")
+            raise InvalidRequest("the request body must be a JSON object")
         for key in ("input_file_id", "endpoint"):
             if not isinstance(body.get(key), str):
-                return error(
-                    400,
-                    f"missing `{key}`",
-                    "invalid_request_error",
-                    param=key,
-                    code="missing_required_parameter",
+                raise InvalidRequest(
+                    f"missing `{key}`", param=key, code="missing_required_parameter"
                 )
         b = await call(
             svc.create,

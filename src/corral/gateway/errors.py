@@ -87,6 +87,10 @@ class ClientLeft(GatewayError):
         return Response(status_code=499)
 
 
+class Conflict(GatewayError):
+    status, kind = 409, "conflict"
+
+
 class UpstreamFailed(GatewayError):
     status, kind = 502, "upstream_error"
 
