@@ -93,12 +93,12 @@ class Execution:
     def _measured(self, model: str, task_s: float) -> None:
         raise NotImplementedError
 
-    async def _run_slot(self, calls: list[list[Task]], proxy: Request) -> None:
+    async def _run_slot(self, calls: list[list[Task]], stand_in: Request) -> None:
         """Run one scheduling slot's handler calls in turn (a task, a batched kind's batch, or
-        consecutive plain sync tasks as one group run), then end its proxy. Tasks waiting behind
+        consecutive plain sync tasks as one group run), then end its stand-in. Tasks waiting behind
         the first call keep their leases meanwhile."""
         tasks = [t for call in calls for t in call]
-        _device.set(proxy.device)  # this task's context only: the slot's copy of its model
+        _device.set(stand_in.device)  # this task's context only: the slot's copy of its model
         # Tasks that must run alone go last: they start only when their turn comes, so none
         # other of the slot waits, started, while one of them runs (it may kill the worker).
         calls = sorted(calls, key=lambda call: any(t.started_at is None for t in call))
@@ -152,8 +152,8 @@ class Execution:
             for t in tasks:
                 self._running.pop(t.id, None)
                 self._beats.remove(t.id)
-            if proxy.state is RequestState.RUNNING:
-                self._sched().on_request_finished(proxy)
+            if stand_in.state is RequestState.RUNNING:
+                self._sched().on_request_finished(stand_in)
 
     def _no_handler(self, task: Task) -> NoHandler:
         return NoHandler(

@@ -1,11 +1,11 @@
 """The worker: drains a `Store` in the order the scheduler core decides.
 
 It runs the real `Scheduler` and implements its `Effects`. Every task the store could hand out
-now is mirrored into the scheduler as a proxy `Request` of its model and level (service class and
-priority), refreshed every `poll_s`; a proxy stands for a slot of tasks (one, a batched kind's
-batch, or a run of short tasks). When the scheduler dispatches proxies, the worker claims their
+now is mirrored into the scheduler as a stand-in `Request` of its model and level (service class and
+priority), refreshed every `poll_s`; a stand-in stands for a slot of tasks (one, a batched kind's
+batch, or a run of short tasks). When the scheduler dispatches stand-ins, the worker claims their
 tasks of that model in one call (several workers may share a database: the claim is the atomic
-step, and a proxy that finds nothing left simply ends): `worker/claims.py`. `worker/execute.py`
+step, and a stand-in that finds nothing left simply ends): `worker/claims.py`. `worker/execute.py`
 runs and commits them. Loads and unloads run the models' in-process hooks.
 
 One asyncio task owns the scheduler. Effects only schedule work, and outcomes come back as
@@ -48,7 +48,7 @@ __all__ = ["Worker", "WorkerSettings"]
 log = logging.getLogger("corral.worker")
 
 
-class _Proxy(Request):
+class StandIn(Request):
     """A scheduler request standing for 'one claimable task of this model and level'."""
 
     __slots__ = ()
@@ -87,7 +87,7 @@ class Worker(Claiming, Execution, Residing):
             )
         self.models = [m for m in config.models if m in set(registry.model_names())]
         # Tasks per scheduling slot and how long a slot waits to fill (batched handlers): the
-        # scheduler sees one proxy per slot, so its service estimate is a batch's cost.
+        # scheduler sees one stand-in per slot, so its service estimate is a batch's cost.
         self._slot = {m: registry.batch_of(m) for m in self.models}
         # Models whose handlers are all plain sync functions run their tasks in *runs*: a slot
         # of several tasks run one after another in one thread hop and committed together
@@ -104,9 +104,9 @@ class Worker(Claiming, Execution, Residing):
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
-        self._pending: dict[tuple[str, Level], list[_Proxy]] = defaultdict(list)
+        self._pending: dict[tuple[str, Level], list[StandIn]] = defaultdict(list)
         self._unclaimed: dict[str, int] = defaultdict(int)  # dispatched, claim not back yet
-        self._to_claim: dict[str, list[_Proxy]] = defaultdict(list)
+        self._to_claim: dict[str, list[StandIn]] = defaultdict(list)
         self._ahead: dict[str, deque[Ahead]] = defaultdict(deque)  # claimed, not yet run
         self._ahead_lock = threading.Lock()  # commits (in threads) mark the next one started
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -141,7 +141,7 @@ class Worker(Claiming, Execution, Residing):
 
     @staticmethod
     def owns(request: Request) -> bool:
-        return isinstance(request, _Proxy)
+        return isinstance(request, StandIn)
 
     def evicted(self, model: str) -> None:
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
@@ -178,18 +178,18 @@ class Worker(Claiming, Execution, Residing):
         self._spawn(self._unload(model, device))
 
     def dispatch(self, request: Request) -> None:
-        assert isinstance(request, _Proxy)
+        assert isinstance(request, StandIn)
         self._pending[request.key].remove(request)
         self._unclaimed[request.model] += 1
         batch = self._to_claim[request.model]
         batch.append(request)
-        if len(batch) == 1:  # claim every proxy dispatched in this turn of the loop at once
+        if len(batch) == 1:  # claim every stand-in dispatched in this turn of the loop at once
             self._loop_().call_soon(self._flush_claims, request.model)
 
     def reject(self, request: Request, reason: str) -> None:
-        # Proxies are rejected when their model failed to load: the tasks stay queued; the
+        # Stand-ins are rejected when their model failed to load: the tasks stay queued; the
         # model rests before the next try so a broken model cannot spin.
-        if isinstance(request, _Proxy):
+        if isinstance(request, StandIn):
             key = request.key
             if request in self._pending[key]:
                 self._pending[key].remove(request)
@@ -355,7 +355,7 @@ class Worker(Claiming, Execution, Residing):
                 self._wake.set()  # its reconcile was skipped: do it now
 
     def _reconcile(self, ready: dict[str, dict[Level, int]], seen: dict[str, int | None]) -> None:
-        """Make the scheduler's pending proxies match the store's claimable tasks. A model
+        """Make the scheduler's pending stand-ins match the store's claimable tasks. A model
         whose tasks moved while the store was read is left as it is until the next round (a
         wrong count would make it look idle and swap it out with work left)."""
         sched = self._sched()
@@ -367,13 +367,13 @@ class Worker(Claiming, Execution, Residing):
                 continue
             if shown is not None and model not in shown:
                 ready = {**ready, model: {}}  # another worker's, or not worth a second copy
-            # Proxies wanted = tasks waiting for one: queued in the store, plus tasks claimed
+            # Stand-ins wanted = tasks waiting for one: queued in the store, plus tasks claimed
             # ahead into the buffer, minus what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
             for a in self._ahead[model]:
                 waiting[a.task.level] = waiting.get(a.task.level, 0) + 1
             self._waiting[model] = sum(waiting.values())  # `_per` follows it
-            per = self._per(model)  # one proxy per slot of up to `per` tasks
+            per = self._per(model)  # one stand-in per slot of up to `per` tasks
             if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
                 self._stale.add(model)
                 self._trim(model, sum(waiting.values()), per)
@@ -388,18 +388,18 @@ class Worker(Claiming, Execution, Residing):
                 while len(have) > target:
                     sched.on_cancel(have.pop())
                 wanted.append((level, model, target))
-        # New proxies in level order across models: the scheduler sees every model's
+        # New stand-ins in level order across models: the scheduler sees every model's
         # interactive work before any batch work (an arrival can start a load at once).
         for level, model, target in sorted(wanted, key=lambda x: x[0], reverse=True):
             have = self._pending[(model, level)]
             while len(have) < target:
-                p = _Proxy(None, model, level[1], not level[0])
+                p = StandIn(None, model, level[1], not level[0])
                 have.append(p)
                 sched.on_request(p)
 
     def _trim(self, model: str, waiting: int, per: int) -> None:
         """A model busy moving tasks (its count may be off by the tasks in flight) still loses
-        proxies far beyond its work, lowest level first: e.g. those mirrored one per task before
+        stand-ins far beyond its work, lowest level first: e.g. those mirrored one per task before
         its run length was known."""
         sched = self._sched()
         bound = -(-waiting // per) + sched.models[model].concurrency + 1
@@ -412,15 +412,15 @@ class Worker(Claiming, Execution, Residing):
                 extra -= 1
 
     def _flush_claims(self, model: str) -> None:
-        proxies, self._to_claim[model] = self._to_claim[model], []
-        if proxies:
-            self._spawn(self._claim_and_run(model, proxies))
+        stand_ins, self._to_claim[model] = self._to_claim[model], []
+        if stand_ins:
+            self._spawn(self._claim_and_run(model, stand_ins))
 
-    async def _claim_and_run(self, model: str, proxies: list[_Proxy]) -> None:
+    async def _claim_and_run(self, model: str, stand_ins: list[StandIn]) -> None:
         sched = self._sched()
         tasks: list[Task] = []
         per, fill_s = self._per(model), self._slot[model][1]
-        want = len(proxies) * per
+        want = len(stand_ins) * per
         async with self._move(model):
             try:
                 try:
@@ -429,8 +429,8 @@ class Worker(Claiming, Execution, Residing):
                     log.warning("model %s: claim failed, will try again: %s", model, exc)
                 # Short, yet tasks are held here: a concurrent claim took them into the buffer
                 # (or is taking them: claims run side by side on a pooled store), or a commit
-                # is writing one's start mark. They are this model's work and the proxies
-                # stand for them: take them, or the proxies would end empty and the model look
+                # is writing one's start mark. They are this model's work and the stand-ins
+                # stand for them: take them, or the stand-ins would end empty and the model look
                 # idle with tasks left (and be swapped out, and back).
                 deadline = time.monotonic() + 1.0
                 while len(tasks) < want and (self._holding(model) or self._moving[model] > 1):
@@ -444,7 +444,7 @@ class Worker(Claiming, Execution, Residing):
                     with contextlib.suppress(*TRANSIENT):  # run those it has
                         tasks += await self._fill(model, want - len(tasks), fill_s)
             finally:
-                self._unclaimed[model] -= len(proxies)
+                self._unclaimed[model] -= len(stand_ins)
         # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
         # without batched kinds runs each task alone, in claim order (the common, hot path).
         all_calls = (
@@ -452,14 +452,14 @@ class Worker(Claiming, Execution, Residing):
             if self._slot[model][0] > 1
             else [[t] for t in tasks]
         )
-        slots = [all_calls[i :: len(proxies)] for i in range(min(len(proxies), len(all_calls)))]
-        for slot, proxy in zip(slots, proxies, strict=False):
-            run = self._spawn(self._run_slot(slot, proxy))
+        slots = [all_calls[i :: len(stand_ins)] for i in range(min(len(stand_ins), len(all_calls)))]
+        for slot, stand_in in zip(slots, stand_ins, strict=False):
+            run = self._spawn(self._run_slot(slot, stand_in))
             for call in slot:
                 for task in call:
                     self._running[task.id] = run
-        for proxy in proxies[len(slots) :]:
-            sched.on_request_finished(proxy)  # another worker was faster: nothing to do
+        for stand_in in stand_ins[len(slots) :]:
+            sched.on_request_finished(stand_in)  # another worker was faster: nothing to do
 
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
