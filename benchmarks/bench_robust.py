@@ -51,7 +51,7 @@ def figures(seed: int, policies: list[SimPolicyName]) -> dict[str, Any]:
     for p in policies:
         run = simulate(sc.config, sc.trace, policy=p)
         waits = [
-            (r.dispatched_at - r.arrived_at, r.batch)
+            (r.dispatched_at - r.arrived_at, r.background)
             for r in run.requests
             if r.dispatched_at is not None
         ]
@@ -82,7 +82,9 @@ def _waits(seed: int, policy: SimPolicyName, max_wait_s: float | None, visits: i
         update={"scheduler": sc.config.scheduler.model_copy(update=update)}
     )
     run = simulate(config, sc.trace, policy=policy)
-    return [r.dispatched_at - r.arrived_at for r in run.requests if r.dispatched_at and not r.batch]
+    return [
+        r.dispatched_at - r.arrived_at for r in run.requests if r.dispatched_at and not r.background
+    ]
 
 
 def frontier(args: tuple[int, dict[str, float]]) -> dict[str, Any]:

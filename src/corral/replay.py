@@ -107,12 +107,12 @@ def check_replayable(trace: Trace) -> None:
     problems = [
         f"line {x.line}: a batch line must be open loop (no `session`)"
         for x in trace.lines
-        if x.batch and x.session is not None
+        if x.background and x.session is not None
     ] + [
         f"line {x.line}: batch lines run at `batch.priority` (the Batch API has no per-line "
         "priority); drop `priority`"
         for x in trace.lines
-        if x.batch and x.priority
+        if x.background and x.priority
     ]
     if problems:
         raise ReplayError("this trace cannot be replayed live:\n  " + "\n  ".join(problems[:20]))
@@ -299,7 +299,7 @@ async def _drive(
         batch_at: dict[float, list[TraceLine]] = defaultdict(list)
         for x in trace.lines:
             timings[x.line] = _Timing()
-            if x.batch:
+            if x.background:
                 batch_at[x.t or 0.0].append(x)
             elif x.session is not None:
                 sessions[x.session].append(x)

@@ -47,8 +47,8 @@ def shortened(name: str) -> Scenario:
     elif name == "poisson":  # the first five minutes
         lines = [x for x in sc.trace.lines if (x.t or 0) < 300]
     elif name == "chat-batch":  # 150 batch lines and the first 4 chat messages
-        batch = [x for x in sc.trace.lines if x.batch][:150]
-        chat = [x for x in sc.trace.lines if not x.batch][:4]
+        batch = [x for x in sc.trace.lines if x.background][:150]
+        chat = [x for x in sc.trace.lines if not x.background][:4]
         lines = batch + chat
     else:
         lines = list(sc.trace.lines)
@@ -105,6 +105,6 @@ def test_replay_cli_prints_live_and_simulated_figures_that_agree() -> None:
 
 def test_a_batch_line_in_a_session_cannot_be_replayed() -> None:
     sc = get_scenario("approvals")
-    bad = dataclasses.replace(sc.trace.lines[0], session="s", batch=True, t=None)
+    bad = dataclasses.replace(sc.trace.lines[0], session="s", background=True, t=None)
     with pytest.raises(ReplayError, match="line 1: a batch line must be open loop"):
         replay(sc.config, Trace([bad]), 10)

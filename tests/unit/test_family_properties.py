@@ -93,7 +93,7 @@ def slack_s(sc: Scenario) -> float:
 
 
 def interactive_waits(run: Run) -> list[float]:
-    return [r.dispatched_at - r.arrived_at for r in run.requests if not r.batch]  # type: ignore[operator]
+    return [r.dispatched_at - r.arrived_at for r in run.requests if not r.background]  # type: ignore[operator]
 
 
 @SETTINGS

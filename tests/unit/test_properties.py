@@ -112,7 +112,7 @@ def traces(
             )
         else:
             t = 0.0 if at_zero else draw(st.floats(0, 200))
-            lines.append(TraceLine(i, model, service, prio, t, batch=batch))
+            lines.append(TraceLine(i, model, service, prio, t, background=batch))
     return Trace(lines)
 
 
@@ -144,7 +144,7 @@ def test_fifo_within_model_and_request_priority(case: tuple[Config, Trace]) -> N
     groups: dict[tuple[str, bool, int], list[tuple[int, float]]] = defaultdict(list)
     for r in run.requests:
         assert r.dispatched_at is not None
-        groups[(r.model, r.batch, r.priority)].append((r.seq, r.dispatched_at))
+        groups[(r.model, r.background, r.priority)].append((r.seq, r.dispatched_at))
     for group in groups.values():
         by_arrival = [d for _, d in sorted(group)]
         assert by_arrival == sorted(by_arrival)
@@ -244,10 +244,10 @@ def test_a_model_never_starts_batch_work_while_its_interactive_work_waits(
     run = simulate(config.with_policy(policy), trace, check=True)  # type: ignore[arg-type]
     interactive = defaultdict(list)
     for r in run.requests:
-        if not r.batch:
+        if not r.background:
             interactive[r.model].append(r)
     for b in run.requests:
-        if b.batch:
+        if b.background:
             assert b.dispatched_at is not None
             late = [i for i in interactive[b.model] if _pending_at(i, b.dispatched_at)]
             assert not late, f"batch {b} started while {late[0]} waited"
@@ -281,11 +281,13 @@ def test_no_load_for_batch_work_while_interactive_work_waits(
         t = seg.start_s
         if prev is not None and prev.kind == "unload" and prev.end_s == t:
             t = prev.start_s  # decided when the unload began; it ran once the unload was done
-        waiting = [r for r in run.requests if not r.batch and _pending_at(r, t)]
+        waiting = [r for r in run.requests if not r.background and _pending_at(r, t)]
         mine = [
             r
             for r in run.requests
-            if r.model == seg.model and not r.batch and r.arrived_at <= t <= (r.dispatched_at or 0)
+            if r.model == seg.model
+            and not r.background
+            and r.arrived_at <= t <= (r.dispatched_at or 0)
         ]
         assert mine or not waiting, f"loaded {seg.model} at {t} while {waiting[0]} waited"
 
@@ -295,4 +297,4 @@ def test_no_load_for_batch_work_while_interactive_work_waits(
 def test_batch_work_is_never_starved(case: tuple[Config, Trace], policy: str) -> None:
     config, trace = case
     run = simulate(config.with_policy(policy), trace, check=True)  # type: ignore[arg-type]
-    assert all(r.finished_at is not None for r in run.requests if r.batch)
+    assert all(r.finished_at is not None for r in run.requests if r.background)

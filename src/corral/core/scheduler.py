@@ -118,7 +118,7 @@ class Scheduler(Swapping):
         m.observe_arrival(now)
         if m.count == 1:
             self._pending[m] = None
-        batch = r.batch and self._classes  # counted as batch work
+        batch = r.background and self._classes  # counted as batch work
         if self._strict:
             self._arrivals.append(r)
         if m.idle_since is not None:

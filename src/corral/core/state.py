@@ -195,9 +195,9 @@ class ModelRecord:
     # --- queue ------------------------------------------------------------------------------
     def enqueue(self, r: Request, weight: float) -> None:
         """Queue pending `r` (its `arrived_at` set); stamps `r.level`."""
-        batch = r.batch and self.classes
+        batch = r.background and self.classes
         level = r.level = r.priority - _BATCH_SHIFT if batch else r.priority
-        if not r.batch:
+        if not r.background:
             self.asked += 1
         q = self._levels.get(level)
         if q is None:
@@ -251,7 +251,7 @@ class ModelRecord:
 
     def _forget(self, r: Request, weight: float) -> None:
         self.count -= 1
-        if not r.batch:
+        if not r.background:
             self.asked -= 1
         if r.level < BATCH_BELOW:
             if self.count > self.icount:

@@ -38,14 +38,15 @@ class Request:
     the model serves it), `swaps_waited` and `state`. Subclass
     it to carry payloads.
 
-    The class: `batch=False` is interactive (someone is waiting: gateway requests), `batch=True`
-    is background work (Batch API lines, queue tasks by default). Interactive work of any model
+    The class: `background=False` is interactive (someone is waiting: gateway requests),
+    `background=True` is batch work, in the background (Batch API lines, queue tasks by
+    default). Interactive work of any model
     goes before batch work of any model; `priority` orders requests inside their class.
     """
 
     __slots__ = (
         "arrived_at",
-        "batch",
+        "background",
         "device",
         "dispatched_at",
         "finished_at",
@@ -58,11 +59,11 @@ class Request:
         "swaps_waited",
     )
 
-    def __init__(self, id: object, model: str, priority: int = 0, batch: bool = False) -> None:
+    def __init__(self, id: object, model: str, priority: int = 0, background: bool = False) -> None:
         self.id = id
         self.model = model
         self.priority = priority
-        self.batch = batch
+        self.background = background
         self.level = 0  # its queue level, stamped by the scheduler (see core/state.py)
         self.seq = 0
         self.arrived_at = 0.0
@@ -77,7 +78,7 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request(id={self.id!r}, model={self.model!r}, priority={self.priority}, "
-            f"class={'batch' if self.batch else 'interactive'}, seq={self.seq}, "
+            f"class={'batch' if self.background else 'interactive'}, seq={self.seq}, "
             f"state={self.state.value})"
         )
 

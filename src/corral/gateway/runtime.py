@@ -432,7 +432,7 @@ class Gateway:
                 "queue": [  # the next requests in the order they will run (first 20)
                     {
                         "position": i,
-                        "class": "batch" if r.batch else "interactive",
+                        "class": "batch" if r.background else "interactive",
                         "priority": r.priority,
                         "waited_s": round(now - r.arrived_at, 3),
                     }

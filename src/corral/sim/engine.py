@@ -35,7 +35,7 @@ class SimRequest(Request):
     __slots__ = ("line", "service_s", "session")
 
     def __init__(self, src: TraceLine) -> None:
-        super().__init__(src.line, src.model, src.priority, src.batch)
+        super().__init__(src.line, src.model, src.priority, src.background)
         self.line = src.line
         self.service_s = src.service_s
         self.session = src.session

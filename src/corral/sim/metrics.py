@@ -179,7 +179,7 @@ def summarize(run: Run) -> dict[str, Any]:
 
 def per_class(done: list[SimRequest], wait: Floats, lat: Floats) -> dict[str, dict[str, float]]:
     """Requests, waits and latencies of each service class that has requests."""
-    batch = np.fromiter((r.batch for r in done), bool, len(done))
+    batch = np.fromiter((r.background for r in done), bool, len(done))
     out: dict[str, dict[str, float]] = {}
     for name, mask in (("interactive", ~batch), ("batch", batch)):
         if mask.any():

@@ -34,7 +34,7 @@ def _trace(name: str, lines: list[dict[str, object]]) -> Trace:
                 t=float(x["t"]) if "t" in x else None,  # type: ignore[arg-type]
                 session=str(x["session"]) if "session" in x else None,
                 think_s=float(x.get("think_s", 0.0)),  # type: ignore[arg-type]
-                batch=x.get("class") == "batch",
+                background=x.get("class") == "batch",
             )
         )
     return Trace(out, f"<scenario {name}>")

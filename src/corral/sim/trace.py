@@ -33,7 +33,7 @@ class TraceLine:
     t: float | None = None  # open loop: arrival time; closed loop: the session's start (first line)
     session: str | None = None
     think_s: float = 0.0
-    batch: bool = False  # the line's class: batch, else interactive
+    background: bool = False  # the line's class: batch (background work), else interactive
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -49,7 +49,7 @@ class TraceLine:
         out["service_s"] = self.service_s
         if self.priority:
             out["priority"] = self.priority
-        if self.batch:
+        if self.background:
             out["class"] = "batch"
         return out
 

@@ -55,7 +55,7 @@ class StandIn(Request):
 
     @property
     def key(self) -> tuple[str, Level]:
-        return (self.model, (not self.batch, self.priority))
+        return (self.model, (not self.background, self.priority))
 
 
 class Worker(Claiming, Execution, Residing):
