@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
-from collections import deque
 from contextlib import AbstractAsyncContextManager
 
 from corral.core import Scheduler
 from corral.store import Store, Task
-from corral.worker.execute import TRANSIENT, Ahead, counted
+from corral.worker.buffer import ClaimBuffer, Mark, counted
+from corral.worker.execute import TRANSIENT
 from corral.worker.settings import WorkerSettings
 
 
@@ -24,8 +23,7 @@ class Claiming:
     store: Store
     settings: WorkerSettings
     worker_id: str
-    _ahead: dict[str, deque[Ahead]]
-    _ahead_lock: threading.Lock
+    _buffer: ClaimBuffer
     _stop: asyncio.Event
     _arrived: asyncio.Event
     _slot: dict[str, tuple[int, float]]
@@ -69,37 +67,18 @@ class Claiming:
         (FIFO within a model broken whenever the buffer was short of a run)."""
         if self._stop.is_set():
             return []  # shutting down: start nothing new
-        taken: list[Ahead] = []
-        stale: list[Ahead] = []
-        # Run a task claimed ahead only while its lease has plenty left (it gets no heartbeats
-        # until it runs). Once one is too old, the whole buffer goes back (it is in claim order,
-        # the oldest first) and is claimed again: giving back only the old ones let a fresher
-        # task run before them (FIFO broken on a loaded machine), and a claim racing their
-        # release found nothing, so the model looked idle with work left and was swapped out.
-        fresh_after = time.monotonic() - self.settings.lease_s / 4
-        with self._ahead_lock:
-            keep: deque[Ahead] = deque()
-            ahead = self._ahead[model]
-            if any(a.state != "starting" and a.claimed_at < fresh_after for a in ahead):
-                keep = deque(a for a in ahead if a.state == "starting")
-                stale = [a for a in ahead if a.state != "starting"]
-            else:
-                for a in ahead:
-                    if a.state == "starting" or len(taken) >= n:
-                        keep.append(a)
-                    else:
-                        taken.append(a)
-            self._ahead[model] = keep
+        # Run a task claimed ahead only while its lease has plenty left (see `ClaimBuffer.take`).
+        taken, stale = self._buffer.take(model, n, time.monotonic() - self.settings.lease_s / 4)
         if stale:  # before the claim below, which takes them again in order
             await asyncio.to_thread(_give_back, self.store, [a.task for a in stale])
-        tasks = [a.task for a in taken if a.state == "started"]
+        tasks = [a.task for a in taken if a.mark is Mark.STARTED]
         # Reserved ones start here, together; one that must run alone is started by itself
         # when its turn comes (`_run_slot`), so it stays reserved.
-        alone = [a.task for a in taken if a.state == "reserved" and a.task.run_alone]
+        alone = [a.task for a in taken if a.mark is Mark.RESERVED and a.task.run_alone]
         reserved = [
             (a.task.id, a.task.lease_token or "")
             for a in taken
-            if a.state == "reserved" and not a.task.run_alone
+            if a.mark is Mark.RESERVED and not a.task.run_alone
         ]
         if reserved:
             group = joins or bool(tasks) or len(reserved) > 1
@@ -107,7 +86,7 @@ class Claiming:
             tasks += [
                 counted(a.task, group)
                 for a in taken
-                if a.state == "reserved" and a.task.id in started
+                if a.mark is Mark.RESERVED and a.task.id in started
             ]
         tasks += alone
         need = n - len(tasks)
@@ -127,9 +106,7 @@ class Claiming:
                     raise
                 got = []  # run those it has: they are started, and would expire unrun
             tasks += got[:need]  # a task that must run alone comes back reserved (see above)
-            now = time.monotonic()
-            with self._ahead_lock:
-                self._ahead[model].extend(Ahead(t, now) for t in got[need:])
+            self._buffer.add(model, got[need:], time.monotonic())
         return tasks
 
     def _per(self, model: str) -> int:
@@ -164,10 +141,6 @@ class Claiming:
         ramp = 1 << min(self._runs_measured.get(model, 0), 20)
         return max(1, min(self.settings.prefetch, by_time, spread, ramp))
 
-    def _holding(self, model: str) -> bool:
-        with self._ahead_lock:
-            return bool(self._ahead[model])
-
     def _ahead_wanted(self, model: str) -> int:
         """How many tasks to claim ahead: about `prefetch_s` of work, at most `prefetch`."""
         record = self._sched().models[model]
@@ -178,26 +151,9 @@ class Claiming:
             per_s = record.concurrency * self._per(model) / max(record.service_est, 1e-6)
         return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
 
-    def _next_to_start(self, model: str, n: int = 1) -> list[Ahead]:
-        """Take up to `n` reserved tasks of `model` for a commit to start (called in a thread).
-        Never one that must run alone: it starts just before its handler runs."""
-        out: list[Ahead] = []
-        with self._ahead_lock:
-            for a in self._ahead[model]:
-                if len(out) >= n:
-                    break
-                if a.state == "reserved" and not a.task.run_alone:
-                    a.state = "starting"
-                    out.append(a)
-        return out
-
     async def _release_ahead(self, model: str) -> None:
         async with self._move(model):
-            with self._ahead_lock:
-                gone = [a for a in self._ahead[model] if a.state != "starting"]
-                for a in self._ahead[model]:
-                    a.drop = a.state == "starting"  # its commit releases it once the mark lands
-                self._ahead[model] = deque()
+            gone = self._buffer.drop(model)
             for a in gone:
                 await asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or "")
 

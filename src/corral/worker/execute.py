@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +27,7 @@ from corral.store import (
     TaskStatus,
 )
 from corral.worker import batching, isolate
+from corral.worker.buffer import Ahead, ClaimBuffer, counted
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords
 from corral.worker.registry import (
@@ -49,19 +48,6 @@ log = logging.getLogger("corral.worker")
 TRANSIENT = (StoreUnavailable, StoreBusy)
 
 
-class Ahead:
-    """A task claimed ahead. `state`: reserved -> starting (a commit is writing its start
-    mark) -> started; only reserved and started ones may be taken to run."""
-
-    __slots__ = ("claimed_at", "drop", "state", "task")
-
-    def __init__(self, task: Task, claimed_at: float) -> None:
-        self.task = task
-        self.claimed_at = claimed_at
-        self.state = "reserved"
-        self.drop = False  # evicted while starting: the commit releases it once started
-
-
 class Execution:
     """The handler-running half of `Worker`; the attributes below are the worker's."""
 
@@ -72,7 +58,7 @@ class Execution:
     _beats: Heartbeats
     _words: LastWords
     _running: dict[str, asyncio.Task[None]]
-    _ahead_lock: threading.Lock
+    _buffer: ClaimBuffer
     _wake: asyncio.Event
     _stop: asyncio.Event
     _groupable: dict[str, bool]
@@ -82,9 +68,6 @@ class Execution:
         raise NotImplementedError
 
     def _loop_(self) -> asyncio.AbstractEventLoop:
-        raise NotImplementedError
-
-    def _next_to_start(self, model: str, n: int = 1) -> list[Ahead]:
         raise NotImplementedError
 
     def _per(self, model: str) -> int:
@@ -251,7 +234,7 @@ class Execution:
         """Commit a run's successes and start the next run's tasks, in one transaction."""
         for task, _ in done:
             self._beats.remove(task.id)  # before the commit ends the lease (see `remove`)
-        nxt = self._next_to_start(model, self._per(model))
+        nxt = self._buffer.next_to_start(model, self._per(model))
         then_start = [(a.task.id, a.task.lease_token or "") for a in nxt]
         if not done and not then_start:
             return
@@ -268,20 +251,10 @@ class Execution:
         try:
             yield
         except BaseException:
-            with self._ahead_lock:
-                for a in nxt:
-                    a.state = "reserved"
+            self._buffer.unstart(nxt)
             raise
-        self._started(nxt)
-
-    def _started(self, nxt: list[Ahead]) -> None:
-        """Tasks a commit started (called in its thread): ready to run, or given back if their
-        model was evicted meanwhile."""
-        with self._ahead_lock:
-            for a in nxt:
-                a.task = counted(a.task, len(nxt) > 1)
-                a.state = "started"
-        for a in nxt:
+        self._buffer.started(nxt)
+        for a in nxt:  # evicted meanwhile: given back
             if a.drop:
                 self.store.release(a.task.id, a.task.lease_token or "")
 
@@ -448,7 +421,7 @@ class Execution:
         # A model run in groups starts its tasks in groups (`_commit_group`, `_take`): a task
         # started alone here would wait, started, behind others that may kill the worker.
         start_next = start_next and not self._groupable.get(task.model, False)
-        nxt = self._next_to_start(task.model) if start_next else []
+        nxt = self._buffer.next_to_start(task.model, 1) if start_next else []
         then_start = [(a.task.id, a.task.lease_token or "") for a in nxt]
         with self._starting(nxt):
             if ctx.cancelled:
@@ -513,15 +486,6 @@ class Execution:
 def plain(spec: HandlerSpec) -> bool:
     """A handler that can run in a group run: sync, in the worker's thread, one task a call."""
     return not spec.is_async and spec.timeout_s is None and spec.batch_size == 1
-
-
-def counted(task: Task, group: bool) -> Task:
-    """A task claimed ahead, as its start mark left it: the start counted its attempt, which the
-    copy read at the claim does not show (the handler's `attempt`, backoff, `last_attempt`);
-    `group`: it started with others."""
-    return dataclasses.replace(
-        task, attempts=task.attempts + 1, started_at=time.time(), started_in_group=group
-    )
 
 
 class NoHandler(Exception):

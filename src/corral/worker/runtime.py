@@ -23,10 +23,9 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 
 from corral.config import Config
@@ -35,8 +34,9 @@ from corral.errors import CorralError
 from corral.limits import PRESENCE_S
 from corral.store import Level, Residency, Store, Task, TaskStatus
 from corral.worker import batching
+from corral.worker.buffer import ClaimBuffer
 from corral.worker.claims import Claiming
-from corral.worker.execute import TRANSIENT, Ahead, Execution, describe, plain
+from corral.worker.execute import TRANSIENT, Execution, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords, hear_the_dead
 from corral.worker.registry import Registry
@@ -107,8 +107,7 @@ class Worker(Claiming, Execution, Residing):
         self._pending: dict[tuple[str, Level], list[StandIn]] = defaultdict(list)
         self._unclaimed: dict[str, int] = defaultdict(int)  # dispatched, claim not back yet
         self._to_claim: dict[str, list[StandIn]] = defaultdict(list)
-        self._ahead: dict[str, deque[Ahead]] = defaultdict(deque)  # claimed, not yet run
-        self._ahead_lock = threading.Lock()  # commits (in threads) mark the next one started
+        self._buffer = ClaimBuffer()  # claimed, not yet run
         self._running: dict[str, asyncio.Task[None]] = {}
         self._cooldown_until: dict[str, float] = {}
         self._busy: set[asyncio.Task[None]] = set()
@@ -325,7 +324,7 @@ class Worker(Claiming, Execution, Residing):
             mine == 0
             and not self._running
             and not any(self._unclaimed.values())
-            and not any(self._ahead.values())
+            and self._buffer.empty()
             and not (any(not t.done() for t in self._busy))
         )
 
@@ -370,8 +369,8 @@ class Worker(Claiming, Execution, Residing):
             # Stand-ins wanted = tasks waiting for one: queued in the store, plus tasks claimed
             # ahead into the buffer, minus what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
-            for a in self._ahead[model]:
-                waiting[a.task.level] = waiting.get(a.task.level, 0) + 1
+            for level, n in self._buffer.levels(model).items():
+                waiting[level] = waiting.get(level, 0) + n
             self._waiting[model] = sum(waiting.values())  # `_per` follows it
             per = self._per(model)  # one stand-in per slot of up to `per` tasks
             if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
@@ -433,7 +432,9 @@ class Worker(Claiming, Execution, Residing):
                 # stand for them: take them, or the stand-ins would end empty and the model look
                 # idle with tasks left (and be swapped out, and back).
                 deadline = time.monotonic() + 1.0
-                while len(tasks) < want and (self._holding(model) or self._moving[model] > 1):
+                while len(tasks) < want and (
+                    self._buffer.holding(model) or self._moving[model] > 1
+                ):
                     if time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.001)
@@ -501,7 +502,7 @@ class Worker(Claiming, Execution, Residing):
             _, late = await asyncio.wait(running, timeout=self.settings.shutdown_timeout_s)
             for t in late:
                 t.cancel()
-        for model in list(self._ahead):  # after the running ones: their commits start these
+        for model in self._buffer.models():  # after the running ones: their commits start these
             await self._release_ahead(model)
         busy = [t for t in self._busy if not t.done()]
         if busy:
