@@ -38,8 +38,9 @@ from corral.store import (
     TaskStatus,
     open_store,
 )
+from corral.store.migrations import migrations
 from corral.store.postgres import PostgresStore
-from corral.store.sql import SqlStore, migrations
+from corral.store.sql import SqlStore
 from corral.store.sqlite import DIALECT as SQLITE_DIALECT
 from corral.store.sqlite import SqliteStore
 from tests.conftest import PG_URL

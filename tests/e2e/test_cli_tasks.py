@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corral.store import NewTask, TaskStatus, open_store
-from corral.store.sql import migrations
+from corral.store.migrations import migrations
 from corral.store.sqlite import DIALECT as SQLITE_DIALECT
 from tests.e2e.test_cli import corral
 

@@ -26,8 +26,10 @@ from corral.store.base import (
     Task,
     new_ids,
 )
+from corral.store.migrations import Dialect
 from corral.store.outage import Lost, Outage
-from corral.store.sql import _CLAIMABLE, _QUALIFIED, Dialect, SqlStore, Tx
+from corral.store.queries import CLAIMABLE, QUALIFIED
+from corral.store.sql import SqlStore, Tx
 
 DIALECT = Dialect(
     serial_pk="BIGSERIAL PRIMARY KEY",
@@ -111,7 +113,7 @@ _STARTS = (
 )
 _CLAIM = f"""
 WITH p AS (SELECT ARRAY(SELECT t.seq FROM corral_tasks t
-                        WHERE t.model = :model AND {_CLAIMABLE}
+                        WHERE t.model = :model AND {CLAIMABLE}
                         ORDER BY t.interactive DESC, t.priority DESC, t.seq
                         LIMIT :limit FOR UPDATE SKIP LOCKED) AS a,
                   set_config('synchronous_commit', 'off', true) AS async_commit)
@@ -124,10 +126,10 @@ UPDATE corral_tasks SET status = 'running',
     lease_expires_at = :expires, worker_id = :worker
 FROM p
 WHERE corral_tasks.seq = ANY(p.a)
-RETURNING {_QUALIFIED}"""
+RETURNING {QUALIFIED}"""
 # A claim whose connection dropped while it committed: the tasks it leased, if it did. Its
 # tokens start with the claim's nonce, which nothing else knows.
-_CLAIMED = f"""SELECT {_QUALIFIED} FROM corral_tasks
+_CLAIMED = f"""SELECT {QUALIFIED} FROM corral_tasks
 WHERE worker_id = :worker AND status = 'running' AND left(lease_token, 32) = :nonce"""
 
 _INSERT_COLUMNS = (

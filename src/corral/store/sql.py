@@ -10,7 +10,6 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from corral.store.base import (
@@ -32,168 +31,21 @@ from corral.store.base import (
     grouped_expiry,
     new_ids,
 )
-
-_COLUMNS = (
-    "seq, id, kind, model, payload, priority, serial_key, status, attempts, max_attempts, "
-    "created_at, run_after, lease_token, lease_expires_at, worker_id, started_at, finished_at, "
-    "result, error, errors, cancel_requested, batch_id, interactive, started_in_group, run_alone"
+from corral.store.migrations import Dialect, migrations
+from corral.store.queries import (
+    BATCH_COLUMNS,
+    CLAIMABLE,
+    COLUMNS,
+    FILE_COLUMNS,
+    FINISH_SETS,
+    INSERT,
+    LIGHT,
+    QUALIFIED,
+    START,
+    to_batch,
+    to_file,
+    to_task,
 )
-# The same columns without the payload and the result (`list(full=False)`).
-_LIGHT = _COLUMNS.replace("payload,", "'null' AS payload,").replace("result,", "NULL AS result,")
-_QUALIFIED = ", ".join(f"corral_tasks.{c.strip()}" for c in _COLUMNS.split(","))
-
-
-@dataclass(frozen=True)
-class Dialect:
-    serial_pk: str  # the auto-increment primary key column
-    real: str  # a double-precision float column
-    new_token: str  # an expression giving a fresh random token per row
-    lock_skip: str  # appended to the claim's inner SELECT ("" or "FOR UPDATE SKIP LOCKED")
-    # Whether a WITH clause may hold an UPDATE: lets a commit and the next task's start share
-    # one statement (one round trip on a networked database; SQLite needs none).
-    cte_writes: bool = False
-    # A statement taking a transaction-scoped lock on `:kind` (bounded kinds' submits), or ""
-    # where write transactions are serialised already.
-    kind_lock: str = ""
-    # A statement taking a transaction-scoped lock on migrating this schema (several processes
-    # starting at once on a new database), or "" where write transactions are serialised.
-    migrate_lock: str = ""
-
-
-def migrations(d: Dialect) -> list[tuple[int, str]]:
-    """(version, SQL) in order. Never edit a shipped step: add the next one."""
-    return [
-        (
-            1,
-            f"""
-CREATE TABLE corral_tasks (
-    seq {d.serial_pk},
-    id TEXT NOT NULL UNIQUE,
-    kind TEXT NOT NULL,
-    model TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 0,
-    serial_key TEXT,
-    status TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    created_at {d.real} NOT NULL,
-    run_after {d.real} NOT NULL,
-    lease_token TEXT,
-    lease_expires_at {d.real},
-    worker_id TEXT,
-    started_at {d.real},
-    finished_at {d.real},
-    result TEXT,
-    error TEXT,
-    errors TEXT NOT NULL DEFAULT '[]',
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    batch_id TEXT
-);
-CREATE INDEX corral_tasks_claim ON corral_tasks (model, status, priority DESC, seq);
-CREATE INDEX corral_tasks_serial ON corral_tasks (serial_key, status);
-CREATE INDEX corral_tasks_lease ON corral_tasks (status, lease_expires_at);
-""",
-        ),
-        (
-            2,
-            # Partial indexes: a task sits in each only while it matters (queued for claims,
-            # running for leases, keyed for serial keys), so committing a result touches one
-            # index entry instead of six: less WAL per task, smaller indexes.
-            """
-DROP INDEX corral_tasks_claim;
-DROP INDEX corral_tasks_serial;
-DROP INDEX corral_tasks_lease;
-CREATE INDEX corral_tasks_queued ON corral_tasks (model, priority DESC, seq)
-    WHERE status = 'queued';
-CREATE INDEX corral_tasks_serial ON corral_tasks (serial_key, status)
-    WHERE serial_key IS NOT NULL;
-CREATE INDEX corral_tasks_running ON corral_tasks (lease_expires_at) WHERE status = 'running';
-""",
-        ),
-        (
-            3,
-            # The Batch API: files (bytes on disk, records here) and batches, whose lines are
-            # tasks with a batch_id.
-            f"""
-CREATE TABLE corral_files (
-    seq {d.serial_pk},
-    id TEXT NOT NULL UNIQUE,
-    purpose TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    bytes BIGINT NOT NULL,
-    created_at {d.real} NOT NULL,
-    path TEXT NOT NULL
-);
-CREATE TABLE corral_batches (
-    seq {d.serial_pk},
-    id TEXT NOT NULL UNIQUE,
-    status TEXT NOT NULL,
-    created_at {d.real} NOT NULL,
-    idempotency_key TEXT UNIQUE,
-    data TEXT NOT NULL
-);
-CREATE INDEX corral_tasks_batch ON corral_tasks (batch_id, seq) WHERE batch_id IS NOT NULL;
-""",
-        ),
-        (
-            4,
-            # Service classes: interactive tasks are claimed before batch ones (existing tasks
-            # are batch work, the queue's default).
-            """
-ALTER TABLE corral_tasks ADD COLUMN interactive INTEGER NOT NULL DEFAULT 0;
-DROP INDEX corral_tasks_queued;
-CREATE INDEX corral_tasks_queued ON corral_tasks (model, interactive DESC, priority DESC, seq)
-    WHERE status = 'queued';
-""",
-        ),
-        (
-            5,
-            # Files that expire (the Batch API's `expires_after`).
-            f"ALTER TABLE corral_files ADD COLUMN expires_at {d.real};",
-        ),
-        (
-            6,
-            # Live workers and the models they serve, so that work nobody serves is reported.
-            f"""
-CREATE TABLE corral_workers (
-    id TEXT PRIMARY KEY,
-    models TEXT NOT NULL,
-    seen_at {d.real} NOT NULL
-);
-""",
-        ),
-        (
-            7,
-            # Group commit: tasks started together, and tasks that must run alone (see
-            # store.base: a grouped task's attempt does not count if its worker dies).
-            """
-ALTER TABLE corral_tasks ADD COLUMN started_in_group INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE corral_tasks ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
-""",
-        ),
-        (
-            8,
-            # Which worker holds which model on which device: a cluster of workers on one
-            # database loads each model where it costs least, once (model affinity).
-            f"""
-CREATE TABLE corral_residency (
-    worker_id TEXT NOT NULL,
-    device TEXT NOT NULL,
-    model TEXT NOT NULL,
-    state TEXT NOT NULL,
-    seen_at {d.real} NOT NULL,
-    PRIMARY KEY (worker_id, model)
-);
-""",
-        ),
-        (
-            9,
-            # Where a worker that is a `corral serve` node is reached: nodes forward requests
-            # for a model to the node that holds it.
-            "ALTER TABLE corral_workers ADD COLUMN url TEXT;",
-        ),
-    ]
 
 
 class Tx(Protocol):
@@ -207,64 +59,6 @@ class Tx(Protocol):
 
 
 # A queued task `claim` may take now: due, and first of its serial key with none running.
-_INSERT = (
-    "INSERT INTO corral_tasks (id, kind, model, payload, priority, interactive, serial_key, "
-    "status, max_attempts, created_at, run_after, batch_id) VALUES (:id, :kind, :model, "
-    ":payload, :priority, :interactive, :serial_key, :status, :max_attempts, :created_at, "
-    ":run_after, :batch_id)"
-)
-_CLAIMABLE = """t.status = 'queued' AND t.run_after <= :now
-      AND (t.serial_key IS NULL OR (
-        NOT EXISTS (SELECT 1 FROM corral_tasks r
-                    WHERE r.serial_key = t.serial_key AND r.status = 'running')
-        AND t.seq = (SELECT MIN(q.seq) FROM corral_tasks q
-                     WHERE q.serial_key = t.serial_key AND q.status = 'queued')))"""
-
-
-# Start a reserved task: its attempt counts from here. In a group (`:start_group` 1), never a
-# task that must run alone.
-_START_SQL = (
-    "UPDATE corral_tasks SET attempts = attempts + 1, started_at = :start_now, "
-    "started_in_group = :start_group "
-    "WHERE id = :start_id AND status = 'running' AND lease_token = :start_token "
-    "AND started_at IS NULL AND (:start_group = 0 OR run_alone = 0) RETURNING id"
-)
-_FINISH_SETS = (
-    "status = 'succeeded', result = :result, lease_token = NULL, lease_expires_at = NULL, "
-    "finished_at = :now"
-)
-
-
-def _task(row: Mapping[str, Any]) -> Task:
-    return Task(
-        id=row["id"],
-        seq=int(row["seq"]),
-        kind=row["kind"],
-        model=row["model"],
-        payload=json.loads(row["payload"]),
-        priority=int(row["priority"]),
-        interactive=bool(row["interactive"]),
-        serial_key=row["serial_key"],
-        status=TaskStatus(row["status"]),
-        attempts=int(row["attempts"]),
-        max_attempts=int(row["max_attempts"]),
-        created_at=float(row["created_at"]),
-        run_after=float(row["run_after"]),
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        worker_id=row["worker_id"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        result=None if row["result"] is None else json.loads(row["result"]),
-        error=row["error"],
-        errors=json.loads(row["errors"]),
-        cancel_requested=bool(row["cancel_requested"]),
-        batch_id=row["batch_id"],
-        started_in_group=bool(row["started_in_group"]),
-        run_alone=bool(row["run_alone"]),
-    )
-
-
 class SqlStore:
     """The `Store` over SQL. Subclasses implement `_tx(write)` and set `dialect`."""
 
@@ -367,7 +161,7 @@ class SqlStore:
     def _store_row(self, row: dict[str, Any]) -> None:
         """One statement, so one round trip in autocommit: the insert and its announcement."""
         with self._tx(write=True, single=True) as tx:
-            tx.run(f"WITH added AS ({_INSERT} RETURNING 1 AS x) {self._notify_sql()}", row)
+            tx.run(f"WITH added AS ({INSERT} RETURNING 1 AS x) {self._notify_sql()}", row)
         self._woken()
 
     def _notify_sql(self) -> str:
@@ -423,7 +217,7 @@ class SqlStore:
             raise QueueFull.of(kind, queued, adding, max_queued)
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
-        tx.run_many(_INSERT, rows)
+        tx.run_many(INSERT, rows)
 
     def claim(
         self,
@@ -449,7 +243,7 @@ class SqlStore:
         now = self._clock()
         with self._tx(write=True, single=True) as tx:
             rows = tx.run(sql, {**params, "now": now, "expires": now + lease_s})
-        tasks = (_task(r) for r in rows)
+        tasks = (to_task(r) for r in rows)
         return sorted(tasks, key=lambda t: (not t.interactive, -t.priority, t.seq))
 
     def _claim_sql(self) -> str:
@@ -473,11 +267,11 @@ FROM (SELECT s.seq, s.run_alone,
              row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
              count(*) OVER () AS picked
       FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone FROM corral_tasks t
-            WHERE t.model = :model AND {_CLAIMABLE}
+            WHERE t.model = :model AND {CLAIMABLE}
             ORDER BY t.interactive DESC, t.priority DESC, t.seq
             LIMIT :limit {self.dialect.lock_skip}) s) p
 WHERE corral_tasks.seq = p.seq
-RETURNING {_QUALIFIED}"""
+RETURNING {QUALIFIED}"""
 
     def start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         with self._tx(write=True, single=len(tasks) == 1) as tx:
@@ -489,7 +283,7 @@ RETURNING {_QUALIFIED}"""
         grouped = int(group or len(tasks) > 1)
         for task_id, token in tasks:
             rows = tx.run(
-                _START_SQL,
+                START,
                 {
                     "start_id": task_id,
                     "start_token": token,
@@ -518,7 +312,7 @@ RETURNING {_QUALIFIED}"""
             params["start_now"] = self._clock()
             params["start_group"] = 0
             with self._tx(write=True, single=True) as tx:
-                return tx.run(f"WITH started AS ({_START_SQL}) {sql}", params)
+                return tx.run(f"WITH started AS ({START}) {sql}", params)
         with self._tx(write=True, single=not then_start) as tx:
             self._start(tx, then_start)
             return tx.run(sql, params)
@@ -539,7 +333,7 @@ RETURNING {_QUALIFIED}"""
             self._update_held(
                 task_id,
                 token,
-                _FINISH_SETS,
+                FINISH_SETS,
                 {"result": encoded, "now": self._clock()},
                 then_start,
             )
@@ -762,10 +556,12 @@ RETURNING {_QUALIFIED}"""
 
     def get_file(self, file_id: str) -> StoredFile:
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(f"SELECT {_FILE} FROM corral_files WHERE id = :id", {"id": file_id})
+            rows = tx.run(
+                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE id = :id", {"id": file_id}
+            )
         if not rows:
             raise FileNotFound(f"no file with id {file_id!r}")
-        return _file(rows[0])
+        return to_file(rows[0])
 
     def list_files(
         self,
@@ -781,34 +577,34 @@ RETURNING {_QUALIFIED}"""
         direction = "ASC" if order == "asc" else "DESC"
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
-                f"SELECT {_FILE} FROM corral_files WHERE {where} "
+                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE {where} "
                 f"ORDER BY seq {direction} LIMIT :limit",
                 params,
             )
-        return [_file(r) for r in rows]
+        return [to_file(r) for r in rows]
 
     def delete_file(self, file_id: str) -> StoredFile:
         with self._tx(write=True, single=True) as tx:
             rows = tx.run(
-                f"DELETE FROM corral_files WHERE id = :id RETURNING {_FILE}", {"id": file_id}
+                f"DELETE FROM corral_files WHERE id = :id RETURNING {FILE_COLUMNS}", {"id": file_id}
             )
         if not rows:
             raise FileNotFound(f"no file with id {file_id!r}")
-        return _file(rows[0])
+        return to_file(rows[0])
 
     def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
         added = 0
         with self._tx(write=True) as tx:
             if batch.idempotency_key is not None:
                 found = tx.run(
-                    f"SELECT {_BATCH} FROM corral_batches WHERE idempotency_key = :k",
+                    f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE idempotency_key = :k",
                     {"k": batch.idempotency_key},
                 )
                 if found:
-                    return _batch(found[0])
+                    return to_batch(found[0])
             (row,) = tx.run(
                 "INSERT INTO corral_batches (id, status, created_at, idempotency_key, data) "
-                f"VALUES (:id, :status, :created_at, :key, :data) RETURNING {_BATCH}",
+                f"VALUES (:id, :status, :created_at, :key, :data) RETURNING {BATCH_COLUMNS}",
                 {
                     "id": batch.id,
                     "status": batch.status,
@@ -820,7 +616,7 @@ RETURNING {_QUALIFIED}"""
             added = self._insert_chunks(tx, tasks)
         if added:
             self._woken()
-        return _batch(row)
+        return to_batch(row)
 
     def _insert_chunks(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
         """Insert `tasks` (maybe a generator) 2,000 at a time, announcing them if any; returns
@@ -841,7 +637,7 @@ RETURNING {_QUALIFIED}"""
         with self._tx(write=True) as tx:
             rows = tx.run(
                 "UPDATE corral_batches SET status = :status, data = :data "
-                f"WHERE id = :id AND status = 'validating' RETURNING {_BATCH}",
+                f"WHERE id = :id AND status = 'validating' RETURNING {BATCH_COLUMNS}",
                 {"id": batch_id, "status": status, "data": json.dumps(data)},
             )
             if not rows:
@@ -851,14 +647,16 @@ RETURNING {_QUALIFIED}"""
             added = self._insert_chunks(tx, tasks)
         if added:
             self._woken()
-        return _batch(rows[0])
+        return to_batch(rows[0])
 
     def get_batch(self, batch_id: str) -> Batch:
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(f"SELECT {_BATCH} FROM corral_batches WHERE id = :id", {"id": batch_id})
+            rows = tx.run(
+                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE id = :id", {"id": batch_id}
+            )
         if not rows:
             raise BatchNotFound(f"no batch with id {batch_id!r}")
-        return _batch(rows[0])
+        return to_batch(rows[0])
 
     def list_batches(
         self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
@@ -868,10 +666,11 @@ RETURNING {_QUALIFIED}"""
             where += f" AND status IN ({_in('status', status, params)})"
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
-                f"SELECT {_BATCH} FROM corral_batches WHERE {where} ORDER BY seq DESC LIMIT :limit",
+                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE {where} "
+                "ORDER BY seq DESC LIMIT :limit",
                 params,
             )
-        return [_batch(r) for r in rows]
+        return [to_batch(r) for r in rows]
 
     def update_batch(
         self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
@@ -881,14 +680,14 @@ RETURNING {_QUALIFIED}"""
         with self._tx(write=True) as tx:
             rows = tx.run(
                 "UPDATE corral_batches SET status = :status, data = :data "
-                f"WHERE id = :id AND status IN ({marks}) RETURNING {_BATCH}",
+                f"WHERE id = :id AND status IN ({marks}) RETURNING {BATCH_COLUMNS}",
                 params,
             )
             if not rows and not tx.run(
                 "SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}
             ):
                 raise BatchNotFound(f"no batch with id {batch_id!r}")
-        return _batch(rows[0]) if rows else None
+        return to_batch(rows[0]) if rows else None
 
     def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
         with self._tx(write=False, single=True) as tx:
@@ -904,11 +703,11 @@ RETURNING {_QUALIFIED}"""
     ) -> builtins.list[Task]:
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
-                f"SELECT {_COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
+                f"SELECT {COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
                 "ORDER BY seq LIMIT :limit",
                 {"b": batch_id, "after": after_seq, "limit": limit},
             )
-        return [_task(r) for r in rows]
+        return [to_task(r) for r in rows]
 
     def cancel_batch(self, batch_id: str) -> int:
         now = self._clock()
@@ -930,10 +729,10 @@ RETURNING {_QUALIFIED}"""
     # --- reads --------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(f"SELECT {_COLUMNS} FROM corral_tasks WHERE id = :id", {"id": task_id})
+            rows = tx.run(f"SELECT {COLUMNS} FROM corral_tasks WHERE id = :id", {"id": task_id})
         if not rows:
             raise TaskNotFound(f"no task with id {task_id!r}")
-        return _task(rows[0])
+        return to_task(rows[0])
 
     def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
         with self._tx(write=True, single=True) as tx:
@@ -1014,12 +813,12 @@ RETURNING {_QUALIFIED}"""
     ) -> builtins.list[Task]:
         where, params = _filters(status, model)
         params["limit"] = limit
-        columns = _COLUMNS if full else _LIGHT
+        columns = COLUMNS if full else LIGHT
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
                 f"SELECT {columns} FROM corral_tasks{where} ORDER BY seq DESC LIMIT :limit", params
             )
-        return [_task(r) for r in rows]
+        return [to_task(r) for r in rows]
 
     def counts(self) -> dict[str, dict[TaskStatus, int]]:
         with self._tx(write=False, single=True) as tx:
@@ -1035,7 +834,7 @@ RETURNING {_QUALIFIED}"""
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(
                 f"SELECT t.model, t.interactive, t.priority, COUNT(*) AS n FROM corral_tasks t "
-                f"WHERE {_CLAIMABLE} GROUP BY t.model, t.interactive, t.priority",
+                f"WHERE {CLAIMABLE} GROUP BY t.model, t.interactive, t.priority",
                 {"now": self._clock()},
             )
         out: dict[str, dict[Level, int]] = {}
@@ -1043,33 +842,6 @@ RETURNING {_QUALIFIED}"""
             level = (bool(r["interactive"]), int(r["priority"]))
             out.setdefault(r["model"], {})[level] = int(r["n"])
         return out
-
-
-_FILE = "id, purpose, filename, bytes, created_at, path, expires_at"
-_BATCH = "seq, id, status, created_at, idempotency_key, data"
-
-
-def _file(row: Mapping[str, Any]) -> StoredFile:
-    return StoredFile(
-        id=row["id"],
-        purpose=row["purpose"],
-        filename=row["filename"],
-        bytes=int(row["bytes"]),
-        created_at=float(row["created_at"]),
-        path=row["path"],
-        expires_at=None if row["expires_at"] is None else float(row["expires_at"]),
-    )
-
-
-def _batch(row: Mapping[str, Any]) -> Batch:
-    return Batch(
-        id=row["id"],
-        status=row["status"],
-        created_at=float(row["created_at"]),
-        data=json.loads(row["data"]),
-        idempotency_key=row["idempotency_key"],
-        seq=int(row["seq"]),
-    )
 
 
 def _in(prefix: str, values: Sequence[str], params: dict[str, Any]) -> str:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from corral.store.base import Finished, StoreBusy, StoreError
-from corral.store.sql import Dialect, SqlStore, Tx
+from corral.store.migrations import Dialect
+from corral.store.sql import SqlStore, Tx
 
 DIALECT = Dialect(
     serial_pk="INTEGER PRIMARY KEY AUTOINCREMENT",
