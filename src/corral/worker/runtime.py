@@ -32,15 +32,16 @@ from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.errors import CorralError
 from corral.limits import PRESENCE_S
-from corral.store import Level, Residency, Store, Task, TaskStatus
+from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import batching
+from corral.worker.affinity import ModelView
 from corral.worker.buffer import ClaimBuffer
 from corral.worker.claims import Claiming
 from corral.worker.execute import TRANSIENT, Execution, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords, hear_the_dead
 from corral.worker.registry import Registry
-from corral.worker.residency import Residing
+from corral.worker.residency import Holdings
 from corral.worker.settings import WorkerSettings
 
 __all__ = ["Worker", "WorkerSettings"]
@@ -58,7 +59,7 @@ class StandIn(Request):
         return (self.model, (not self.background, self.priority))
 
 
-class Worker(Claiming, Execution, Residing):
+class Worker(Claiming, Execution):
     """Run with `await worker.run()` (until `stop()`), or `run(until_idle=True)` to drain."""
 
     def __init__(
@@ -123,11 +124,7 @@ class Worker(Claiming, Execution, Residing):
         self.unserved: dict[str, int] = {}
         # Model affinity (worker/affinity.py): what this worker holds, (device, state) per
         # model; the live workers and the models each serves (each lease/2); the table's rows.
-        self._held: dict[str, tuple[str, str]] = {}
-        self._live: dict[str, list[str]] = {}
-        self._residency: list[Residency] = []
-        self._cluster_read_at = 0.0
-        self._residency_lock = asyncio.Lock()
+        self.residency = Holdings(self.store, self.settings, self.worker_id, self.models)
 
     # --- sharing a scheduler ------------------------------------------------------------------
     def attach(self, scheduler: Scheduler) -> None:
@@ -152,10 +149,10 @@ class Worker(Claiming, Execution, Residing):
         second copy of a model this node already holds (what it holds stays as it is)."""
         for name in evict:
             self.evicted(name)
-            self._held.pop(name, None)
+            self.residency.hold(name, None)
         if not replica:
-            self._held[model] = (device, "loading")
-        self._publish()
+            self.residency.hold(model, device, "loading")
+        self.residency.publish(self._spawn)
 
     def gone(self, model: str, left: Sequence[str] = ()) -> None:
         """`model`'s copy is being unloaded (see `loading`); `left`: the devices where its
@@ -165,6 +162,25 @@ class Worker(Claiming, Execution, Residing):
             return
         self.evicted(model)
         self.held(model, None)
+
+    def held(self, model: str, device: str | None, state: str = "ready") -> None:
+        """Attached: the adapter that does the loads says what this node holds (`device` None:
+        no longer), for the other workers and nodes of the cluster (worker/affinity.py)."""
+        self.residency.hold(model, device, state)
+        self.residency.publish(self._spawn)
+
+    def _shown(self, ready: dict[str, dict[Level, int]]) -> set[str]:
+        """The models whose waiting tasks this worker's scheduler sees (worker/affinity.py)."""
+        sched = self._sched()
+        views = {}
+        for m in self.models:
+            rec = sched.models[m]
+            views[m] = ModelView(
+                waiting=sum(ready.get(m, {}).values()),
+                load_s=rec.load_est,
+                task_s=rec.service_est / max(1, self._per(m)) / max(1, rec.concurrency),
+            )
+        return self.residency.shown(views)
 
     # --- Effects ------------------------------------------------------------------------------
     def load(self, model: str, device: str, evict: Sequence[str]) -> None:
@@ -256,7 +272,7 @@ class Worker(Claiming, Execution, Residing):
                     continue
                 # In a cluster, other workers' loads change what this one should do, and
                 # nothing announces them: look at the normal poll rate.
-                wait_s = self.settings.poll_s if self._clustered() else poll_s
+                wait_s = self.settings.poll_s if self.residency.clustered() else poll_s
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(wait_s, next_reclaim - now))
                 # The scan is O(queued tasks): however often wake-ups come, it never takes more
@@ -283,7 +299,7 @@ class Worker(Claiming, Execution, Residing):
         window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
         live = self.store.workers(time.time() - window_s)
         if self.settings.affinity:  # its rows stay fresh
-            self.store.set_residency(self.worker_id, self._rows())
+            self.store.set_residency(self.worker_id, self.residency.rows())
         served = set(self.models).union(*live.values())
         counts = self.store.counts()
         return {
@@ -311,7 +327,7 @@ class Worker(Claiming, Execution, Residing):
         the wait for a free thread on a busy machine does not count as the scan's cost."""
         started = time.monotonic()
         ready = self.store.ready_counts()
-        self._read_cluster(started)
+        self.residency.read(started)
         return ready, time.monotonic() - started
 
     def _idle(self, ready: dict[str, dict[Level, int]]) -> bool:
@@ -360,7 +376,7 @@ class Worker(Claiming, Execution, Residing):
         sched = self._sched()
         now = time.monotonic()
         wanted: list[tuple[Level, str, int]] = []
-        shown = self._shown(ready) if self._clustered() else None
+        shown = self._shown(ready) if self.residency.clustered() else None
         for model in self.models:
             if now < self._cooldown_until.get(model, 0.0):
                 continue
@@ -479,7 +495,7 @@ class Worker(Claiming, Execution, Residing):
                 self.held(model, None)
                 sched.on_load_failed(model, describe(exc))
                 return
-        if model in self._held:
+        if model in self.residency.held:
             self.held(model, device)
         sched.on_load_finished(
             model,
