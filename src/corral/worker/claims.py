@@ -63,8 +63,8 @@ class Claiming:
         now, with the next few reserved. `joins`: they join tasks the slot already has.
 
         Tasks that will run behind others start as a group, even one alone: a run puts tasks
-        started alone first (`_run_slot`), so one started alone after others jumped the queue
-        (FIFO within a model broken whenever the buffer was short of a run)."""
+        started alone first (`Executor.run_slot`), so one started alone after others jumped the
+        queue (FIFO within a model broken whenever the buffer was short of a run)."""
         if self._stop.is_set():
             return []  # shutting down: start nothing new
         # Run a task claimed ahead only while its lease has plenty left (see `ClaimBuffer.take`).
@@ -73,7 +73,7 @@ class Claiming:
             await asyncio.to_thread(_give_back, self.store, [a.task for a in stale])
         tasks = [a.task for a in taken if a.mark is Mark.STARTED]
         # Reserved ones start here, together; one that must run alone is started by itself
-        # when its turn comes (`_run_slot`), so it stays reserved.
+        # when its turn comes (`Executor.run_slot`), so it stays reserved.
         alone = [a.task for a in taken if a.mark is Mark.RESERVED and a.task.run_alone]
         reserved = [
             (a.task.id, a.task.lease_token or "")

@@ -1,4 +1,4 @@
-"""Running handlers and committing their outcomes, for the worker (`Worker` mixes this in): a
+"""Running handlers and committing their outcomes, for the worker (its `Executor` part): a
 task alone, a batched kind's batch, or a run of plain sync tasks, one scheduling slot at a time.
 A run's tasks go in one thread hop and commit together (`Store.finish_many`: group commit); a
 sync handler and its commit share one thread hop; an async one runs on the loop, then one hop
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from corral.core import Request, RequestState, Scheduler
@@ -48,35 +49,52 @@ log = logging.getLogger("corral.worker")
 TRANSIENT = (StoreUnavailable, StoreBusy)
 
 
-class Execution:
-    """The handler-running half of `Worker`; the attributes below are the worker's."""
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What the executor asks of its worker."""
 
-    store: Store
-    worker_id: str
-    registry: Registry
-    settings: WorkerSettings
-    _beats: Heartbeats
-    _words: LastWords
-    _running: dict[str, asyncio.Task[None]]
-    _buffer: ClaimBuffer
-    _wake: asyncio.Event
-    _stop: asyncio.Event
-    _groupable: dict[str, bool]
-    _task_s: dict[str, float]
+    sched: Callable[[], Scheduler]
+    loop: Callable[[], asyncio.AbstractEventLoop]
+    per: Callable[[str], int]  # tasks per scheduling slot of a model
+    measured: Callable[[str, float], None]  # a run measured its tasks' time
 
-    def _sched(self) -> Scheduler:
-        raise NotImplementedError
 
-    def _loop_(self) -> asyncio.AbstractEventLoop:
-        raise NotImplementedError
+class Executor:
+    """Runs the handlers of a worker's slots and commits their outcomes (`run_slot`). It shares
+    the worker's running tasks, claim buffer, heartbeats, last words and events."""
 
-    def _per(self, model: str) -> int:
-        raise NotImplementedError
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str,
+        registry: Registry,
+        settings: WorkerSettings,
+        beats: Heartbeats,
+        words: LastWords,
+        buffer: ClaimBuffer,
+        running: dict[str, asyncio.Task[None]],
+        groupable: dict[str, bool],
+        stop: asyncio.Event,
+        wake: asyncio.Event,
+        hooks: Hooks,
+    ) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.registry = registry
+        self.settings = settings
+        self._beats = beats
+        self._words = words
+        self._buffer = buffer
+        self._running = running
+        self._groupable = groupable
+        self._stop = stop
+        self._wake = wake  # the worker's loop looks again (a retry is due)
+        self._sched = hooks.sched
+        self._loop_ = hooks.loop
+        self._per = hooks.per
+        self._measured = hooks.measured
 
-    def _measured(self, model: str, task_s: float) -> None:
-        raise NotImplementedError
-
-    async def _run_slot(self, calls: list[list[Task]], stand_in: Request) -> None:
+    async def run_slot(self, calls: list[list[Task]], stand_in: Request) -> None:
         """Run one scheduling slot's handler calls in turn (a task, a batched kind's batch, or
         consecutive plain sync tasks as one group run), then end its stand-in. Tasks waiting behind
         the first call keep their leases meanwhile."""

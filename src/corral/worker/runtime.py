@@ -37,7 +37,7 @@ from corral.worker import batching
 from corral.worker.affinity import ModelView
 from corral.worker.buffer import ClaimBuffer
 from corral.worker.claims import Claiming
-from corral.worker.execute import TRANSIENT, Execution, describe, plain
+from corral.worker.execute import TRANSIENT, Executor, Hooks, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords, hear_the_dead
 from corral.worker.registry import Registry
@@ -59,7 +59,7 @@ class StandIn(Request):
         return (self.model, (not self.background, self.priority))
 
 
-class Worker(Claiming, Execution):
+class Worker(Claiming):
     """Run with `await worker.run()` (until `stop()`), or `run(until_idle=True)` to drain."""
 
     def __init__(
@@ -120,6 +120,7 @@ class Worker(Claiming, Execution):
         self.scheduler: Scheduler | None = None
         self._attached = False
         self._beats: Heartbeats  # set by `run`
+        self._executor: Executor  # set by `run`
         # Models with queued tasks no live worker serves, with how many (updated each lease/2).
         self.unserved: dict[str, int] = {}
         # Model affinity (worker/affinity.py): what this worker holds, (device, state) per
@@ -236,6 +237,20 @@ class Worker(Claiming, Execution):
         unsubscribe = self.store.subscribe(wake)
         self._beats = Heartbeats(self.store, self.settings.lease_s, loop)
         self._words = LastWords(self.store, self.worker_id)
+        self._executor = Executor(
+            self.store,
+            self.worker_id,
+            self.registry,
+            self.settings,
+            self._beats,
+            self._words,
+            self._buffer,
+            self._running,
+            self._groupable,
+            self._stop,
+            self._wake,
+            Hooks(self._sched, self._loop_, self._per, self._measured),
+        )
         poll_s = (
             self.settings.idle_poll_s if self.store.wakes_other_processes else self.settings.poll_s
         )
@@ -471,7 +486,7 @@ class Worker(Claiming, Execution):
         )
         slots = [all_calls[i :: len(stand_ins)] for i in range(min(len(stand_ins), len(all_calls)))]
         for slot, stand_in in zip(slots, stand_ins, strict=False):
-            run = self._spawn(self._run_slot(slot, stand_in))
+            run = self._spawn(self._executor.run_slot(slot, stand_in))
             for call in slot:
                 for task in call:
                     self._running[task.id] = run
