@@ -1,13 +1,14 @@
-"""Claiming for the worker (`Worker` mixes this in): taking a slot's tasks (from the buffer
-of tasks claimed ahead, else from the store), filling a batch, the run length of a model run in
-groups, and the buffer itself (how much to claim ahead, which tasks a commit starts, giving
-them back)."""
+"""Claiming for the worker (its `Claims` part): taking a slot's tasks (from the claim buffer,
+worker/buffer.py, else from the store), filling a batch, the run length of a model run in
+groups, how much to claim ahead, and giving a model's buffered tasks back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from corral.core import Scheduler
@@ -17,31 +18,47 @@ from corral.worker.execute import TRANSIENT
 from corral.worker.settings import WorkerSettings
 
 
-class Claiming:
-    """The claiming half of `Worker`; the attributes below are the worker's."""
+@dataclasses.dataclass(frozen=True)
+class ClaimHooks:
+    """What the claims ask of their worker."""
 
-    store: Store
-    settings: WorkerSettings
-    worker_id: str
-    _buffer: ClaimBuffer
-    _stop: asyncio.Event
-    _arrived: asyncio.Event
-    _slot: dict[str, tuple[int, float]]
-    _groupable: dict[str, bool]
-    _task_s: dict[str, float]
-    _runs_measured: dict[str, int]
-    _waiting: dict[str, int]
+    sched: Callable[[], Scheduler]
+    move: Callable[[str], AbstractAsyncContextManager[None]]  # tasks of a model in motion
 
-    def _sched(self) -> Scheduler:
-        raise NotImplementedError
 
-    def _spawn(self, coro: object) -> asyncio.Task[None]:
-        raise NotImplementedError
+class Claims:
+    """Taking a slot's tasks for a worker, and how many: the claim buffer's tasks first, then
+    the store's. It shares the worker's buffer, events and per-model settings; it owns the
+    measured task times that set a run's length."""
 
-    def _move(self, model: str) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
+    def __init__(
+        self,
+        store: Store,
+        settings: WorkerSettings,
+        worker_id: str,
+        buffer: ClaimBuffer,
+        stop: asyncio.Event,
+        arrived: asyncio.Event,
+        slot: dict[str, tuple[int, float]],
+        groupable: dict[str, bool],
+        waiting: dict[str, int],
+        hooks: ClaimHooks,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.worker_id = worker_id
+        self._buffer = buffer
+        self._stop = stop
+        self._arrived = arrived  # the store says tasks may have arrived
+        self._slot = slot  # per model: (batch size, fill seconds) of its batched kinds
+        self._groupable = groupable  # per model: its tasks run in groups
+        self._waiting = waiting  # tasks waiting per model, at the worker's last reconcile
+        self._sched = hooks.sched
+        self._move = hooks.move
+        self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
+        self._runs_measured: dict[str, int] = {}  # runs measured per model (slow start)
 
-    async def _fill(self, model: str, n: int, fill_s: float) -> list[Task]:
+    async def fill(self, model: str, n: int, fill_s: float) -> list[Task]:
         """A batch waits up to `fill_s` after its first task for `n` more: claimed as the store
         announces arrivals (and every 5 ms, for arrivals it does not announce)."""
         got: list[Task] = []
@@ -53,12 +70,10 @@ class Claiming:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(left_s, 0.005))
-            got += await self._take(model, n - len(got), joins=True)
+            got += await self.take(model, n - len(got), joins=True)
         return got
 
-    async def _take(
-        self, model: str, n: int, claim: bool = True, joins: bool = False
-    ) -> list[Task]:
+    async def take(self, model: str, n: int, claim: bool = True, joins: bool = False) -> list[Task]:
         """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed
         now, with the next few reserved. `joins`: they join tasks the slot already has.
 
@@ -109,7 +124,7 @@ class Claiming:
             self._buffer.add(model, got[need:], time.monotonic())
         return tasks
 
-    def _per(self, model: str) -> int:
+    def per(self, model: str) -> int:
         """Tasks per scheduling slot: a batched kind's batch size, else the run length."""
         per = self._slot[model][0]
         if per > 1:
@@ -118,7 +133,7 @@ class Claiming:
             return 1
         return self._run_length(model, self._waiting.get(model, 0))
 
-    def _measured(self, model: str, task_s: float) -> None:
+    def measured(self, model: str, task_s: float) -> None:
         """A run measured its tasks (in its thread): the next runs' length follows at once
         (`_per` derives it from this and the last count of waiting tasks)."""
         prev = self._task_s.get(model)
@@ -148,10 +163,10 @@ class Claiming:
         if task_s is not None:  # measured in runs (the scheduler's estimate is per run)
             per_s = record.concurrency / max(task_s, 1e-6)
         else:
-            per_s = record.concurrency * self._per(model) / max(record.service_est, 1e-6)
+            per_s = record.concurrency * self.per(model) / max(record.service_est, 1e-6)
         return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
 
-    async def _release_ahead(self, model: str) -> None:
+    async def release_ahead(self, model: str) -> None:
         async with self._move(model):
             gone = self._buffer.drop(model)
             for a in gone:

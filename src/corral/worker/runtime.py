@@ -36,7 +36,7 @@ from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import batching
 from corral.worker.affinity import ModelView
 from corral.worker.buffer import ClaimBuffer
-from corral.worker.claims import Claiming
+from corral.worker.claims import ClaimHooks, Claims
 from corral.worker.execute import TRANSIENT, Executor, Hooks, describe, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords, hear_the_dead
@@ -59,7 +59,7 @@ class StandIn(Request):
         return (self.model, (not self.background, self.priority))
 
 
-class Worker(Claiming):
+class Worker:
     """Run with `await worker.run()` (until `stop()`), or `run(until_idle=True)` to drain."""
 
     def __init__(
@@ -98,8 +98,6 @@ class Worker(Claiming):
         for m in self.models:
             specs = [h for h in registry.handlers.values() if h.model == m]
             self._groupable[m] = bool(specs) and all(plain(h) for h in specs)
-        self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
-        self._runs_measured: dict[str, int] = {}  # runs measured per model (slow start)
         self._waiting: dict[str, int] = {}  # tasks waiting per model, at the last reconcile
         self._arrived = asyncio.Event()  # the store says tasks may have arrived
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
@@ -109,6 +107,18 @@ class Worker(Claiming):
         self._unclaimed: dict[str, int] = defaultdict(int)  # dispatched, claim not back yet
         self._to_claim: dict[str, list[StandIn]] = defaultdict(list)
         self._buffer = ClaimBuffer()  # claimed, not yet run
+        self._claims = Claims(
+            self.store,
+            self.settings,
+            self.worker_id,
+            self._buffer,
+            self._stop,
+            self._arrived,
+            self._slot,
+            self._groupable,
+            self._waiting,
+            ClaimHooks(self._sched, self._move),
+        )
         self._running: dict[str, asyncio.Task[None]] = {}
         self._cooldown_until: dict[str, float] = {}
         self._busy: set[asyncio.Task[None]] = set()
@@ -142,7 +152,7 @@ class Worker(Claiming):
 
     def evicted(self, model: str) -> None:
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
-        self._spawn(self._release_ahead(model))
+        self._spawn(self._claims.release_ahead(model))
 
     def loading(self, model: str, device: str, evict: Sequence[str], replica: bool = False) -> None:
         """A swap begins (this worker's, or the attached adapter's): the evicted models' tasks
@@ -179,7 +189,7 @@ class Worker(Claiming):
             views[m] = ModelView(
                 waiting=sum(ready.get(m, {}).values()),
                 load_s=rec.load_est,
-                task_s=rec.service_est / max(1, self._per(m)) / max(1, rec.concurrency),
+                task_s=rec.service_est / max(1, self._claims.per(m)) / max(1, rec.concurrency),
             )
         return self.residency.shown(views)
 
@@ -249,7 +259,7 @@ class Worker(Claiming):
             self._groupable,
             self._stop,
             self._wake,
-            Hooks(self._sched, self._loop_, self._per, self._measured),
+            Hooks(self._sched, self._loop_, self._claims.per, self._claims.measured),
         )
         poll_s = (
             self.settings.idle_poll_s if self.store.wakes_other_processes else self.settings.poll_s
@@ -403,7 +413,7 @@ class Worker(Claiming):
             for level, n in self._buffer.levels(model).items():
                 waiting[level] = waiting.get(level, 0) + n
             self._waiting[model] = sum(waiting.values())  # `_per` follows it
-            per = self._per(model)  # one stand-in per slot of up to `per` tasks
+            per = self._claims.per(model)  # one stand-in per slot of up to `per` tasks
             if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
                 self._stale.add(model)
                 self._trim(model, sum(waiting.values()), per)
@@ -449,12 +459,12 @@ class Worker(Claiming):
     async def _claim_and_run(self, model: str, stand_ins: list[StandIn]) -> None:
         sched = self._sched()
         tasks: list[Task] = []
-        per, fill_s = self._per(model), self._slot[model][1]
+        per, fill_s = self._claims.per(model), self._slot[model][1]
         want = len(stand_ins) * per
         async with self._move(model):
             try:
                 try:
-                    tasks = await self._take(model, want)
+                    tasks = await self._claims.take(model, want)
                 except TRANSIENT as exc:  # claimed nothing (a claim is never half-taken)
                     log.warning("model %s: claim failed, will try again: %s", model, exc)
                 # Short, yet tasks are held here: a concurrent claim took them into the buffer
@@ -469,12 +479,12 @@ class Worker(Claiming):
                     if time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.001)
-                    tasks += await self._take(
+                    tasks += await self._claims.take(
                         model, want - len(tasks), claim=False, joins=bool(tasks)
                     )
                 if tasks and len(tasks) < want and fill_s > 0:
                     with contextlib.suppress(*TRANSIENT):  # run those it has
-                        tasks += await self._fill(model, want - len(tasks), fill_s)
+                        tasks += await self._claims.fill(model, want - len(tasks), fill_s)
             finally:
                 self._unclaimed[model] -= len(stand_ins)
         # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
@@ -534,7 +544,7 @@ class Worker(Claiming):
             for t in late:
                 t.cancel()
         for model in self._buffer.models():  # after the running ones: their commits start these
-            await self._release_ahead(model)
+            await self._claims.release_ahead(model)
         busy = [t for t in self._busy if not t.done()]
         if busy:
             await asyncio.wait(busy, timeout=5)
