@@ -1,6 +1,7 @@
 """Replicas inside one scheduler (docs/design/scheduler.md, "Replicas in one scheduler"):
 when a model gets one more copy, which copy may make room for another model, and how a replica
-takes its primary's place. `Scheduler` mixes this in; it owns the state these rules read.
+takes its primary's place: `Replicas`, an object `Scheduler` calls; it owns the state these
+rules read.
 
 A replica is a `ModelRecord` with `primary` set: its own device, lifecycle and `in_flight`,
 serving its primary's single queue.
@@ -9,13 +10,12 @@ serving its primary's single queue.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.policies import Policy, lingering
 from corral.core.state import DeviceRecord, ModelRecord
-from corral.core.stretch import Stretch
 from corral.core.types import Lifecycle, Request
 
 _READY = Lifecycle.READY
@@ -53,29 +53,37 @@ _RESIDENCY = (
 )
 
 
-class Replicating:
-    """The replica half of `Scheduler`; the attributes below are the scheduler's."""
+class Replicas:
+    """The replica rules of one scheduler, over the scheduler's records (it owns them): which
+    copy may go, which model gets one more copy and where, and a replica taking its primary's
+    place. `views` and `start_load` are the scheduler's (placement's view of the devices for a
+    model; starting a load); `bound_s` is a class's wait bound now."""
 
-    policy: Policy
-    devices: list[DeviceRecord]
-    _fx: Effects
-    _classes: bool
-    _replicas: bool  # the policy makes copies, on several devices
-    _copyable: Collection[str] | None  # the models that may have copies (None: all)
-    _max_wait_s: float | None
-    _batch_max_wait_s: float | None
-    stretch: Stretch
-    _pending: dict[ModelRecord, None]
-
-    def _views(self, target: ModelRecord, now: float, forced: bool = False) -> list[DeviceView]:
-        raise NotImplementedError
-
-    def _start_load(
-        self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
+    def __init__(
+        self,
+        policy: Policy,
+        devices: list[DeviceRecord],
+        fx: Effects,
+        classes: bool,
+        enabled: bool,
+        copyable: Collection[str] | None,
+        pending: dict[ModelRecord, None],
+        views: Callable[[ModelRecord, float], list[DeviceView]],
+        start_load: Callable[[ModelRecord, DeviceRecord, list[ModelRecord], float, str], None],
+        bound_s: Callable[[bool], float | None],
     ) -> None:
-        raise NotImplementedError
+        self.policy = policy
+        self.devices = devices
+        self._fx = fx
+        self._classes = classes
+        self.enabled = enabled  # the policy makes copies, on several devices
+        self._copyable = copyable  # the models that may have copies (None: all)
+        self._pending = pending  # models with pending work, in order
+        self._views = views
+        self._start_load = start_load
+        self._bound_s = bound_s
 
-    def _promote(self, m: ModelRecord) -> None:
+    def promote(self, m: ModelRecord) -> None:
         """Primary `m` just left: its first ready replica (else its first) becomes the primary
         (the model's record stays the one the queue, the maps and the policies know)."""
         c = next((c for c in m.copies if c.state is _READY), m.copies[0])
@@ -89,7 +97,7 @@ class Replicating:
             setattr(m, name, getattr(c, name))
         c.state, c.device = _UNLOADED, None
 
-    def _worth_copy(self, m: ModelRecord, now: float) -> bool:
+    def worth_copy(self, m: ModelRecord, now: float) -> bool:
         """Does `m` want one more copy: do its arrivals outpace its copies, with a backlog of
         REPLICA_LOADS loads' work? (O(1); at most one copy per device it may use.)"""
         n = 1 + len(m.copies)
@@ -101,11 +109,7 @@ class Replicating:
         backlog_s = m.count * m.service_est / m.concurrency
         return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > REPLICA_BUSY * n
 
-    def _bound_s(self, batch: bool) -> float | None:
-        """The wait bound of a class now: its configured bound, stretched (core/stretch.py)."""
-        return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
-
-    def _copy_urgent(self, m: ModelRecord, now: float) -> bool:
+    def copy_urgent(self, m: ModelRecord, now: float) -> bool:
         """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound, capped at
         OUTRUN_BOUND_CAP_S (the cap without a bound)?"""
         bound = self._bound_s(False)
@@ -114,25 +118,25 @@ class Replicating:
         return r is not None and now - r.arrived_at >= OUTRUN_WAIT_FRAC * cap_s
 
     @staticmethod
-    def _shared(v: ModelRecord) -> bool:
+    def shared(v: ModelRecord) -> bool:
         """`v` is one of several copies of its model: its model keeps serving without it."""
         return v.primary is not None or bool(v.copies)
 
-    def _has_work(self, v: ModelRecord, now: float) -> bool:
+    def has_work(self, v: ModelRecord, now: float) -> bool:
         """Resident `v` has work, lingers for more, or is a copy its model still needs."""
-        return bool(v.count) or lingering(v, now) or (self._replicas and not self._spare(v, now))
+        return bool(v.count) or lingering(v, now) or (self.enabled and not self.spare(v, now))
 
-    def _copy_view(self, c: ModelRecord, d: DeviceRecord, now: float) -> ResidentView:
+    def copy_view(self, c: ModelRecord, d: DeviceRecord, now: float) -> ResidentView:
         """A replica, or an idle primary, as placement sees it: spare (no work; a replica
         before any primary) once it may go, else like a resident with work, so placement looks
         elsewhere first."""
-        if self._spare(c, now):  # a replica before its primary
+        if self.spare(c, now):  # a replica before its primary
             keep = -1.0 if c.primary is not None else self.policy.keep_value(c, now)
             return ResidentView(c.name, d.size_of(c), c.in_flight, 0, keep, lingering(c, now))
         m = c.queue
         return ResidentView(c.name, d.size_of(c), c.in_flight, max(m.count, 1), math.inf)
 
-    def _spare(self, v: ModelRecord, now: float) -> bool:
+    def spare(self, v: ModelRecord, now: float) -> bool:
         """May copy `v` (a replica, or the primary) make room for another model? Not while
         its model's arrivals would keep the copies left REPLICA_BUSY busy (a model whose
         arrivals keep a whole device busy keeps one copy even when idle for a moment), nor,
@@ -157,16 +161,16 @@ class Replicating:
                 self._fx.set_timer(at + 1e-6, DEMAND_TIMER + m.name)
         return False
 
-    def _replicate(self, now: float, before: Request | None = None, outpaced: bool = False) -> None:
+    def replicate(self, now: float, before: Request | None = None, outpaced: bool = False) -> None:
         """Give models with a deep queue a copy more, into free room or over residents that
         are idle and not lingering; with `before`, only models with a request older; with
         `outpaced`, only models whose arrivals outrun the copies they have (demand above
         their number: their queue grows until the copy comes) and whose oldest request has
         waited OUTRUN_WAIT_FRAC of the bound."""
         for m in list(self._pending):
-            if m.state is not _READY or m.yielding or m.lost or not self._worth_copy(m, now):
+            if m.state is not _READY or m.yielding or m.lost or not self.worth_copy(m, now):
                 continue
-            if outpaced and (m.demand(now) <= 1 + len(m.copies) or not self._copy_urgent(m, now)):
+            if outpaced and (m.demand(now) <= 1 + len(m.copies) or not self.copy_urgent(m, now)):
                 continue
             if before is not None:
                 mine = m.oldest()
@@ -177,7 +181,7 @@ class Replicating:
                 continue
             dev = next(d for d in self.devices if d.name == plan.device)
             victims = [dev.holding(n) for n in plan.evict]
-            if any(v.in_flight or v.yielding or self._has_work(v, now) for v in victims):
+            if any(v.in_flight or v.yielding or self.has_work(v, now) for v in victims):
                 continue
             c = ModelRecord(m.name, m.spec, self._classes, primary=m)
             m.copies.append(c)

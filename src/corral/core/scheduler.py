@@ -30,6 +30,7 @@ from corral.config import Config, ModelConfig
 from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
+from corral.core.replicas import Replicas
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.stretch import Demand, Stretch
 from corral.core.swaps import LINGER_TIMER, Swapping
@@ -87,11 +88,21 @@ class Scheduler(Swapping):
         self._solo = self._one_at_a_time()
         self._strict = self.policy.strict_order
         self._several = len(self.devices) > 1
-        self._replicas = bool(replicas) and self.policy.replicas and self._several
-        self._copyable = None if isinstance(replicas, bool) else frozenset(replicas)
         self._weights: dict[int, float] = {}
         self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
         self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
+        self.replicas = Replicas(
+            self.policy,
+            self.devices,
+            self._fx,
+            self._classes,
+            bool(replicas) and self.policy.replicas and self._several,
+            None if isinstance(replicas, bool) else frozenset(replicas),
+            self._pending,
+            self._views,
+            self._start_load,
+            self._bound_s,
+        )
         self._seq = 0
         self._need_decide = False
         self._incoming: set[ModelRecord] = set()  # models whose room is being freed (draining)
@@ -135,7 +146,7 @@ class Scheduler(Swapping):
                 for c in m.copies:
                     if c.state is _READY and not c.yielding:
                         self._dispatch(c, now)
-            if self._replicas and m.count and self._worth_copy(m, now):
+            if self.replicas.enabled and m.count and self.replicas.worth_copy(m, now):
                 self._need_decide = True
         elif state is _UNLOADED:
             if not self._solo or self._may_switch_to(m, now):
@@ -423,7 +434,7 @@ class Scheduler(Swapping):
         if m.primary is not None:
             m.primary.copies.remove(m)
         elif m.copies:
-            self._promote(m)
+            self.replicas.promote(m)
         return dev
 
     def _copy(self, m: ModelRecord, device: str | None) -> ModelRecord:
@@ -480,7 +491,7 @@ class Scheduler(Swapping):
 
     def _went_idle(self, m: ModelRecord, now: float) -> None:
         if m.primary is not None:  # a replica leaves once its model runs dry
-            if self._spare(m, now):
+            if self.replicas.spare(m, now):
                 self._unload(m, now, "replica idle")
             return
         m.idle_since = now
@@ -608,24 +619,24 @@ class Scheduler(Swapping):
         forced, next_deadline = self._overdue(now)
         if next_deadline is not None:
             self._arm_overdue(next_deadline)
-        if self._replicas:
+        if self.replicas.enabled:
             # A model whose arrivals outrun its copies gets its next copy before any candidate
             # once its queue has waited half the bound: it grows until then. Left to devices
             # the candidates leave idle, the copy came minutes late, at a time that depended
             # on timing (devices-8 live, docs/design/scheduler.md).
             if forced is None:
-                self._replicate(now, outpaced=True)
+                self.replicas.replicate(now, outpaced=True)
             else:
                 # A model whose backlog is older than the overdue model's gets its copy first.
-                self._replicate(now, forced.oldest())
+                self.replicas.replicate(now, forced.oldest())
         candidates = [m for m in self._pending if m.state is _UNLOADED]
         if candidates:
             if self._solo:
                 self._swap_solo(candidates, forced, now)
             else:
                 self._swap_placed(candidates, forced, now)
-        if self._replicas:
-            self._replicate(now)
+        if self.replicas.enabled:
+            self.replicas.replicate(now)
         for m in list(self.resident_models()):
             if m.state is _READY and not m.yielding and m.queue.count:
                 self._dispatch(m, now)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 
+from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
-from corral.core.policies import lingering
-from corral.core.replicas import Replicating
+from corral.core.policies import Policy, lingering
+from corral.core.replicas import Replicas
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
+from corral.core.stretch import Stretch
 from corral.core.types import Lifecycle, Request
 
 _UNLOADED = Lifecycle.UNLOADED
@@ -19,9 +21,17 @@ _QUANTUM = "quantum:"  # timer keys; the scheduler's on_timer reads them
 LINGER_TIMER = "linger:"
 
 
-class Swapping(Replicating):
+class Swapping:
     """The swap half of `Scheduler`; the attributes below are the scheduler's."""
 
+    policy: Policy
+    devices: list[DeviceRecord]
+    replicas: Replicas
+    stretch: Stretch
+    _fx: Effects
+    _classes: bool
+    _max_wait_s: float | None
+    _batch_max_wait_s: float | None
     models: dict[str, ModelRecord]
     _strict: bool
     _several: bool
@@ -30,6 +40,15 @@ class Swapping(Replicating):
 
     def _head(self) -> Request | None:
         raise NotImplementedError
+
+    def _start_load(
+        self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
+    ) -> None:
+        raise NotImplementedError
+
+    def _bound_s(self, batch: bool) -> float | None:
+        """The wait bound of a class now: its configured bound, stretched (core/stretch.py)."""
+        return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
 
     def _class_preempts(self, victims: list[ModelRecord], c: ModelRecord) -> bool:
         """`c` has interactive work and every victim only batch work (queued, or the last it
@@ -47,7 +66,7 @@ class Swapping(Replicating):
                     return True  # the same rule as `_class_preempts`, for one victim
             elif r.icount:
                 return False  # batch work never displaces interactive work
-        if self._replicas and r.count == 0 and not self._spare(r, now):
+        if self.replicas.enabled and r.count == 0 and not self.replicas.spare(r, now):
             return False  # idle for a moment, but its arrivals keep a device busy
         return self.policy.should_yield(r, c, now)
 
@@ -82,12 +101,12 @@ class Swapping(Replicating):
                 # A replica serves its model's queue; among residents with work it goes first.
                 residents=tuple(
                     ResidentView(m.name, d.size_of(m), m.in_flight, 0, -1.0)
-                    if forced and self._shared(m)
+                    if forced and self.replicas.shared(m)
                     else ResidentView(
                         m.name, d.size_of(m), m.in_flight, m.count, keep(m, now), lingering(m, now)
                     )
-                    if m.primary is None and (m.count or not self._replicas)
-                    else self._copy_view(m, d, now)
+                    if m.primary is None and (m.count or not self.replicas.enabled)
+                    else self.replicas.copy_view(m, d, now)
                     for m in d.residents
                 ),
                 busy=d.loading is not None,
@@ -99,7 +118,7 @@ class Swapping(Replicating):
         self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None, now: float
     ) -> bool:
         """Do `victims` make room for `c` (policy, max_wait and the progress rule)?"""
-        if c is not forced and not all(self._spare(v, now) for v in victims if v.primary):
+        if c is not forced and not all(self.replicas.spare(v, now) for v in victims if v.primary):
             return False
         wants = c is forced or all(
             self._should_yield(v, c, now) for v in victims if v.primary is None
@@ -113,7 +132,7 @@ class Swapping(Replicating):
             c is forced
             and self._several
             and not desperate
-            and any(self._has_work(v, now) for v in victims)
+            and any(self.replicas.has_work(v, now) for v in victims)
         ):
             # Several devices: an overdue model takes the next device whose model runs dry (it
             # goes first for it), never one whose model still has work. Forcing swaps there
