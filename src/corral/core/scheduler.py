@@ -33,7 +33,7 @@ from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.stretch import Demand, Stretch
-from corral.core.swaps import LINGER_TIMER, Swapping
+from corral.core.swaps import LINGER_TIMER, Swaps
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
@@ -50,7 +50,7 @@ class SchedulerBug(RuntimeError):
     """The scheduler failed to settle: a bug in Corral, never a user error."""
 
 
-class Scheduler(Swapping):
+class Scheduler:
     """Decides which model each device holds and which request runs next.
 
     Contract: every event method returns after issuing its effects synchronously; effects must
@@ -91,6 +91,14 @@ class Scheduler(Swapping):
         self._weights: dict[int, float] = {}
         self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
         self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
+        self._seq = 0
+        self._need_decide = False
+        self._incoming: set[ModelRecord] = set()  # models whose room is being freed (draining)
+        self._deciding = False
+        self._overdue_timer_at: float | None = None
+        self.loads = 0
+        self.decisions: deque[Decision] = deque(maxlen=256)
+        # The swap and replica rules, as objects over these records.
         self.replicas = Replicas(
             self.policy,
             self.devices,
@@ -99,17 +107,23 @@ class Scheduler(Swapping):
             bool(replicas) and self.policy.replicas and self._several,
             None if isinstance(replicas, bool) else frozenset(replicas),
             self._pending,
-            self._views,
+            lambda m, now: self.swaps.views(m, now),
             self._start_load,
-            self._bound_s,
+            lambda batch: self.swaps.bound_s(batch),
         )
-        self._seq = 0
-        self._need_decide = False
-        self._incoming: set[ModelRecord] = set()  # models whose room is being freed (draining)
-        self._deciding = False
-        self._overdue_timer_at: float | None = None
-        self.loads = 0
-        self.decisions: deque[Decision] = deque(maxlen=256)
+        self.swaps = Swaps(
+            self.policy,
+            self.models,
+            self.devices,
+            self.replicas,
+            self.stretch,
+            self._fx,
+            self._incoming,
+            (self._max_wait_s, self._batch_max_wait_s),
+            self._min_visit,
+            self._head,
+            self._start_load,
+        )
 
     # --- events -------------------------------------------------------------------------------
     def on_request(self, r: Request) -> None:
@@ -151,7 +165,7 @@ class Scheduler(Swapping):
         elif state is _UNLOADED:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
-            bound = self._bound_s(batch)
+            bound = self.swaps.bound_s(batch)
             if bound is not None and (m.count - m.icount if batch else m.icount) == 1:
                 self._arm_overdue(now + bound)  # its class's first: the earliest deadline
         self._settle(now)
@@ -260,7 +274,7 @@ class Scheduler(Swapping):
         if m.state is not _UNLOADED:
             return None
         now = self._clock()
-        plan: Plan | None = plan_placement(self._views(m, now))
+        plan: Plan | None = plan_placement(self.swaps.views(m, now))
         if plan is None:
             return "a swap is under way on every device that could hold it; try again after it"
         dev = next(d for d in self.devices if d.name == plan.device)
@@ -407,7 +421,7 @@ class Scheduler(Swapping):
             return False
         if r.count == 0:
             return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
-        return self._should_yield(r, c, now)
+        return self.swaps.should_yield(r, c, now)
 
     def _move(self, m: ModelRecord, to: Lifecycle) -> None:
         if to not in TRANSITIONS[m.state]:
@@ -553,7 +567,7 @@ class Scheduler(Swapping):
         """The non-resident model whose oldest interactive request is oldest among those that
         waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
         next deadline of a non-resident model not yet overdue."""
-        bounds = ((False, self._bound_s(False)), (True, self._bound_s(True)))
+        bounds = ((False, self.swaps.bound_s(False)), (True, self.swaps.bound_s(True)))
         forced: list[ModelRecord | None] = [None, None]
         forced_seq = [0, 0]
         next_at: float | None = None
@@ -632,9 +646,9 @@ class Scheduler(Swapping):
         candidates = [m for m in self._pending if m.state is _UNLOADED]
         if candidates:
             if self._solo:
-                self._swap_solo(candidates, forced, now)
+                self.swaps.swap_solo(candidates, forced, now)
             else:
-                self._swap_placed(candidates, forced, now)
+                self.swaps.swap_placed(candidates, forced, now)
         if self.replicas.enabled:
             self.replicas.replicate(now)
         for m in list(self.resident_models()):

@@ -1,12 +1,14 @@
-"""Who makes room for whom (`Scheduler` mixes this in): the class rule and the policy asked
-in turn, the wait bound's quantum and progress rules, and the two swap paths (one device holding
-one model at a time; several devices or models per device, through `plan_placement`). The rules
-are described in docs/design/scheduler.md ("Rules every policy shares", "Several devices").
+"""Who makes room for whom (`Swaps`, an object `Scheduler` calls): the class rule and the
+policy asked in turn, the wait bound's quantum and progress rules, and the two swap paths (one
+device holding one model at a time; several devices or models per device, through
+`plan_placement`). The rules are described in docs/design/scheduler.md ("Rules every policy
+shares", "Several devices").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
@@ -21,32 +23,41 @@ _QUANTUM = "quantum:"  # timer keys; the scheduler's on_timer reads them
 LINGER_TIMER = "linger:"
 
 
-class Swapping:
-    """The swap half of `Scheduler`; the attributes below are the scheduler's."""
+class Swaps:
+    """The swap rules of one scheduler, over the scheduler's records (it owns them): who makes
+    room for whom, and starting the swap. `head` (the oldest pending request) and `start_load`
+    are the scheduler's."""
 
-    policy: Policy
-    devices: list[DeviceRecord]
-    replicas: Replicas
-    stretch: Stretch
-    _fx: Effects
-    _classes: bool
-    _max_wait_s: float | None
-    _batch_max_wait_s: float | None
-    models: dict[str, ModelRecord]
-    _strict: bool
-    _several: bool
-    _min_visit: float
-    _incoming: set[ModelRecord]
-
-    def _head(self) -> Request | None:
-        raise NotImplementedError
-
-    def _start_load(
-        self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
+    def __init__(
+        self,
+        policy: Policy,
+        models: dict[str, ModelRecord],
+        devices: list[DeviceRecord],
+        replicas: Replicas,
+        stretch: Stretch,
+        fx: Effects,
+        incoming: set[ModelRecord],
+        max_wait_s: tuple[float | None, float | None],
+        min_visit: float,
+        head: Callable[[], Request | None],
+        start_load: Callable[[ModelRecord, DeviceRecord, list[ModelRecord], float, str], None],
     ) -> None:
-        raise NotImplementedError
+        self.policy = policy
+        self.models = models
+        self.devices = devices
+        self.replicas = replicas
+        self.stretch = stretch
+        self._fx = fx
+        self._classes = policy.classes
+        self._strict = policy.strict_order
+        self._several = len(devices) > 1
+        self._incoming = incoming  # models whose room is being freed (draining)
+        self._max_wait_s, self._batch_max_wait_s = max_wait_s  # interactive, batch
+        self._min_visit = min_visit
+        self._head = head
+        self._start_load = start_load
 
-    def _bound_s(self, batch: bool) -> float | None:
+    def bound_s(self, batch: bool) -> float | None:
         """The wait bound of a class now: its configured bound, stretched (core/stretch.py)."""
         return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
 
@@ -57,7 +68,7 @@ class Swapping:
             return False
         return all(not v.icount and (v.count or v.last_level < BATCH_BELOW) for v in victims)
 
-    def _should_yield(self, r: ModelRecord, c: ModelRecord, now: float) -> bool:
+    def should_yield(self, r: ModelRecord, c: ModelRecord, now: float) -> bool:
         """The class rule, then the policy (which only compares work of one class). Called on
         arrivals: the class checks are inline."""
         if self._classes:
@@ -81,7 +92,7 @@ class Swapping:
         batch = [m for m in candidates if not m.icount]
         return self.policy.rank(interactive, now) + self.policy.rank(batch, now)
 
-    def _views(self, target: ModelRecord, now: float, forced: bool = False) -> list[DeviceView]:
+    def views(self, target: ModelRecord, now: float, forced: bool = False) -> list[DeviceView]:
         """What placement sees for `target`; `forced` (an overdue target): a copy of a model
         that keeps another copy looks spare, so the overdue model takes its device first."""
         keep = self.policy.keep_value
@@ -121,7 +132,7 @@ class Swapping:
         if c is not forced and not all(self.replicas.spare(v, now) for v in victims if v.primary):
             return False
         wants = c is forced or all(
-            self._should_yield(v, c, now) for v in victims if v.primary is None
+            self.should_yield(v, c, now) for v in victims if v.primary is None
         )
         if not wants:
             return False
@@ -177,7 +188,7 @@ class Swapping:
         else:
             self._incoming.add(c)
 
-    def _swap_solo(
+    def swap_solo(
         self, candidates: list[ModelRecord], forced: ModelRecord | None, now: float
     ) -> None:
         """One device, one model at a time: the same rule as `_swap_placed`, without views."""
@@ -200,12 +211,12 @@ class Swapping:
             # answer as ranking every candidate, in O(1)).
             head = self._head()
             hm = self.models[head.model] if head is not None else r
-            if hm is r or hm.state is not _UNLOADED or not self._should_yield(r, hm, now):
+            if hm is r or hm.state is not _UNLOADED or not self.should_yield(r, hm, now):
                 self._arm_linger(r, now)
                 return
             target = hm
         else:
-            passing = [c for c in candidates if self._should_yield(r, c, now)]
+            passing = [c for c in candidates if self.should_yield(r, c, now)]
             if not passing:
                 self._arm_linger(r, now)
                 return
@@ -213,7 +224,7 @@ class Swapping:
         if self._yield_to([r], target, forced, now):
             self._commit(target, dev, [r], forced, now)
 
-    def _swap_placed(
+    def swap_placed(
         self, candidates: list[ModelRecord], forced: ModelRecord | None, now: float
     ) -> None:
         """Several devices or models per device: place candidates in rank order."""
@@ -227,7 +238,7 @@ class Swapping:
         for c in order:
             if interactive_waits and not c.icount and c is not forced:
                 evicting = True
-            plan = plan_placement(self._views(c, now, c is forced and self._desperate(c, now)))
+            plan = plan_placement(self.views(c, now, c is forced and self._desperate(c, now)))
             if plan is None:
                 evicting = evicting or c is forced  # nobody jumps an overdue model's queue
                 continue
@@ -247,7 +258,7 @@ class Swapping:
 
     def _desperate(self, c: ModelRecord, now: float) -> bool:
         """Overdue `c`'s oldest request of its top class has waited twice its class's bound."""
-        bound = self._bound_s(c.top_batch)
+        bound = self.bound_s(c.top_batch)
         r = c.oldest_top()
         return bound is not None and r is not None and now - r.arrived_at >= 2 * bound
 
