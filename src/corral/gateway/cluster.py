@@ -29,7 +29,7 @@ from fastapi.responses import Response
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
 from corral.gateway.upstream import DROP, DROP_BACK, relay
-from corral.store import Store, StoreError
+from corral.store import Membership, StoreError
 from corral.worker.affinity import rendezvous
 
 log = logging.getLogger("corral.cluster")
@@ -57,7 +57,7 @@ class Cluster:
 
     def __init__(
         self,
-        store: Store,
+        store: Membership,
         gateway: Gateway,
         url: str | None,
         session: Callable[[], aiohttp.ClientSession],

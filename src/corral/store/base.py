@@ -325,9 +325,9 @@ class Wakeups:
             fn()
 
 
-class Store(Protocol):
-    """Durable tasks. Every method is one atomic transaction; none blocks beyond the busy
-    timeout. Times are seconds since the epoch from the store's clock."""
+class TaskQueue(Protocol):
+    """A worker's side of the tasks: submitting, claiming, running and committing them, and
+    hearing of new ones."""
 
     def enqueue(self, task: NewTask) -> str:
         """Store one queued task; returns its id."""
@@ -403,6 +403,50 @@ class Store(Protocol):
         `then_start` as in `finish`."""
         ...
 
+    # True when `subscribe` also hears of work added by other processes (PostgreSQL's
+    # LISTEN/NOTIFY), so an idle worker may poll rarely.
+    wakes_other_processes: bool
+    # Names the database in files a worker keeps about it on this host (its last words); None
+    # where no other process can share it.
+    identity: str | None
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake()` (from any thread) soon after tasks may have become claimable: enqueued,
+        released, retried, reclaimed, or a serial key freed. Through this store object always;
+        through other processes too where `wakes_other_processes`. Returns the unsubscribe."""
+        ...
+
+
+class TaskControl(Protocol):
+    """Reading and steering tasks: what is there, cancelling, retrying, reclaiming expired
+    leases, blaming a dead worker, purging."""
+
+    def get(self, task_id: str) -> Task:
+        """The task, or `TaskNotFound`."""
+        ...
+
+    def list(
+        self,
+        status: TaskStatus | None = None,
+        model: str | None = None,
+        limit: int = 100,
+        full: bool = True,
+    ) -> builtins.list[Task]:
+        """Tasks, newest first, optionally filtered; `full=False`: without their payloads and
+        results (None), which are then never read, however large."""
+        ...
+
+    def counts(self) -> dict[str, dict[TaskStatus, int]]:
+        """Tasks per model and status."""
+        ...
+
+    def ready_counts(self) -> dict[str, dict[Level, int]]:
+        """Tasks `claim` could take right now, per model and level (class, priority), serial keys
+        and `run_after` respected: what a worker's scheduler should see as waiting."""
+        ...
+
+    # --- files and batches (the Batch API) -------------------------------------------------------
+
     def cancel(self, task_id: str) -> TaskStatus:
         """Cancel: a queued task never starts; a running one is flagged for its worker. Returns
         the status after the call (a finished task keeps its status)."""
@@ -416,12 +460,6 @@ class Store(Protocol):
         """Return running tasks whose lease expired to the queue; returns how many moved."""
         ...
 
-    def purge(self, finished_before: float, limit: int = 10_000) -> int:
-        """Delete up to `limit` tasks that finished (succeeded, failed or cancelled) before
-        `finished_before` (epoch seconds), oldest first, except a batch's lines (the batch owns
-        them); returns how many were deleted."""
-        ...
-
     def blame_death(self, worker_id: str, running: Sequence[tuple[str, str]]) -> int:
         """Worker `worker_id` died (its process is gone) while running the tasks `running`, as
         (id, lease token): when their leases expire, those count the attempt (as tasks started
@@ -430,6 +468,16 @@ class Store(Protocol):
         running under that worker and token (a stale record leaves the group rule in force);
         returns how many tasks it settled. Idempotent."""
         ...
+
+    def purge(self, finished_before: float, limit: int = 10_000) -> int:
+        """Delete up to `limit` tasks that finished (succeeded, failed or cancelled) before
+        `finished_before` (epoch seconds), oldest first, except a batch's lines (the batch owns
+        them); returns how many were deleted."""
+        ...
+
+
+class Membership(Protocol):
+    """The workers and nodes on this store, and the models each holds (cluster.md)."""
 
     def ping(self) -> None:
         """Check, within about `connect_timeout_s` and without retrying, that the database
@@ -464,31 +512,10 @@ class Store(Protocol):
         with it."""
         ...
 
-    def get(self, task_id: str) -> Task:
-        """The task, or `TaskNotFound`."""
-        ...
 
-    def list(
-        self,
-        status: TaskStatus | None = None,
-        model: str | None = None,
-        limit: int = 100,
-        full: bool = True,
-    ) -> builtins.list[Task]:
-        """Tasks, newest first, optionally filtered; `full=False`: without their payloads and
-        results (None), which are then never read, however large."""
-        ...
+class FileStore(Protocol):
+    """The Batch API's files (their records: the bytes live on disk)."""
 
-    def counts(self) -> dict[str, dict[TaskStatus, int]]:
-        """Tasks per model and status."""
-        ...
-
-    def ready_counts(self) -> dict[str, dict[Level, int]]:
-        """Tasks `claim` could take right now, per model and level (class, priority), serial keys
-        and `run_after` respected: what a worker's scheduler should see as waiting."""
-        ...
-
-    # --- files and batches (the Batch API) -------------------------------------------------------
     def add_file(self, file: StoredFile) -> None:
         """Record a file whose bytes are already at `file.path`."""
         ...
@@ -511,6 +538,10 @@ class Store(Protocol):
     def delete_file(self, file_id: str) -> StoredFile:
         """Forget the file (the caller removes its bytes); `FileNotFound` if there is none."""
         ...
+
+
+class BatchStore(Protocol):
+    """The Batch API's batches, whose lines are tasks."""
 
     def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
         """Store `batch` and its line tasks in one transaction (`tasks` may be a generator: it
@@ -560,18 +591,11 @@ class Store(Protocol):
         for their worker. Returns how many were queued or running."""
         ...
 
-    # True when `subscribe` also hears of work added by other processes (PostgreSQL's
-    # LISTEN/NOTIFY), so an idle worker may poll rarely.
-    wakes_other_processes: bool
-    # Names the database in files a worker keeps about it on this host (its last words); None
-    # where no other process can share it.
-    identity: str | None
 
-    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call `wake()` (from any thread) soon after tasks may have become claimable: enqueued,
-        released, retried, reclaimed, or a serial key freed. Through this store object always;
-        through other processes too where `wakes_other_processes`. Returns the unsubscribe."""
-        ...
+class Store(TaskQueue, TaskControl, Membership, FileStore, BatchStore, Protocol):
+    """Every role, as the stores implement them (memory, SQLite, PostgreSQL). Every method is
+    one atomic transaction; none blocks beyond the busy timeout. Times are seconds since the
+    epoch from the store's clock. A part that needs one role takes that role's Protocol."""
 
     def close(self) -> None:
         """Release connections. Idempotent."""

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
+from corral.store import Membership, StoreError
 from corral.store import Residency as Row
-from corral.store import Store, StoreError
 from corral.worker.affinity import ModelView, shown
 from corral.worker.settings import WorkerSettings
 
@@ -27,7 +27,7 @@ class Holdings:
     (the live workers with the models each serves, the table's fresh rows) as last read."""
 
     def __init__(
-        self, store: Store, settings: WorkerSettings, worker_id: str, models: Sequence[str]
+        self, store: Membership, settings: WorkerSettings, worker_id: str, models: Sequence[str]
     ) -> None:
         self.store = store
         self.settings = settings
