@@ -14,8 +14,8 @@ from typing import Any
 
 from fastapi import Request
 
+from corral import core
 from corral.config import Config
-from corral.core import Request as Queued
 from corral.gateway.errors import ClientLeft, ModelUnavailable, QueueFull, WaitTimeout
 from corral.gateway.metrics import Metrics
 from corral.gateway.runtime import Gateway, Rejected
@@ -35,7 +35,7 @@ class Slot:
     __slots__ = ("_gateway", "_over", "arrived", "kept", "model", "queued", "turn", "wait_s")
 
     def __init__(
-        self, gateway: Gateway, model: str, queued: Queued, turn: asyncio.Future[None]
+        self, gateway: Gateway, model: str, queued: core.Request, turn: asyncio.Future[None]
     ) -> None:
         self._gateway = gateway
         self._over = False

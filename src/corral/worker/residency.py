@@ -10,8 +10,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from corral.store import Membership, StoreError
-from corral.store import Residency as Row
+from corral.store import Membership, Residency, StoreError
 from corral.worker.affinity import ModelView, shown
 from corral.worker.settings import WorkerSettings
 
@@ -35,7 +34,7 @@ class Holdings:
         self.models = list(models)
         self.held: dict[str, tuple[str, str]] = {}
         self._live: dict[str, list[str]] = {}
-        self._table: list[Row] = []
+        self._table: list[Residency] = []
         self._read_at = 0.0
         self._lock = asyncio.Lock()
 
