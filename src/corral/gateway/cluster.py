@@ -176,6 +176,7 @@ class Cluster:
             relay(resp, events, cut_short),
             self.gateway.config.server.stream_send_timeout_s,
             f"model {model} on node {node.id}",
+            resp.close,
             status_code=resp.status,
             headers=out,
         )

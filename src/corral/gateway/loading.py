@@ -67,6 +67,7 @@ class LoadingStream:
             self._events(request, slot, path, body),
             self.config.server.stream_send_timeout_s,
             f"model {model}",
+            slot.release,  # it never started: nobody waits for the turn
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )

@@ -248,7 +248,13 @@ class Proxy:
             cause = "its server exited" if died else type(exc).__name__
             return f"model {model}: the answer was cut short ({cause})"
 
+        done = False
+
         def ended() -> None:  # finished, failed, or the client left: free the slot either way
+            nonlocal done
+            if done:
+                return
+            done = True
             slot.release()
             self.metrics.latency_seconds.labels(model).observe(time.monotonic() - arrived)
             self.metrics.requests.labels(model, str(resp.status)).inc()
@@ -264,10 +270,16 @@ class Proxy:
             body_iterator = dialect.stream(body_iterator, wait_s)
             out_headers = {k: v for k, v in out_headers.items() if k.lower() != "content-type"}
             out_headers["content-type"] = dialect.media_type
+
+        def closed() -> None:  # the relay may never have started: its `finally` never ran
+            resp.close()
+            ended()
+
         return ModelStream(
             body_iterator,
             self.config.server.stream_send_timeout_s,
             f"model {model}",
+            closed,
             status_code=resp.status,
             headers=out_headers,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -33,10 +34,21 @@ class ModelStream(StreamingResponse):
     unfinished); one that stops reading or leaves gets the body iterator closed at once, so its
     `finally` frees the slot."""
 
-    def __init__(self, content: Any, send_timeout_s: float, what: str, **kw: Any) -> None:
+    def __init__(
+        self,
+        content: Any,
+        send_timeout_s: float,
+        what: str,
+        closed: Callable[[], None] | None = None,
+        **kw: Any,
+    ) -> None:
+        """`closed`: run when the stream did not end (stalled, left, cancelled), after the body
+        is closed: the body's own `finally` never runs if it never started (a client that left
+        before the first byte), and whatever it would free must be freed anyway."""
         super().__init__(content, **kw)
         self.send_timeout_s = send_timeout_s
         self.what = what
+        self._closed = closed
         self._gone = False
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
@@ -79,3 +91,5 @@ class ModelStream(StreamingResponse):
                 if aclose is not None:
                     with anyio.CancelScope(shield=True):
                         await aclose()
+                if self._closed is not None:
+                    self._closed()
