@@ -32,8 +32,9 @@ from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
-from corral.core.stretch import Demand, Stretch
+from corral.core.stretch import Stretch
 from corral.core.swaps import LINGER_TIMER, Swaps
+from corral.core.traffic import demands
 from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
@@ -119,6 +120,7 @@ class Scheduler:
             self.stretch,
             self._fx,
             self._incoming,
+            self._pending,
             (self._max_wait_s, self._batch_max_wait_s),
             self._min_visit,
             self._head,
@@ -563,30 +565,6 @@ class Scheduler:
             if rounds > 1_000:
                 raise SchedulerBug("scheduler did not settle after 1,000 decisions")
 
-    def _overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
-        """The non-resident model whose oldest interactive request is oldest among those that
-        waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
-        next deadline of a non-resident model not yet overdue."""
-        bounds = ((False, self.swaps.bound_s(False)), (True, self.swaps.bound_s(True)))
-        forced: list[ModelRecord | None] = [None, None]
-        forced_seq = [0, 0]
-        next_at: float | None = None
-        for m in self._pending:
-            if m.state is not _UNLOADED:
-                continue
-            for k, (batch, max_wait) in enumerate(bounds):
-                if max_wait is None or not (m.count - m.icount if batch else m.icount):
-                    continue
-                r = m.oldest(batch) if self._classes else m.oldest()
-                assert r is not None
-                at = r.arrived_at + max_wait  # one form of the comparison, so rounding agrees
-                if at <= now:
-                    if forced[k] is None or r.seq < forced_seq[k]:
-                        forced[k], forced_seq[k] = m, r.seq
-                elif next_at is None or at < next_at:
-                    next_at = at
-        return forced[0] or forced[1], next_at
-
     def _arm_overdue(self, at: float) -> None:
         armed = self._overdue_timer_at
         if armed is None or at < armed:
@@ -601,36 +579,13 @@ class Scheduler:
         finally:
             self._deciding = False
 
-    def _update_stretch(self, now: float) -> None:
-        """Work the stretched bound out again from the measured traffic (core/stretch.py)."""
-        devices = self.devices
-        first = devices[0]
-        demands = []
-        backlog_s = 0.0
-        for m in self.models.values():
-            backlog_s += m.count * m.service_est / m.concurrency
-            rate = m.rate_hz(now)
-            if rate <= 0.0:
-                continue
-            allowed = [d for d in devices if d.name in m.spec.devices] or [first]
-            demands.append(
-                Demand(
-                    rate,
-                    m.service_avg,
-                    m.concurrency,
-                    m.load_est + m.unload_est,
-                    allowed[0].size_of(m) / allowed[0].capacity,
-                )
-            )
-        self.stretch.update(now, demands, len(devices), backlog_s)
-
     def _decide_now(self, now: float) -> None:
         if self.stretch.due(now):
-            self._update_stretch(now)
+            self.stretch.update(now, *demands(self.models.values(), self.devices, now))
         for m in self.resident_models():
             m.yielding = False
         self._incoming.clear()
-        forced, next_deadline = self._overdue(now)
+        forced, next_deadline = self.swaps.overdue(now)
         if next_deadline is not None:
             self._arm_overdue(next_deadline)
         if self.replicas.enabled:

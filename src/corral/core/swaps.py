@@ -37,6 +37,7 @@ class Swaps:
         stretch: Stretch,
         fx: Effects,
         incoming: set[ModelRecord],
+        pending: dict[ModelRecord, None],
         max_wait_s: tuple[float | None, float | None],
         min_visit: float,
         head: Callable[[], Request | None],
@@ -52,6 +53,7 @@ class Swaps:
         self._strict = policy.strict_order
         self._several = len(devices) > 1
         self._incoming = incoming  # models whose room is being freed (draining)
+        self._pending = pending  # models with pending work, in order
         self._max_wait_s, self._batch_max_wait_s = max_wait_s  # interactive, batch
         self._min_visit = min_visit
         self._head = head
@@ -60,6 +62,30 @@ class Swaps:
     def bound_s(self, batch: bool) -> float | None:
         """The wait bound of a class now: its configured bound, stretched (core/stretch.py)."""
         return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
+
+    def overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
+        """The non-resident model whose oldest interactive request is oldest among those that
+        waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
+        next deadline of a non-resident model not yet overdue."""
+        bounds = ((False, self.bound_s(False)), (True, self.bound_s(True)))
+        forced: list[ModelRecord | None] = [None, None]
+        forced_seq = [0, 0]
+        next_at: float | None = None
+        for m in self._pending:
+            if m.state is not _UNLOADED:
+                continue
+            for k, (batch, max_wait) in enumerate(bounds):
+                if max_wait is None or not (m.count - m.icount if batch else m.icount):
+                    continue
+                r = m.oldest(batch) if self._classes else m.oldest()
+                assert r is not None
+                at = r.arrived_at + max_wait  # one form of the comparison, so rounding agrees
+                if at <= now:
+                    if forced[k] is None or r.seq < forced_seq[k]:
+                        forced[k], forced_seq[k] = m, r.seq
+                elif next_at is None or at < next_at:
+                    next_at = at
+        return forced[0] or forced[1], next_at
 
     def _class_preempts(self, victims: list[ModelRecord], c: ModelRecord) -> bool:
         """`c` has interactive work and every victim only batch work (queued, or the last it
