@@ -14,6 +14,11 @@ from tests.pgserver import PrivatePostgres, free_port
 __all__ = ["PrivatePostgres", "TcpProxy", "free_port"]
 
 
+# PostgreSQL's ReadyForQuery message: the server has finished what it was sent (and, outside
+# a transaction block, committed it).
+_READY = b"Z\x00\x00\x00\x05"
+
+
 class TcpProxy:
     """<host>:<port> (127.0.0.1 unless said) forwarding to 127.0.0.1:`target_port`. `outage(s)`
     cuts every open connection and refuses new ones (nothing listens) for `s` seconds: a
@@ -69,26 +74,30 @@ class TcpProxy:
     def _pump(
         self, src: socket.socket, dst: socket.socket, up: bool, dropped: threading.Event
     ) -> None:
+        tail = b""
         try:
             while data := src.recv(65536):
-                if dropped.is_set():
-                    continue  # the server's answer, lost on the way
+                if dropped.is_set() and not up:
+                    # The server's answer to the marked statement, lost on the way. Once it
+                    # says it is ready again (ReadyForQuery, 'Z'), the statement has run and
+                    # committed: the client's connection is cut then. (Cut at once, as before,
+                    # the rest of the client's message, its Sync, could be lost on a loaded
+                    # machine, and the statement rolled back: another, equally correct, path.)
+                    if _READY in tail + data:
+                        return
+                    tail = data[-len(_READY) :]
+                    continue
                 dst.sendall(data)
                 marker = self._marker
                 if up and marker is not None and marker in data:
                     self._marker = None
                     self.drops += 1
                     self._hold_until = time.monotonic() + 2.5
-                    dropped.set()
-                    # The client hears nothing more; the server keeps its connection a moment,
-                    # so it finishes (and commits) what it was sent.
-                    _shut(src)
-                    threading.Timer(2.0, _shut, args=(dst,)).start()
-                    return
+                    dropped.set()  # the client's bytes still go on; the answers no more
         except OSError:
             pass
         finally:
-            for s in (src,) if dropped.is_set() and up else (src, dst):
+            for s in (src, dst):
                 _shut(s)
             with self._lock:
                 self._socks -= {src, dst}
