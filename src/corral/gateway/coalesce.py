@@ -141,13 +141,18 @@ class Coalescer:
         self.queued = 0  # inputs of requests not answered yet
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def takes(self, data: dict[str, Any]) -> bool:
+        """Whether the request can be coalesced (else it goes alone, and the server answers
+        whatever it makes of it): inputs of one kind, no more than a batch holds."""
+        parsed = inputs_of(data.get("input"))
+        return parsed is not None and len(parsed[1]) <= self.settings.max_size
+
     async def submit(
         self, request: Request, data: dict[str, Any], priority: int, path: str
-    ) -> Response | None:
-        """The request's answer, or None if it cannot be coalesced (send it alone)."""
+    ) -> Response:
+        """The request's answer, from its batch's (`takes(data)` must hold)."""
         parsed = inputs_of(data.get("input"))
-        if parsed is None or len(parsed[1]) > self.settings.max_size:
-            return None
+        assert parsed is not None
         kind, inputs = parsed
         if self.queued + len(inputs) > self.settings.max_queued:
             self.metrics.requests.labels(self.model, "503").inc()

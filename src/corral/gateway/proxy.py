@@ -82,9 +82,9 @@ class Proxy:
             data["model"] = served
             body = json.dumps(data).encode()
         if m.batch is not None and path in ("/v1/embeddings", "/embeddings"):
-            answer = await self.coalescer(model).submit(request, data, priority, path)
-            if answer is not None:
-                return answer
+            coalescer = self.coalescer(model)
+            if coalescer.takes(data):
+                return await coalescer.submit(request, data, priority, path)
         stream = bool(data.get("stream"))
         if stream and path == "/v1/chat/completions" and m.send_loading_state:
             return await self._loading.serve(request, model, path, body, priority)
