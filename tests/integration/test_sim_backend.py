@@ -155,3 +155,40 @@ def test_bad_json_is_a_400_in_openai_error_shape(sim: Sim) -> None:
     r = httpx.post(f"{sim.url}/v1/chat/completions", content=b"{not json", timeout=5)
     assert r.status_code == 400
     assert r.json()["error"]["message"] == "the request body is not valid JSON"
+
+
+def test_vllm_sleep_api_levels_wake_times_and_memory() -> None:
+    """vLLM's sleep endpoints (issue 28): a level-1 sleeper holds its weights in host memory
+    and wakes in `--wake-s`; a level-2 one holds nothing and wakes in `--wake2-s`; asleep, it
+    refuses work and says so at `/is_sleeping`. Wake times are asserted as lower bounds only
+    (a busy machine only adds)."""
+    with start_sim(
+        "--load-s", "0", "--wake-s", "0.3", "--wake2-s", "0.8", "--memory-gb", "1.5"
+    ) as s:
+        s.wait_healthy()
+        assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": False}
+        health = httpx.get(f"{s.url}/health").json()
+        assert (health["device_memory_gb"], health["host_memory_gb"]) == (1.5, 0.0)
+        for level, wake_s, host_gb in ((1, 0.3, 1.5), (2, 0.8, 0.0)):
+            assert httpx.post(f"{s.url}/sleep", params={"level": level}).status_code == 200
+            assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": True}
+            health = httpx.get(f"{s.url}/health").json()
+            assert health["status"] == "sleeping"
+            assert (health["level"], health["device_memory_gb"]) == (level, 0.0)
+            assert health["host_memory_gb"] == host_gb
+            refused = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": []}, timeout=5)
+            assert refused.status_code == 503
+            started = time.monotonic()
+            assert httpx.post(f"{s.url}/wake_up", timeout=30).status_code == 200
+            assert time.monotonic() - started >= wake_s - 0.01
+            assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": False}
+        chat = httpx.post(
+            f"{s.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        assert chat.status_code == 200
+        assert httpx.post(f"{s.url}/sleep", params={"level": 3}).status_code == 400
+        health = httpx.get(f"{s.url}/health").json()
+        assert (health["sleep"], health["wake_up"]) == (2, 2)
+        assert httpx.post(f"{s.url}/reset_prefix_cache").status_code == 200

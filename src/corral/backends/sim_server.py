@@ -69,6 +69,13 @@ class SimSettings:
     max_tokens: int = 16  # when a request does not say
     embedding_dim: int = 16
     unload_s: float = 0.0  # a stop (SIGTERM) takes this long, like freeing the device
+    # vLLM's sleep mode (issue 28): going to sleep takes `sleep_s`; a wake from level 1 (the
+    # weights in host memory) `wake_s`, from level 2 (the weights discarded) `wake2_s`; both
+    # default to the load time. `memory_gb`: the weights, reported where they are.
+    sleep_s: float = 0.0
+    wake_s: float | None = None
+    wake2_s: float | None = None
+    memory_gb: float = 0.0
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -115,6 +122,7 @@ def build_app(settings: SimSettings) -> Starlette:
     age_s = process_age_s()
     started_epoch = time.time() - age_s
     state = {"ready_at": time.monotonic() - age_s + settings.load_s, "asleep": False}
+    level = [0]  # how deep it sleeps: 0 awake, 1 weights in host memory, 2 weights discarded
     ready_epoch = [started_epoch + settings.load_s]
     sleeps = {"sleep": 0, "wake_up": 0}
     served = [0]  # requests answered, in /health: tells a model's copies' work apart
@@ -122,9 +130,17 @@ def build_app(settings: SimSettings) -> Starlette:
     def ready() -> bool:
         return not state["asleep"] and time.monotonic() >= state["ready_at"]
 
+    def memory() -> dict[str, float]:
+        """Where the weights are: on the device awake, in host memory asleep at level 1."""
+        gb = settings.memory_gb
+        return {
+            "device_memory_gb": 0.0 if state["asleep"] else gb,
+            "host_memory_gb": gb if level[0] == 1 else 0.0,
+        }
+
     async def health(_: Request) -> Response:
         if state["asleep"]:  # like vLLM: the server is up, the weights are not
-            return JSONResponse({"status": "sleeping", **sleeps})
+            return JSONResponse({"status": "sleeping", "level": level[0], **sleeps, **memory()})
         if not ready():
             return JSONResponse({"status": "loading model"}, status_code=503)
         return JSONResponse(
@@ -134,23 +150,44 @@ def build_app(settings: SimSettings) -> Starlette:
                 "ready_at": ready_epoch[0],
                 "served": served[0],
                 **sleeps,
+                **memory(),
             }
         )
 
-    async def sleep(_: Request) -> Response:
-        """vLLM's sleep mode: free the device; requests are refused until `/wake_up`."""
-        state["asleep"] = True
-        sleeps["sleep"] += 1
-        return JSONResponse({"status": "sleeping"})
+    async def sleep(request: Request) -> Response:
+        """vLLM's `POST /sleep?level=1|2`: free the device (level 1 keeps the weights in host
+        memory); requests are refused until `/wake_up`."""
+        raw = request.query_params.get("level", "1")
+        if raw not in ("1", "2"):
+            return _error(400, f"level must be 1 or 2; got {raw!r}")
+        if not state["asleep"]:
+            await asyncio.sleep(settings.sleep_s)
+            state["asleep"] = True
+            level[0] = int(raw)
+            sleeps["sleep"] += 1
+        return JSONResponse({"status": "sleeping", "level": level[0]})
 
     async def wake_up(_: Request) -> Response:
-        """Takes the load time again, then answers."""
+        """vLLM's `POST /wake_up`: takes the wake time of the level it slept at (a level-2
+        sleeper reloads its weights), then answers."""
         if state["asleep"]:
             sleeps["wake_up"] += 1
-            await asyncio.sleep(settings.load_s)
+            deep = level[0] == 2
+            wake_s = settings.wake2_s if deep else settings.wake_s
+            await asyncio.sleep(settings.load_s if wake_s is None else wake_s)
             state["asleep"] = False
+            level[0] = 0
             ready_epoch[0] = time.time()
         return JSONResponse({"status": "ok"})
+
+    async def is_sleeping(_: Request) -> Response:
+        """vLLM's `GET /is_sleeping`."""
+        return JSONResponse({"is_sleeping": bool(state["asleep"])})
+
+    async def reset_prefix_cache(_: Request) -> Response:
+        """vLLM's `POST /reset_prefix_cache` (after a level-2 wake): nothing cached here."""
+        sleeps["reset_prefix_cache"] = sleeps.get("reset_prefix_cache", 0) + 1
+        return Response(status_code=200)
 
     async def models(_: Request) -> Response:
         return JSONResponse(
@@ -348,6 +385,8 @@ def build_app(settings: SimSettings) -> Starlette:
             *(Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
             Route("/sleep", sleep, methods=["POST"]),
             Route("/wake_up", wake_up, methods=["POST"]),
+            Route("/is_sleeping", is_sleeping),
+            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
             Route("/v1/models", models),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),

@@ -504,16 +504,40 @@ def sim_backend_cmd(
     unload_s: Annotated[
         float, typer.Option(min=0, help="Seconds a stop takes, like freeing the device.")
     ] = 0.0,
+    sleep_s: Annotated[float, typer.Option(min=0, help="Seconds vLLM's POST /sleep takes.")] = 0.0,
+    wake_s: Annotated[
+        float | None,
+        typer.Option(min=0, help="Seconds a wake from level-1 sleep takes (default: --load-s)."),
+    ] = None,
+    wake2_s: Annotated[
+        float | None,
+        typer.Option(min=0, help="Seconds a wake from level-2 sleep takes (default: --load-s)."),
+    ] = None,
+    memory_gb: Annotated[
+        float, typer.Option(min=0, help="The weights' size, reported where they are (/health).")
+    ] = 0.0,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
-    """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks)."""
+    """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks), with
+    vLLM's sleep API (`POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`)."""
     from corral.backends.sim_server import SimSettings, serve
 
     err_console.print(
         f"corral sim-backend: {model} on http://{host}:{port} "
         f"(load {load_s:g} s, {tokens_per_s:g} tokens/s, {parallel} at once)"
     )
-    settings = SimSettings(model, load_s, tokens_per_s, parallel, max_tokens, unload_s=unload_s)
+    settings = SimSettings(
+        model,
+        load_s,
+        tokens_per_s,
+        parallel,
+        max_tokens,
+        unload_s=unload_s,
+        sleep_s=sleep_s,
+        wake_s=wake_s,
+        wake2_s=wake2_s,
+        memory_gb=memory_gb,
+    )
     serve(settings, host, port)
 
 
