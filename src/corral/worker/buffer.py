@@ -12,7 +12,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Iterable
 
-from corral.store import Level, Task
+from corral.store import Level, Task, TaskQueue
 
 
 class Mark(enum.Enum):
@@ -132,3 +132,9 @@ def counted(task: Task, group: bool) -> Task:
     return dataclasses.replace(
         task, attempts=task.attempts + 1, started_at=time.time(), started_in_group=group
     )
+
+
+def give_back(store: TaskQueue, tasks: Iterable[Task]) -> None:
+    """Release tasks this worker holds but will not run (blocking: run it in a thread)."""
+    for t in tasks:
+        store.release(t.id, t.lease_token or "")

@@ -13,7 +13,7 @@ from contextlib import AbstractAsyncContextManager
 
 from corral.core import Scheduler
 from corral.store import Store, Task
-from corral.worker.buffer import ClaimBuffer, Mark, counted
+from corral.worker.buffer import ClaimBuffer, Mark, counted, give_back
 from corral.worker.execute import TRANSIENT
 from corral.worker.settings import WorkerSettings
 
@@ -85,7 +85,7 @@ class Claims:
         # Run a task claimed ahead only while its lease has plenty left (see `ClaimBuffer.take`).
         taken, stale = self._buffer.take(model, n, time.monotonic() - self.settings.lease_s / 4)
         if stale:  # before the claim below, which takes them again in order
-            await asyncio.to_thread(_give_back, self.store, [a.task for a in stale])
+            await asyncio.to_thread(give_back, self.store, [a.task for a in stale])
         tasks = [a.task for a in taken if a.mark is Mark.STARTED]
         # Reserved ones start here, together; one that must run alone is started by itself
         # when its turn comes (`Executor.run_slot`), so it stays reserved.
@@ -169,10 +169,5 @@ class Claims:
     async def release_ahead(self, model: str) -> None:
         async with self._move(model):
             gone = self._buffer.drop(model)
-            for a in gone:
-                await asyncio.to_thread(self.store.release, a.task.id, a.task.lease_token or "")
-
-
-def _give_back(store: Store, tasks: list[Task]) -> None:
-    for t in tasks:
-        store.release(t.id, t.lease_token or "")
+            if gone:
+                await asyncio.to_thread(give_back, self.store, [a.task for a in gone])

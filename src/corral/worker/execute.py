@@ -28,7 +28,7 @@ from corral.store import (
     TaskStatus,
 )
 from corral.worker import batching, isolate
-from corral.worker.buffer import Ahead, ClaimBuffer, counted
+from corral.worker.buffer import Ahead, ClaimBuffer, counted, give_back
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords
 from corral.worker.registry import (
@@ -277,8 +277,7 @@ class Executor:
                 self.store.release(a.task.id, a.task.lease_token or "")
 
     def _release_all(self, tasks: list[Task]) -> None:
-        for t in tasks:
-            self.store.release(t.id, t.lease_token or "")
+        give_back(self.store, tasks)
 
     async def _run_batch(self, spec: HandlerSpec, tasks: list[Task]) -> None:
         ctxs = [TaskContext(t.id, t.attempts, t.max_attempts, t.model) for t in tasks]
