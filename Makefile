@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench-cluster: $(STAMP)
 # From a folder holding the gemma GGUF to its first answer through the ollama client (issue 27).
 bench-first-answer: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_first_answer.py
+
+# llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
+bench-page-cache: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_page_cache.py
 
 bench-devices: $(STAMP)
 	$(BIN)/python benchmarks/bench_devices.py
