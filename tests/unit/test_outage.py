@@ -75,9 +75,11 @@ def test_every_store_operation_on_postgresql_rides_out_an_outage() -> None:
     from corral.store.postgres import PostgresStore
     from corral.store.sql import SqlStore
 
-    ops = [
+    ops = [  # every role's (Store is their union: TaskQueue, TaskControl, Membership, ...)
         name
-        for name, value in vars(Store).items()
+        for role in Store.__mro__
+        if role.__module__ == Store.__module__
+        for name, value in vars(role).items()
         if callable(value) and not name.startswith("_")
         and name not in ("subscribe", "close", "ping")  # no database, or no retrying by design
     ]  # fmt: skip
