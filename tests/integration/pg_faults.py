@@ -35,6 +35,7 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self.cuts = 0
         self.drops = 0
+        self.answered = 0  # dropped answers the server finished (ReadyForQuery seen)
         self._marker: bytes | None = None
         self._hold_until = 0.0  # monotonic time before which new connections wait
         self._listen()
@@ -84,6 +85,7 @@ class TcpProxy:
                     # the rest of the client's message, its Sync, could be lost on a loaded
                     # machine, and the statement rolled back: another, equally correct, path.)
                     if _READY in tail + data:
+                        self.answered += 1  # it ran (and, outside a block, committed)
                         return
                     tail = data[-len(_READY) :]
                     continue

@@ -153,8 +153,17 @@ def test_the_store_answers_ping_and_a_clear_error_while_unreachable(
         with pytest.raises(StoreUnavailable, match=r"gave up on counts after"):
             store.counts()
         cut.join()
-        time.sleep(0.5)
-        store.ping()
+        # Back: the pool reconnects with a backoff, so on a loaded machine the first pings
+        # after the outage may still fail; it must come back, not within a set time.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                store.ping()
+                break
+            except StoreUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         assert store.counts() == {}
     finally:
         store.close()
@@ -186,8 +195,13 @@ def test_a_commit_whose_answer_is_lost_is_reported_as_committed(
     assert worker.returncode == 0, err
     assert proxy.drops == 1
     assert "connection lost" in err
-    assert "committed (the connection dropped during the commit; the result is stored)" in err
+    # Its result was never reported dropped. Where the server committed the first try (the
+    # usual path) the worker says so; on a loaded machine the first try can also have rolled
+    # back and the second committed, which it need not mention. Either way: once, stored.
+    if proxy.answered:
+        assert "committed (the connection dropped during the commit; the result is stored)" in err
     assert "lease lost" not in err
+    assert "result was dropped" not in err
     assert log.read_text().split() == ["21"]  # it ran once
     store = open_store(pg.url(db))
     (task,) = store.list(limit=2)
