@@ -81,14 +81,12 @@ class Scheduler:
         self._batch_max_wait_s = (
             config.batch.max_wait_s if self.policy.bounded_wait and self._classes else None
         )
-        self._min_visit = config.scheduler.min_visit_swaps
         # The bound the load leaves room for (core/stretch.py): the configured bounds are
         # stretched to it while the switches they force would not fit.
         self.stretch = Stretch(self._max_wait_s)
         self.policy.stretch = self.stretch
         self._solo = self._one_at_a_time()
         self._strict = self.policy.strict_order
-        self._several = len(self.devices) > 1
         self._weights: dict[int, float] = {}
         self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
         self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
@@ -105,7 +103,7 @@ class Scheduler:
             self.devices,
             self._fx,
             self._classes,
-            bool(replicas) and self.policy.replicas and self._several,
+            bool(replicas) and self.policy.replicas and len(self.devices) > 1,
             None if isinstance(replicas, bool) else frozenset(replicas),
             self._pending,
             lambda m, now: self.swaps.views(m, now),
@@ -122,7 +120,7 @@ class Scheduler:
             self._incoming,
             self._pending,
             (self._max_wait_s, self._batch_max_wait_s),
-            self._min_visit,
+            config.scheduler.min_visit_swaps,
             self._head,
             self._start_load,
         )
