@@ -545,7 +545,7 @@ def test_concurrent_claims_never_hand_out_a_task_twice(
                 seen.extend(t.id for t in got)
 
     stores = [store]
-    if isinstance(store, SqliteStore):  # other connections to the same file
+    if isinstance(store, SqliteStore) and not isinstance(store, MemoryStore):  # the same file
         stores += [SqliteStore(store.path) for _ in range(2)]
     elif isinstance(store, PostgresStore):
         stores += [PostgresStore(PG_URL, schema=store.schema) for _ in range(2)]
@@ -581,7 +581,7 @@ def test_max_queued_bounds_a_kind_atomically_and_counts_only_queued_tasks(
 
     # ... and concurrent submitters never overshoot the bound.
     stores = [store]
-    if isinstance(store, SqliteStore):
+    if isinstance(store, SqliteStore) and not isinstance(store, MemoryStore):
         stores += [SqliteStore(store.path) for _ in range(2)]
     elif isinstance(store, PostgresStore):
         stores += [PostgresStore(PG_URL, schema=store.schema) for _ in range(2)]
