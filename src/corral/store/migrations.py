@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.store.base import SchemaTooNew, StoreError
+from corral.store.queries import Transactions
+
 
 @dataclass(frozen=True)
 class Dialect:
@@ -157,3 +160,65 @@ CREATE TABLE corral_residency (
             "ALTER TABLE corral_workers ADD COLUMN url TEXT;",
         ),
     ]
+
+
+# --- applying them (the SQL store calls these with its transactions) ----------------------
+def schema_version(transaction: Transactions) -> int:
+    with transaction(write=False) as tx:
+        tx.run("CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)")
+        rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
+        return int(rows[0]["v"] or 0)
+
+
+def check_schema(transaction: Transactions, dialect: Dialect) -> None:
+    """For a store opened without migrating, read-only: its schema must be this code's
+    (reads name columns that older schemas lack). Writes nothing."""
+    latest = migrations(dialect)[-1][0]
+    with transaction(write=False) as tx:
+        rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
+    current = int(rows[0]["v"] or 0)
+    if current > latest:
+        raise SchemaTooNew(
+            f"the database is at schema version {current} but this Corral knows up to "
+            f"{latest}; upgrade Corral or use another database"
+        )
+    if current < latest:
+        raise StoreError(
+            f"the database is at schema version {current}, this Corral reads {latest}: run "
+            "`corral db upgrade` first (read-only commands never change the database)"
+        )
+
+
+def upgrade(transaction: Transactions, dialect: Dialect) -> list[int]:
+    """Apply pending migrations, each in its own transaction; returns the versions applied.
+    Raises `SchemaTooNew` if the database is ahead of this code."""
+    steps = migrations(dialect)
+    latest = steps[-1][0]
+    applied = []
+    lock = dialect.migrate_lock
+    with transaction(write=True) as tx:
+        if lock:
+            tx.run(lock)
+        tx.run("CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)")
+    current = schema_version(transaction)
+    if current > latest:
+        raise SchemaTooNew(
+            f"the database is at schema version {current} but this Corral knows up to "
+            f"{latest}; upgrade Corral (pip install -U corral) or use another database"
+        )
+    for version, sql in steps:
+        if version <= current:
+            continue
+        with transaction(write=True) as tx:
+            # Under the lock, look again: a process starting beside this one (a second
+            # worker, another node) may have applied it meanwhile.
+            if lock:
+                tx.run(lock)
+            rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
+            if int(rows[0]["v"] or 0) >= version:
+                continue
+            for statement in filter(str.strip, sql.split(";")):
+                tx.run(statement)
+            tx.run("INSERT INTO corral_schema (version) VALUES (:v)", {"v": version})
+        applied.append(version)
+    return applied

@@ -4,10 +4,29 @@ turned into the store's types. Dialect-specific statements live with their adapt
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
-from corral.store.base import Batch, StoredFile, Task, TaskStatus
+from corral.store.base import Batch, NewTask, StoredFile, Task, TaskStatus, new_ids
+
+
+class Tx(Protocol):
+    """One open transaction: run a statement with named parameters, get rows as mappings."""
+
+    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]: ...
+
+    def run_many(self, sql: str, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run one statement per parameter set, batched by the driver (no rows back)."""
+        ...
+
+
+class Transactions(Protocol):
+    """Opens a transaction (the SQL store's `_tx`). `single`: the caller runs exactly one
+    statement, which is atomic on its own, so an adapter may skip BEGIN/COMMIT round trips."""
+
+    def __call__(self, write: bool, single: bool = False) -> AbstractContextManager[Tx]: ...
+
 
 COLUMNS = (
     "seq, id, kind, model, payload, priority, serial_key, status, attempts, max_attempts, "
@@ -102,3 +121,67 @@ def to_batch(row: Mapping[str, Any]) -> Batch:
         idempotency_key=row["idempotency_key"],
         seq=int(row["seq"]),
     )
+
+
+def task_rows(tasks: Sequence[NewTask], now: float) -> list[dict[str, Any]]:
+    """`INSERT`'s parameters for `tasks`, every payload validated before any is stored."""
+    return [
+        {
+            "id": tid,
+            "kind": t.kind,
+            "model": t.model,
+            "payload": t.payload_json(),
+            "priority": t.priority,
+            "interactive": int(t.interactive),
+            "serial_key": t.serial_key,
+            "status": "queued",
+            "max_attempts": t.max_attempts,
+            "created_at": now,
+            "run_after": now,
+            "batch_id": t.batch_id,
+        }
+        for t, tid in zip(tasks, new_ids(len(tasks)), strict=True)
+    ]
+
+
+def in_list(prefix: str, values: Sequence[str], params: dict[str, Any]) -> str:
+    """Placeholders for an IN list, their values added to `params` (names are letters: the
+    PostgreSQL adapter's parameter names have no digits)."""
+    names = [f"{prefix}_{_letters(i)}" for i in range(len(values))]
+    params.update(zip(names, values, strict=True))
+    return ", ".join(f":{n}" for n in names) or "NULL"
+
+
+def _letters(i: int) -> str:
+    """`i` in base 26 with the letters a-z (0 -> "a", 25 -> "z", 26 -> "ba"): any number of
+    placeholders gets distinct names without digits."""
+    out = chr(ord("a") + i % 26)
+    while i >= 26:
+        i //= 26
+        out = chr(ord("a") + i % 26) + out
+    return out
+
+
+def page(
+    table: str, after: str | None, limit: int, order: str = "desc"
+) -> tuple[str, dict[str, Any]]:
+    """Paging by a cursor id: rows past `after` in `order` (newest first by default), all rows
+    without one, none if no row has that id."""
+    params: dict[str, Any] = {"limit": limit}
+    if after is None:
+        return "1 = 1", params
+    params["after"] = after
+    past = ">" if order == "asc" else "<"
+    return f"seq {past} (SELECT seq FROM {table} WHERE id = :after)", params
+
+
+def task_filters(status: TaskStatus | None, model: str | None) -> tuple[str, dict[str, Any]]:
+    """A WHERE clause over tasks' status and model, and its parameters."""
+    clauses, params = [], {}
+    if status is not None:
+        clauses.append("status = :status")
+        params["status"] = status.value
+    if model is not None:
+        clauses.append("model = :model")
+        params["model"] = model
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

@@ -4,61 +4,47 @@ transactions and the few phrases that differ (see `Dialect`)."""
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from corral.store.base import (
     Batch,
-    BatchNotFound,
-    FileNotFound,
     Lease,
     Level,
     NewTask,
     QueueFull,
     Residency,
-    SchemaTooNew,
     StoredFile,
-    StoreError,
     Task,
     TaskNotFound,
     TaskStatus,
     Wakeups,
     grouped_expiry,
-    new_ids,
 )
-from corral.store.migrations import Dialect, migrations
+from corral.store.migrations import Dialect, check_schema, schema_version, upgrade
 from corral.store.queries import (
-    BATCH_COLUMNS,
     CLAIMABLE,
     COLUMNS,
-    FILE_COLUMNS,
     FINISH_SETS,
     INSERT,
     LIGHT,
     QUALIFIED,
     START,
-    to_batch,
-    to_file,
+    Tx,
+    task_filters,
+    task_rows,
     to_task,
 )
+from corral.store.sql_batches import SqlBatches, SqlFiles
+from corral.store.sql_cluster import SqlMembership
+
+__all__ = ["SqlStore", "Tx"]
 
 
-class Tx(Protocol):
-    """One open transaction: run a statement with named parameters, get rows as mappings."""
-
-    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]: ...
-
-    def run_many(self, sql: str, params: Sequence[Mapping[str, Any]]) -> None:
-        """Run one statement per parameter set, batched by the driver (no rows back)."""
-        ...
-
-
-# A queued task `claim` may take now: due, and first of its serial key with none running.
 class SqlStore:
     """The `Store` over SQL. Subclasses implement `_tx(write)` and set `dialect`."""
 
@@ -69,6 +55,12 @@ class SqlStore:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._wakeups = Wakeups()
+        # The parts for the other roles: they share this store's transactions.
+        self._files = SqlFiles(self._tx)
+        self._batches = SqlBatches(
+            self._tx, clock, self._insert_chunks, self._woken, self._announce
+        )
+        self._members = SqlMembership(self._tx, clock)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         return self._wakeups.add(wake)
@@ -90,64 +82,19 @@ class SqlStore:
         its own, so an adapter may skip BEGIN/COMMIT round trips."""
         raise NotImplementedError
 
-    # --- schema -------------------------------------------------------------------------------
+    # --- schema (store/migrations.py) -------------------------------------------------------
     def schema_version(self) -> int:
-        with self._tx(write=False) as tx:
-            tx.run("CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)")
-            rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
-            return int(rows[0]["v"] or 0)
+        return schema_version(self._tx)
 
     def check_schema(self) -> None:
         """For a store opened without migrating, read-only: its schema must be this code's
         (reads name columns that older schemas lack). Writes nothing."""
-        latest = migrations(self.dialect)[-1][0]
-        with self._tx(write=False) as tx:
-            rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
-        current = int(rows[0]["v"] or 0)
-        if current > latest:
-            raise SchemaTooNew(
-                f"the database is at schema version {current} but this Corral knows up to "
-                f"{latest}; upgrade Corral or use another database"
-            )
-        if current < latest:
-            raise StoreError(
-                f"the database is at schema version {current}, this Corral reads {latest}: run "
-                "`corral db upgrade` first (read-only commands never change the database)"
-            )
+        check_schema(self._tx, self.dialect)
 
     def upgrade(self) -> list[int]:
         """Apply pending migrations, each in its own transaction; returns the versions applied.
         Raises `SchemaTooNew` if the database is ahead of this code."""
-        steps = migrations(self.dialect)
-        latest = steps[-1][0]
-        applied = []
-        lock = self.dialect.migrate_lock
-        with self._tx(write=True) as tx:
-            if lock:
-                tx.run(lock)
-            tx.run("CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)")
-        current = self.schema_version()
-        if current > latest:
-            raise SchemaTooNew(
-                f"the database is at schema version {current} but this Corral knows up to "
-                f"{latest}; upgrade Corral (pip install -U corral) or use another database"
-            )
-        for version, sql in steps:
-            if version <= current:
-                continue
-            with self._tx(write=True) as tx:
-                # Under the lock, look again: a process starting beside this one (a second
-                # worker, another node) may have applied it meanwhile.
-                if lock:
-                    tx.run(lock)
-                rows = tx.run("SELECT MAX(version) AS v FROM corral_schema")
-                if int(rows[0]["v"] or 0) >= version:
-                    continue
-                for statement in filter(str.strip, sql.split(";")):
-                    tx.run(statement)
-                tx.run("INSERT INTO corral_schema (version) VALUES (:v)", {"v": version})
-            applied.append(version)
-        return applied
+        return upgrade(self._tx, self.dialect)
 
     # --- writes -------------------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> str:
@@ -182,25 +129,7 @@ class SqlStore:
         self._woken()
 
     def _rows(self, tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
-        """Insert parameters for `tasks`, every payload validated before any is stored."""
-        now = self._clock()
-        return [
-            {
-                "id": tid,
-                "kind": t.kind,
-                "model": t.model,
-                "payload": t.payload_json(),
-                "priority": t.priority,
-                "interactive": int(t.interactive),
-                "serial_key": t.serial_key,
-                "status": "queued",
-                "max_attempts": t.max_attempts,
-                "created_at": now,
-                "run_after": now,
-                "batch_id": t.batch_id,
-            }
-            for t, tid in zip(tasks, new_ids(len(tasks)), strict=True)
-        ]
+        return task_rows(tasks, self._clock())
 
     def _check_room(self, tx: Tx, kind: str, model: str, adding: int, max_queued: int) -> None:
         """Raise `QueueFull` if `kind` cannot take `adding` more queued tasks. Concurrent
@@ -544,80 +473,6 @@ RETURNING {QUALIFIED}"""
             )
         return len(rows)
 
-    # --- files and batches ----------------------------------------------------------------------
-    def add_file(self, file: StoredFile) -> None:
-        with self._tx(write=True, single=True) as tx:
-            tx.run(
-                "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, "
-                "expires_at) VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, "
-                ":expires_at)",
-                dataclasses.asdict(file),
-            )
-
-    def get_file(self, file_id: str) -> StoredFile:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE id = :id", {"id": file_id}
-            )
-        if not rows:
-            raise FileNotFound(f"no file with id {file_id!r}")
-        return to_file(rows[0])
-
-    def list_files(
-        self,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 100,
-        order: Literal["asc", "desc"] = "desc",
-    ) -> builtins.list[StoredFile]:
-        where, params = _page("corral_files", after, limit, order)
-        if purpose is not None:
-            where += " AND purpose = :purpose"
-            params["purpose"] = purpose
-        direction = "ASC" if order == "asc" else "DESC"
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE {where} "
-                f"ORDER BY seq {direction} LIMIT :limit",
-                params,
-            )
-        return [to_file(r) for r in rows]
-
-    def delete_file(self, file_id: str) -> StoredFile:
-        with self._tx(write=True, single=True) as tx:
-            rows = tx.run(
-                f"DELETE FROM corral_files WHERE id = :id RETURNING {FILE_COLUMNS}", {"id": file_id}
-            )
-        if not rows:
-            raise FileNotFound(f"no file with id {file_id!r}")
-        return to_file(rows[0])
-
-    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
-        added = 0
-        with self._tx(write=True) as tx:
-            if batch.idempotency_key is not None:
-                found = tx.run(
-                    f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE idempotency_key = :k",
-                    {"k": batch.idempotency_key},
-                )
-                if found:
-                    return to_batch(found[0])
-            (row,) = tx.run(
-                "INSERT INTO corral_batches (id, status, created_at, idempotency_key, data) "
-                f"VALUES (:id, :status, :created_at, :key, :data) RETURNING {BATCH_COLUMNS}",
-                {
-                    "id": batch.id,
-                    "status": batch.status,
-                    "created_at": batch.created_at,
-                    "key": batch.idempotency_key,
-                    "data": json.dumps(batch.data),
-                },
-            )
-            added = self._insert_chunks(tx, tasks)
-        if added:
-            self._woken()
-        return to_batch(row)
-
     def _insert_chunks(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
         """Insert `tasks` (maybe a generator) 2,000 at a time, announcing them if any; returns
         how many (the caller wakes this process's workers after the commit)."""
@@ -630,101 +485,75 @@ RETURNING {QUALIFIED}"""
             self._announce(tx)
         return added
 
+    # --- files and batches (store/sql_batches.py) ---------------------------------------------
+    def add_file(self, file: StoredFile) -> None:
+        self._files.add(file)
+
+    def get_file(self, file_id: str) -> StoredFile:
+        return self._files.get(file_id)
+
+    def list_files(
+        self,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> builtins.list[StoredFile]:
+        return self._files.list(purpose, after, limit, order)
+
+    def delete_file(self, file_id: str) -> StoredFile:
+        return self._files.delete(file_id)
+
+    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        return self._batches.create(batch, tasks)
+
     def start_batch(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
     ) -> Batch | None:
-        added = 0
-        with self._tx(write=True) as tx:
-            rows = tx.run(
-                "UPDATE corral_batches SET status = :status, data = :data "
-                f"WHERE id = :id AND status = 'validating' RETURNING {BATCH_COLUMNS}",
-                {"id": batch_id, "status": status, "data": json.dumps(data)},
-            )
-            if not rows:
-                if not tx.run("SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}):
-                    raise BatchNotFound(f"no batch with id {batch_id!r}")
-                return None
-            added = self._insert_chunks(tx, tasks)
-        if added:
-            self._woken()
-        return to_batch(rows[0])
+        return self._batches.start(batch_id, status, data, tasks)
 
     def get_batch(self, batch_id: str) -> Batch:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE id = :id", {"id": batch_id}
-            )
-        if not rows:
-            raise BatchNotFound(f"no batch with id {batch_id!r}")
-        return to_batch(rows[0])
+        return self._batches.get(batch_id)
 
     def list_batches(
         self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
     ) -> builtins.list[Batch]:
-        where, params = _page("corral_batches", after, limit)
-        if status is not None:
-            where += f" AND status IN ({_in('status', status, params)})"
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE {where} "
-                "ORDER BY seq DESC LIMIT :limit",
-                params,
-            )
-        return [to_batch(r) for r in rows]
+        return self._batches.list(after, limit, status)
 
     def update_batch(
         self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
     ) -> Batch | None:
-        params: dict[str, Any] = {"id": batch_id, "status": status, "data": json.dumps(data)}
-        marks = _in("expect", expect, params)
-        with self._tx(write=True) as tx:
-            rows = tx.run(
-                "UPDATE corral_batches SET status = :status, data = :data "
-                f"WHERE id = :id AND status IN ({marks}) RETURNING {BATCH_COLUMNS}",
-                params,
-            )
-            if not rows and not tx.run(
-                "SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}
-            ):
-                raise BatchNotFound(f"no batch with id {batch_id!r}")
-        return to_batch(rows[0]) if rows else None
+        return self._batches.update(batch_id, status, data, expect)
 
     def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT status, COUNT(*) AS n FROM corral_tasks WHERE batch_id = :b "
-                "GROUP BY status",
-                {"b": batch_id},
-            )
-        return {TaskStatus(r["status"]): int(r["n"]) for r in rows}
+        return self._batches.counts(batch_id)
 
     def batch_tasks(
         self, batch_id: str, after_seq: int = 0, limit: int = 1000
     ) -> builtins.list[Task]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
-                "ORDER BY seq LIMIT :limit",
-                {"b": batch_id, "after": after_seq, "limit": limit},
-            )
-        return [to_task(r) for r in rows]
+        return self._batches.tasks(batch_id, after_seq, limit)
 
     def cancel_batch(self, batch_id: str) -> int:
-        now = self._clock()
-        with self._tx(write=True) as tx:
-            queued = tx.run(
-                "UPDATE corral_tasks SET status = 'cancelled', finished_at = :now "
-                "WHERE batch_id = :b AND status = 'queued' RETURNING id",
-                {"b": batch_id, "now": now},
-            )
-            running = tx.run(
-                "UPDATE corral_tasks SET cancel_requested = 1 "
-                "WHERE batch_id = :b AND status = 'running' RETURNING id",
-                {"b": batch_id},
-            )
-            self._announce(tx)
-        self._woken()  # workers drop the cancelled lines from their schedule now
-        return len(queued) + len(running)
+        return self._batches.cancel(batch_id)
+
+    # --- membership (store/sql_cluster.py) ----------------------------------------------------
+    def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
+        self._members.worker_seen(worker_id, models, url)
+
+    def worker_gone(self, worker_id: str) -> None:
+        self._members.worker_gone(worker_id)
+
+    def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
+        self._members.set_residency(worker_id, resident)
+
+    def residency(self, seen_after: float) -> builtins.list[Residency]:
+        return self._members.residency(seen_after)
+
+    def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
+        return self._members.workers(seen_after)
+
+    def nodes(self, seen_after: float) -> dict[str, str]:
+        return self._members.nodes(seen_after)
 
     # --- reads --------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:
@@ -734,76 +563,6 @@ RETURNING {QUALIFIED}"""
             raise TaskNotFound(f"no task with id {task_id!r}")
         return to_task(rows[0])
 
-    def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
-        with self._tx(write=True, single=True) as tx:
-            tx.run(
-                "INSERT INTO corral_workers (id, models, seen_at, url) "
-                "VALUES (:id, :models, :now, :url) "
-                "ON CONFLICT (id) DO UPDATE SET models = excluded.models, "
-                "seen_at = excluded.seen_at, url = excluded.url",
-                {
-                    "id": worker_id,
-                    "models": json.dumps(list(models)),
-                    "now": self._clock(),
-                    "url": url,
-                },
-            )
-
-    def worker_gone(self, worker_id: str) -> None:
-        with self._tx(write=True) as tx:
-            tx.run("DELETE FROM corral_workers WHERE id = :id", {"id": worker_id})
-            tx.run("DELETE FROM corral_residency WHERE worker_id = :id", {"id": worker_id})
-
-    def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
-        now = self._clock()
-        params: dict[str, Any] = {"id": worker_id}
-        others = ""  # the rows of models it no longer holds go (all of them if it holds none)
-        if resident:
-            others = f" AND model NOT IN ({_in('keep', [m for _, m, _ in resident], params)})"
-        with self._tx(write=True) as tx:
-            # An upsert, not delete-then-insert: two calls at once cannot collide.
-            tx.run(f"DELETE FROM corral_residency WHERE worker_id = :id{others}", params)
-            if resident:
-                tx.run_many(
-                    "INSERT INTO corral_residency (worker_id, device, model, state, seen_at) "
-                    "VALUES (:w, :device, :model, :state, :now) ON CONFLICT (worker_id, model) "
-                    "DO UPDATE SET device = excluded.device, state = excluded.state, "
-                    "seen_at = excluded.seen_at",
-                    [
-                        {"w": worker_id, "device": dev, "model": m, "state": st, "now": now}
-                        for dev, m, st in resident
-                    ],
-                )
-
-    def residency(self, seen_after: float) -> builtins.list[Residency]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT worker_id, device, model, state, seen_at FROM corral_residency "
-                "WHERE seen_at > :t ORDER BY worker_id, model",
-                {"t": seen_after},
-            )
-        return [
-            Residency(r["worker_id"], r["device"], r["model"], r["state"], float(r["seen_at"]))
-            for r in rows
-        ]
-
-    def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT id, models FROM corral_workers WHERE seen_at > :t ORDER BY id",
-                {"t": seen_after},
-            )
-        return {r["id"]: json.loads(r["models"]) for r in rows}
-
-    def nodes(self, seen_after: float) -> dict[str, str]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT id, url FROM corral_workers WHERE seen_at > :t AND url IS NOT NULL "
-                "ORDER BY id",
-                {"t": seen_after},
-            )
-        return {r["id"]: r["url"] for r in rows}
-
     def list(
         self,
         status: TaskStatus | None = None,
@@ -811,7 +570,7 @@ RETURNING {QUALIFIED}"""
         limit: int = 100,
         full: bool = True,
     ) -> builtins.list[Task]:
-        where, params = _filters(status, model)
+        where, params = task_filters(status, model)
         params["limit"] = limit
         columns = COLUMNS if full else LIGHT
         with self._tx(write=False, single=True) as tx:
@@ -842,45 +601,3 @@ RETURNING {QUALIFIED}"""
             level = (bool(r["interactive"]), int(r["priority"]))
             out.setdefault(r["model"], {})[level] = int(r["n"])
         return out
-
-
-def _in(prefix: str, values: Sequence[str], params: dict[str, Any]) -> str:
-    """Placeholders for an IN list, their values added to `params` (names are letters: the
-    PostgreSQL adapter's parameter names have no digits)."""
-    names = [f"{prefix}_{_letters(i)}" for i in range(len(values))]
-    params.update(zip(names, values, strict=True))
-    return ", ".join(f":{n}" for n in names) or "NULL"
-
-
-def _letters(i: int) -> str:
-    """`i` in base 26 with the letters a-z (0 -> "a", 25 -> "z", 26 -> "ba"): any number of
-    placeholders gets distinct names without digits."""
-    out = chr(ord("a") + i % 26)
-    while i >= 26:
-        i //= 26
-        out = chr(ord("a") + i % 26) + out
-    return out
-
-
-def _page(
-    table: str, after: str | None, limit: int, order: str = "desc"
-) -> tuple[str, dict[str, Any]]:
-    """Paging by a cursor id: rows past `after` in `order` (newest first by default), all rows
-    without one, none if no row has that id."""
-    params: dict[str, Any] = {"limit": limit}
-    if after is None:
-        return "1 = 1", params
-    params["after"] = after
-    past = ">" if order == "asc" else "<"
-    return f"seq {past} (SELECT seq FROM {table} WHERE id = :after)", params
-
-
-def _filters(status: TaskStatus | None, model: str | None) -> tuple[str, dict[str, Any]]:
-    clauses, params = [], {}
-    if status is not None:
-        clauses.append("status = :status")
-        params["status"] = status.value
-    if model is not None:
-        clauses.append("model = :model")
-        params["model"] = model
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

@@ -1,0 +1,227 @@
+"""The Batch API's files and batches over SQL (the `FileStore` and `BatchStore` roles): parts
+the SQL store owns and calls; it supplies the transactions and, for a batch's lines, the task
+insert."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+from corral.store.base import (
+    Batch,
+    BatchNotFound,
+    FileNotFound,
+    NewTask,
+    StoredFile,
+    Task,
+    TaskStatus,
+)
+from corral.store.queries import (
+    BATCH_COLUMNS,
+    COLUMNS,
+    FILE_COLUMNS,
+    Transactions,
+    Tx,
+    in_list,
+    page,
+    to_batch,
+    to_file,
+    to_task,
+)
+
+
+class SqlFiles:
+    """Uploaded files' records (`corral_files`); the bytes live on disk (batch/files.py)."""
+
+    def __init__(self, tx: Transactions) -> None:
+        self._tx = tx
+
+    def add(self, file: StoredFile) -> None:
+        with self._tx(write=True, single=True) as tx:
+            tx.run(
+                "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, "
+                "expires_at) VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, "
+                ":expires_at)",
+                dataclasses.asdict(file),
+            )
+
+    def get(self, file_id: str) -> StoredFile:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE id = :id", {"id": file_id}
+            )
+        if not rows:
+            raise FileNotFound(f"no file with id {file_id!r}")
+        return to_file(rows[0])
+
+    def list(
+        self,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> list[StoredFile]:
+        where, params = page("corral_files", after, limit, order)
+        if purpose is not None:
+            where += " AND purpose = :purpose"
+            params["purpose"] = purpose
+        direction = "ASC" if order == "asc" else "DESC"
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE {where} "
+                f"ORDER BY seq {direction} LIMIT :limit",
+                params,
+            )
+        return [to_file(r) for r in rows]
+
+    def delete(self, file_id: str) -> StoredFile:
+        with self._tx(write=True, single=True) as tx:
+            rows = tx.run(
+                f"DELETE FROM corral_files WHERE id = :id RETURNING {FILE_COLUMNS}", {"id": file_id}
+            )
+        if not rows:
+            raise FileNotFound(f"no file with id {file_id!r}")
+        return to_file(rows[0])
+
+
+class SqlBatches:
+    """Batches (`corral_batches`) and their lines, which are tasks with a `batch_id`.
+    `add_tasks(tx, tasks)` inserts lines and announces them (returns how many); `woken` tells
+    this process's workers after the commit; `announce(tx)` tells other processes."""
+
+    def __init__(
+        self,
+        tx: Transactions,
+        clock: Callable[[], float],
+        add_tasks: Callable[[Tx, Iterable[NewTask]], int],
+        woken: Callable[[], None],
+        announce: Callable[[Tx], None],
+    ) -> None:
+        self._tx = tx
+        self._clock = clock
+        self._add_tasks = add_tasks
+        self._woken = woken
+        self._announce = announce
+
+    def create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        added = 0
+        with self._tx(write=True) as tx:
+            if batch.idempotency_key is not None:
+                found = tx.run(
+                    f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE idempotency_key = :k",
+                    {"k": batch.idempotency_key},
+                )
+                if found:
+                    return to_batch(found[0])
+            (row,) = tx.run(
+                "INSERT INTO corral_batches (id, status, created_at, idempotency_key, data) "
+                f"VALUES (:id, :status, :created_at, :key, :data) RETURNING {BATCH_COLUMNS}",
+                {
+                    "id": batch.id,
+                    "status": batch.status,
+                    "created_at": batch.created_at,
+                    "key": batch.idempotency_key,
+                    "data": json.dumps(batch.data),
+                },
+            )
+            added = self._add_tasks(tx, tasks)
+        if added:
+            self._woken()
+        return to_batch(row)
+
+    def start(
+        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
+    ) -> Batch | None:
+        added = 0
+        with self._tx(write=True) as tx:
+            rows = tx.run(
+                "UPDATE corral_batches SET status = :status, data = :data "
+                f"WHERE id = :id AND status = 'validating' RETURNING {BATCH_COLUMNS}",
+                {"id": batch_id, "status": status, "data": json.dumps(data)},
+            )
+            if not rows:
+                if not tx.run("SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}):
+                    raise BatchNotFound(f"no batch with id {batch_id!r}")
+                return None
+            added = self._add_tasks(tx, tasks)
+        if added:
+            self._woken()
+        return to_batch(rows[0])
+
+    def get(self, batch_id: str) -> Batch:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE id = :id", {"id": batch_id}
+            )
+        if not rows:
+            raise BatchNotFound(f"no batch with id {batch_id!r}")
+        return to_batch(rows[0])
+
+    def list(
+        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
+    ) -> list[Batch]:
+        where, params = page("corral_batches", after, limit)
+        if status is not None:
+            where += f" AND status IN ({in_list('status', status, params)})"
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE {where} "
+                "ORDER BY seq DESC LIMIT :limit",
+                params,
+            )
+        return [to_batch(r) for r in rows]
+
+    def update(
+        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
+    ) -> Batch | None:
+        params: dict[str, Any] = {"id": batch_id, "status": status, "data": json.dumps(data)}
+        marks = in_list("expect", expect, params)
+        with self._tx(write=True) as tx:
+            rows = tx.run(
+                "UPDATE corral_batches SET status = :status, data = :data "
+                f"WHERE id = :id AND status IN ({marks}) RETURNING {BATCH_COLUMNS}",
+                params,
+            )
+            if not rows and not tx.run(
+                "SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}
+            ):
+                raise BatchNotFound(f"no batch with id {batch_id!r}")
+        return to_batch(rows[0]) if rows else None
+
+    def counts(self, batch_id: str) -> dict[TaskStatus, int]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                "SELECT status, COUNT(*) AS n FROM corral_tasks WHERE batch_id = :b "
+                "GROUP BY status",
+                {"b": batch_id},
+            )
+        return {TaskStatus(r["status"]): int(r["n"]) for r in rows}
+
+    def tasks(self, batch_id: str, after_seq: int = 0, limit: int = 1000) -> builtins.list[Task]:
+        with self._tx(write=False, single=True) as tx:
+            rows = tx.run(
+                f"SELECT {COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
+                "ORDER BY seq LIMIT :limit",
+                {"b": batch_id, "after": after_seq, "limit": limit},
+            )
+        return [to_task(r) for r in rows]
+
+    def cancel(self, batch_id: str) -> int:
+        now = self._clock()
+        with self._tx(write=True) as tx:
+            queued = tx.run(
+                "UPDATE corral_tasks SET status = 'cancelled', finished_at = :now "
+                "WHERE batch_id = :b AND status = 'queued' RETURNING id",
+                {"b": batch_id, "now": now},
+            )
+            running = tx.run(
+                "UPDATE corral_tasks SET cancel_requested = 1 "
+                "WHERE batch_id = :b AND status = 'running' RETURNING id",
+                {"b": batch_id},
+            )
+            self._announce(tx)
+        self._woken()  # workers drop the cancelled lines from their schedule now
+        return len(queued) + len(running)
