@@ -1,0 +1,252 @@
+"""A model's and a device's settings, and the scheduler's: the schema of `models:`,
+`devices:` and `scheduler:`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.policy_names import PolicyName
+
+NonNegSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PosGB = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class DeviceConfig(Strict):
+    """A device (GPU, or the CPU box) that holds resident models."""
+
+    name: str = Field(min_length=1)
+    memory_gb: PosGB | None = Field(
+        default=None, description="Memory for models; without it the device holds one model."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment for the model servers started on this device, such as "
+        "CUDA_VISIBLE_DEVICES; a model's own env wins.",
+    )
+
+
+class CoalesceConfig(Strict):
+    """Request coalescing for `/v1/embeddings`: concurrent requests to the model go upstream as
+    one request, inputs concatenated, and the answer is split back."""
+
+    max_size: int = Field(default=32, ge=1, le=2048, description="Inputs per upstream request.")
+    max_wait_ms: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] = Field(
+        default=5.0,
+        description="Once the model is free, a batch waits this long after its first request "
+        "for more (a full batch goes at once).",
+    )
+    max_queued: int = Field(
+        default=4096,
+        ge=1,
+        description="Inputs waiting to be batched beyond this get 503 with Retry-After.",
+    )
+
+
+class HookConfig(Strict):
+    """An HTTP call to an upstream server when the scheduler loads or evicts its model."""
+
+    method: Literal["GET", "POST", "PUT", "DELETE"] = "POST"
+    path: str = Field(pattern=r"^/", description="Path on the upstream server, like /wake_up.")
+    json_body: Any = Field(default=None, alias="json", description="JSON body to send.")
+
+
+class FiltersConfig(Strict):
+    """Rewrites of a model's JSON requests before they reach its server (llama-swap's
+    `filters`). `model` is never removed or overridden."""
+
+    strip_params: list[str] = Field(
+        default_factory=list, description="Body keys removed from every request."
+    )
+    set_params: dict[str, Any] = Field(
+        default_factory=dict, description="Body keys set (overriding) in every request."
+    )
+    set_params_by_id: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Body keys set when the request names this id; each id is also an alias.",
+    )
+
+
+Modality = Literal["text", "audio", "image"]
+
+
+class CapabilitiesConfig(Strict):
+    """What a model takes and gives, listed in GET /v1/models as llama-swap lists it."""
+
+    inputs: list[Modality] = Field(default_factory=list, description="Modalities it reads.")
+    outputs: list[Modality] = Field(default_factory=list, description="Modalities it writes.")
+    tools: bool = Field(default=False, description="It supports function calling.")
+    reranker: bool = Field(default=False, description="It serves /v1/rerank.")
+    context: int = Field(default=0, ge=0, description="Its context length in tokens (0: unsaid).")
+
+    def listing(self) -> dict[str, Any]:
+        """The /v1/models fields: architecture, capabilities, supported_parameters,
+        context_length (each only when there is something to say)."""
+        out: dict[str, Any] = {}
+        ins, outs = self.inputs, self.outputs
+        arch: dict[str, Any] = {}
+        if ins:
+            arch["input_modalities"] = ins
+        if outs:
+            arch["output_modalities"] = outs
+        if ins and outs:
+            arch["modality"] = f"{'+'.join(ins)}->{'+'.join(outs)}"
+        caps = {
+            "vision": "image" in ins,
+            "audio_transcriptions": "audio" in ins and "text" in outs,
+            "audio_speech": "text" in ins and "audio" in outs,
+            "image_generation": "text" in ins and "image" in outs,
+            "image_to_image": "image" in ins and "image" in outs,
+            "function_calling": self.tools,
+            "reranker": self.reranker,
+        }
+        if arch:
+            out["architecture"] = arch
+        if any(caps.values()):
+            out["capabilities"] = {k: True for k, v in caps.items() if v}
+        if self.tools:
+            out["supported_parameters"] = ["tools", "tool_choice"]
+        if self.context:
+            out["context_length"] = self.context
+        return out
+
+
+class ModelConfig(Strict):
+    """One model: its swap costs, size, parallelism and importance."""
+
+    load_s: NonNegSeconds = Field(default=5.0, description="Estimated load time, seconds.")
+    unload_s: NonNegSeconds = Field(default=1.0, description="Estimated unload time, seconds.")
+    memory_gb: PosGB | None = Field(
+        default=None, description="Size on a device; without it the model fills a device."
+    )
+    devices: list[str] = Field(
+        default_factory=list, description="Devices that may hold it; empty: any device."
+    )
+    concurrency: int = Field(default=1, ge=1, description="Requests served at once.")
+    priority: int = Field(default=0, description="Model priority; higher is more important.")
+    unload_delay_s: NonNegSeconds = Field(
+        default=0.0, description="Stay loaded this long after the model's queue empties."
+    )
+    service_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=1.0,
+        description="Prior estimate of one request's service time, replaced by measurements.",
+    )
+    ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Unload after this many seconds idle, even if no other model needs the "
+        "room (frees memory for other programs). Unset: an idle model stays loaded.",
+    )
+    # --- how `corral serve` runs it --------------------------------------------------------
+    cmd: str | None = Field(
+        default=None,
+        description="Command that starts the model's server; ${PORT} and ${MODEL_ID} are "
+        "substituted. Without it the model is only scheduled (simulator, task queue).",
+    )
+    proxy: str = Field(
+        default="http://127.0.0.1:${PORT}", description="Where the started server listens."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for cmd.")
+    check_endpoint: str = Field(
+        default="/health", description="Polled until it answers 200; `none` skips the check."
+    )
+    cmd_stop: str | None = Field(
+        default=None, description="Command that stops the server instead of SIGTERM (${PID})."
+    )
+    health_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=120.0, description="Give up on a start that is not healthy by then."
+    )
+    stop_grace_s: NonNegSeconds = Field(
+        default=10.0, description="After SIGTERM, wait this long before SIGKILL."
+    )
+    upstream: str | None = Field(
+        default=None,
+        description="URL of an already-running OpenAI-compatible server (Ollama, vLLM, remote) "
+        "to use instead of starting `cmd`.",
+    )
+    upstream_model: str | None = Field(
+        default=None,
+        description="The model's name in requests to its server, `cmd` or `upstream` (default: "
+        "its id).",
+    )
+    upstream_api_key: str | None = Field(
+        default=None,
+        description="Sent to the upstream as Authorization: Bearer KEY and x-api-key: KEY.",
+    )
+    load_hook: HookConfig | None = Field(
+        default=None, description="Called on the upstream when the model is loaded."
+    )
+    unload_hook: HookConfig | None = Field(
+        default=None, description="Called on the upstream when the model is evicted."
+    )
+    aliases: list[str] = Field(default_factory=list, description="Other names clients may use.")
+    unlisted: bool = Field(
+        default=False, description="Left out of GET /v1/models (still served by name)."
+    )
+    name: str | None = Field(default=None, description="Display name, in GET /v1/models.")
+    description: str | None = Field(default=None, description="Shown in GET /v1/models.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Listed in GET /v1/models under meta.llamaswap (as llama-swap does).",
+    )
+    send_loading_state: bool = Field(
+        default=False,
+        description="A streamed chat request that waits for this model gets its stream at once, "
+        "the wait told as reasoning text (llama-swap's sendLoadingState).",
+    )
+    capabilities: CapabilitiesConfig | None = Field(
+        default=None, description="What it takes and gives, listed in GET /v1/models."
+    )
+    filters: FiltersConfig | None = Field(
+        default=None, description="Request rewriting: strip_params, set_params, set_params_by_id."
+    )
+    max_queue: int = Field(
+        default=512, ge=1, description="Requests waiting for this model beyond this get 429."
+    )
+    batch: CoalesceConfig | None = Field(
+        default=None,
+        description="Coalesce concurrent /v1/embeddings requests into one upstream request "
+        "(max_size, max_wait_ms, max_queued). Unset: each request goes alone.",
+    )
+    request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=600.0, description="A request still waiting for its model then gets 504."
+    )
+
+
+class CostConfig(Strict):
+    """Parameters of the `cost` policy (see docs/design/scheduler.md)."""
+
+    priority_base: Annotated[float, Field(ge=1, allow_inf_nan=False)] = Field(
+        default=10.0, description="Each step of request priority multiplies its weight by this."
+    )
+    age_weight_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=60.0, description="A request that has waited this long counts double."
+    )
+    max_age_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = Field(
+        default=3.0, description="Aging raises a request's weight at most this many times."
+    )
+    hysteresis: NonNegSeconds = Field(
+        default=0.5, description="A challenger must beat the resident model by this fraction."
+    )
+    linger: bool = Field(
+        default=True, description="Keep an idle model while its next request is expected soon."
+    )
+
+
+class SchedulerConfig(Strict):
+    """Which policy decides, and the bound on every wait."""
+
+    policy: PolicyName = "cost"
+    max_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=120.0, description="Anti-starvation bound on waits; null disables it."
+    )
+    min_visit_swaps: NonNegSeconds = Field(
+        default=1.0,
+        description="A model swapped in serves at least this many times its swap time before "
+        "max_wait_s can force it out: swapping never takes more than 1/(1+x) of the device.",
+    )
+    cost: CostConfig = CostConfig()

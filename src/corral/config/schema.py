@@ -1,0 +1,117 @@
+"""The whole configuration file's schema (`Config`) and the rules across its sections."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from corral.config.models import DeviceConfig, ModelConfig, SchedulerConfig, Strict
+from corral.config.server import BatchConfig, ServerConfig
+from corral.policy_names import PolicyName
+
+
+def _default_devices() -> list[DeviceConfig]:
+    return [DeviceConfig(name="device0")]
+
+
+class Config(Strict):
+    """The whole configuration file."""
+
+    def unserved(self) -> list[str]:
+        """Models with neither `cmd` nor `upstream`: scheduled (simulator, task queue) but not
+        served by `corral serve`."""
+        return [n for n, m in self.models.items() if m.cmd is None and m.upstream is None]
+
+    devices: list[DeviceConfig] = Field(default_factory=_default_devices, min_length=1)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    models_dir: list[str] = Field(
+        default_factory=list,
+        description="Folders of GGUF files: each file a model served by llama-server, named by "
+        "its file (`corral models DIR` lists them). Models written under `models:` win.",
+    )
+    scheduler: SchedulerConfig = SchedulerConfig()
+    server: ServerConfig = ServerConfig()
+    batch: BatchConfig = BatchConfig()
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        for name in models:
+            if not name or name != name.strip() or any(c.isspace() for c in name):
+                raise ValueError(f"model name {name!r} must be non-empty without whitespace")
+        return models
+
+    @model_validator(mode="after")
+    def _fits(self) -> Config:
+        if not self.models and not self.models_dir:
+            raise ValueError("no models: write them under `models:`, or name folders of GGUF "
+                             "files under `models_dir:`")  # fmt: skip
+        names = [d.name for d in self.devices]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"device names must be unique; repeated: {', '.join(dupes)}")
+        for name, m in self.models.items():
+            if m.cmd is not None and m.upstream is not None:
+                raise ValueError(
+                    f"model {name!r} has both `cmd` (start a server) and `upstream` (use a "
+                    "running one); keep one"
+                )
+        seen: dict[str, str] = {}
+        for name, m in self.models.items():
+            for alias in m.aliases:
+                if alias in self.models:
+                    raise ValueError(f"alias {alias!r} of model {name!r} is itself a model name")
+                if alias in seen:
+                    raise ValueError(
+                        f"alias {alias!r} is given to both {seen[alias]!r} and {name!r}"
+                    )
+                seen[alias] = name
+        for name in self.server.preload:
+            if name not in self.models and name not in seen:
+                raise ValueError(
+                    f"server.preload names {name!r}, which is not a model or alias; models: "
+                    f"{', '.join(self.models)}"
+                )
+        by_name = {d.name: d for d in self.devices}
+        for name, m in self.models.items():
+            unknown = [d for d in m.devices if d not in by_name]
+            if unknown:
+                raise ValueError(
+                    f"model {name!r} names devices {', '.join(map(repr, unknown))}, which are "
+                    f"not defined; devices: {', '.join(by_name)}"
+                )
+            if m.devices and m.memory_gb is not None:
+                room = [by_name[d].memory_gb for d in m.devices]
+                if all(r is not None and m.memory_gb > r + 1e-9 for r in room):
+                    raise ValueError(
+                        f"model {name!r} needs memory_gb {m.memory_gb:g}, more than any of its "
+                        f"devices ({', '.join(m.devices)}) has"
+                    )
+        sized = [d.memory_gb for d in self.devices if d.memory_gb is not None]
+        if len(sized) == len(self.devices):
+            biggest = max(sized)
+            for name, m in self.models.items():
+                if m.memory_gb is not None and m.memory_gb > biggest + 1e-9:
+                    raise ValueError(
+                        f"model {name!r} needs memory_gb {m.memory_gb:g} but the largest device "
+                        f"has {biggest:g}; raise a device's memory_gb or lower the model's"
+                    )
+        return self
+
+    def resolve(self, name: str) -> str | None:
+        """The model a client's name refers to (a model name or an alias), or None."""
+        if name in self.models:
+            return name
+        return next(
+            (
+                m
+                for m, c in self.models.items()
+                if name in c.aliases
+                or (c.filters is not None and name in c.filters.set_params_by_id)
+            ),
+            None,
+        )
+
+    def with_policy(self, policy: PolicyName) -> Config:
+        """A copy of this configuration that runs `policy`."""
+        sched = self.scheduler.model_copy(update={"policy": policy})
+        return self.model_copy(update={"scheduler": sched})

@@ -1,0 +1,162 @@
+"""`server:` (where `corral serve` listens, who may call it) and `batch:` (the Batch API's
+limits): the schema."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from corral.config.models import Strict
+
+
+class ServerConfig(Strict):
+    """`corral serve`: where it listens and who may call it."""
+
+    listen: str = Field(default="127.0.0.1:8080", description="host:port to bind.")
+    api_keys: list[str] = Field(
+        default_factory=list, description="If set, requests need `Authorization: Bearer KEY`."
+    )
+    header_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="A connection whose request headers are not all in after this long (a "
+        "client trickling them, or one that connected and sent nothing) gets 408 and is closed.",
+    )
+    keep_alive_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=5.0, description="An idle keep-alive connection is closed after this long."
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Connections (and requests in progress) at once; beyond, requests get 503.",
+    )
+    stream_send_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="A streamed answer whose client reads nothing for this long is dropped, "
+        "and its model's slot freed for the requests waiting behind it.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names served besides IP addresses and localhost (a guard against DNS "
+        'rebinding; "*": any), and the sites whose pages may send requests that change '
+        "state (cross-site requests are refused otherwise). Name the host of a reverse proxy "
+        "in front of Corral here.",
+    )
+    max_body_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=32.0, description="Larger request bodies get 413."
+    )
+    log_dir: str | None = Field(
+        default=None, description="Per-model server logs (default: a folder in the data dir)."
+    )
+    store: str | None = Field(
+        default=None,
+        description="Where batches and their lines are kept: sqlite:///path.db or "
+        "postgresql://... (default: corral.db in the data dir).",
+    )
+    data_dir: str | None = Field(
+        default=None,
+        description="Uploaded and result files (default: $XDG_DATA_HOME/corral or "
+        "~/.local/share/corral).",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        description="Where the other `corral serve` nodes sharing this store reach this one, "
+        "like http://10.0.0.2:8080 (default: http://<listen>, unless it binds every address).",
+    )
+    list_aliases: bool = Field(
+        default=False,
+        description="List each alias in GET /v1/models too (llama-swap's includeAliasesInList).",
+    )
+    preload: list[str] = Field(
+        default_factory=list,
+        description="Models to load at start, in order, while they fit without evicting each "
+        "other (llama-swap's hooks.on_startup.preload).",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str) -> str:
+        host, sep, port = listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"listen must be host:port, like 127.0.0.1:8080; got {listen!r}")
+        return listen
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _advertise_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"advertise_url must be an http(s) URL, like http://10.0.0.2:8080; got {url!r}"
+            )
+        return url.rstrip("/") if url is not None else None
+
+    def advertised_url(self) -> str | None:
+        """The URL other nodes reach this one at: `advertise_url`, or `listen`'s address unless
+        it binds every address (then nobody can tell which one to use)."""
+        if self.advertise_url is not None:
+            return self.advertise_url
+        host, _, port = self.listen.rpartition(":")
+        if host in ("0.0.0.0", "::", "[::]", "*"):
+            return None
+        return f"http://{host}:{port}"
+
+
+class BatchConfig(Strict):
+    """The Batch API's limits and how its lines are run (see docs/design/batch.md)."""
+
+    max_lines: int = Field(default=50_000, ge=1, description="Lines per batch file.")
+    max_file_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=200.0, description="Size of an uploaded file."
+    )
+    max_line_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Size of one line of a batch file; a longer line fails the batch, named "
+        "(never read whole). Default: server.max_body_mb, the interactive body limit.",
+    )
+    max_queued_batches: int = Field(
+        default=100, ge=1, description="Batches not yet ended; more are refused with 429."
+    )
+    max_queued_requests: int = Field(
+        default=1_000_000, ge=1, description="Lines of all batches not yet run; beyond: 429."
+    )
+    priority: int = Field(
+        default=0,
+        description="Request priority of batch lines inside the batch class (all batch work "
+        "runs after waiting interactive work, whatever its priority).",
+    )
+    max_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=3600.0,
+        description="Wait bound of batch work (Batch API lines, batch queue tasks): older batch "
+        "work is brought in even while interactive work waits, unless interactive work is past "
+        "its own bound (scheduler.max_wait_s). null: batch work waits for idle time only.",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Tries per line on a 5xx answer or a dead server."
+    )
+    webhook_hosts: list[str] = Field(
+        default_factory=list,
+        description="If set, webhook URLs must point at one of these hosts (which may then be "
+        "loopback or private addresses). Unset: any host that resolves only to public "
+        "addresses; loopback, link-local, private and multicast ones are refused.",
+    )
+    webhook_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="A webhook delivery's deadline, for everything (connect, send, the answer).",
+    )
+    webhook_secret: str | None = Field(
+        default=None,
+        description="Signs every webhook the Standard Webhooks way: webhook-id, "
+        "webhook-timestamp and webhook-signature (v1,<base64 HMAC-SHA256 of "
+        "id.timestamp.body>) headers. A whsec_ prefix marks a base64 secret.",
+    )
+    completion_windows: list[Annotated[str, Field(pattern=r"^[1-9]\d*[smhd]$")]] = Field(
+        default_factory=lambda: ["24h"],
+        min_length=1,
+        description="The completion_window values a batch may ask for. OpenAI accepts only 24h; "
+        "add others (a number and s, m, h or d: 1h, 7d) to offer them (an extension of the API).",
+    )
+    validate_inline_mb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=1.0,
+        description="Input files up to this size are checked while the batch is created (its "
+        "first status is in_progress or failed); larger ones after, while it is `validating`.",
+    )
