@@ -7,15 +7,14 @@ Lifecycle: in_progress -> finalizing -> completed; a file with bad lines: failed
 problem and its line); cancel: cancelling -> finalizing -> cancelled; past the completion
 window: the unrun lines are cancelled, then finalizing -> expired. A file over
 `batch.validate_inline_mb` is checked after the batch is created, which is `validating` until
-`tick` has checked it. Every line ends
-in exactly one of the two files. Finalizing is idempotent, so a crash midway is finished by the
-next `tick` after a restart.
+`tick` has checked it. Every line ends in exactly one of the two files; writing them is the
+`Finalizer`'s (batch/finalize.py), idempotent, so a crash midway is finished by the next `tick`
+after a restart.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import time
 import uuid
@@ -26,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from corral.batch.files import FileStorage
-from corral.batch.jsonl import ENDPOINTS, check, result_line, tasks
+from corral.batch.finalize import Finalizer
+from corral.batch.jsonl import ENDPOINTS, check, tasks
 from corral.batch.webhooks import WebhookRefused, check_url, resolve_host
 from corral.config import BatchConfig
-from corral.ratelog import Throttle, no_space
 from corral.store import (
     Batch,
     BatchNotFound,
@@ -37,7 +36,6 @@ from corral.store import (
     NewTask,
     Store,
     StoredFile,
-    Task,
     TaskStatus,
 )
 
@@ -50,8 +48,6 @@ WEBHOOK_TRIES = 5
 EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2_592_000
 _META_PAIRS, _META_KEY, _META_VALUE = 16, 64, 512
 _SWEEP_S = 60.0  # how often expired files are deleted
-FINALIZE_RETRY_S = 5.0  # a batch whose files did not fit (a full disk) is tried again this often
-throttle = Throttle(logging.getLogger("corral.batch"))
 
 
 class BatchError(Exception):
@@ -92,7 +88,7 @@ class BatchService:
         self.lookup = lookup
         self._scanned = False  # `tick` has read every batch once
         self._hooks: set[str] = set()  # ended batches whose webhook is still to be delivered
-        self._retry_at: dict[str, float] = {}  # batches whose files did not fit: when to retry
+        self._finalizer = Finalizer(store, files, clock, self.add_file)
         self._swept_at = 0.0
 
     # --- files --------------------------------------------------------------------------------
@@ -440,7 +436,7 @@ class BatchService:
             if b.status in ("in_progress", "cancelling", "finalizing"):
                 by = self.store.batch_counts(b.id)
                 if not by.get(TaskStatus.QUEUED) and not by.get(TaskStatus.RUNNING):
-                    b = self._try_finalize(b, now)
+                    b = self._finalizer.finish(b, now)
             if b.status in _ENDED and _hook_pending(b):
                 self._hooks.add(b.id)
                 # A batch that ended in this tick is read again from `_hooks` (it was live
@@ -488,103 +484,6 @@ class BatchService:
             if len(page) < 500:
                 return
 
-    def _try_finalize(self, b: Batch, now: float) -> Batch:
-        """`_finalize`, unless writing its files failed on a full disk: then the batch stays
-        `finalizing` with the problem in its object (`corral.problem`), and is tried again
-        every FINALIZE_RETRY_S, so it ends on its own once space returns. Other batches go on
-        meanwhile."""
-        if now < self._retry_at.get(b.id, 0.0):
-            return b
-        try:
-            done = self._finalize(b)
-        except OSError as exc:
-            if not no_space(exc):
-                raise
-            self._retry_at[b.id] = now + FINALIZE_RETRY_S
-            problem = (
-                f"cannot write the batch's output files: no space left on the device "
-                f"({self.files.root}); tried again every {FINALIZE_RETRY_S:g} s until there is"
-            )
-            b = self.store.get_batch(b.id)
-            if (b.data.get("problem") or {}).get("message") != problem:
-                data = {**b.data, "problem": {"message": problem, "since": int(now)}}
-                b = self.store.update_batch(b.id, b.status, data, [b.status]) or b
-            throttle.warning(f"no space: {self.files.root}", "batch %s: %s", b.id, problem)
-            return b
-        self._retry_at.pop(b.id, None)
-        return done
-
-    def _finalize(self, b: Batch) -> Batch:
-        now = int(self.clock())
-        if b.status != "finalizing":
-            data = {**b.data, "finalizing_at": now}
-            moved = self.store.update_batch(b.id, "finalizing", data, [b.status])
-            if moved is None:
-                return self.store.get_batch(b.id)
-            b = moved
-        ending = "batch_cancelled" if "cancelling_at" in b.data else "batch_expired"
-        final = (
-            "cancelled"
-            if "cancelling_at" in b.data
-            else "expired"
-            if b.data.get("expiring")
-            else "completed"
-        )
-        completed = failed = 0
-        usage = Usage()
-        out_id, err_id = f"file-{b.id}-output", f"file-{b.id}-errors"
-
-        def lines() -> Iterator[tuple[bool, bytes, Task]]:
-            after = 0
-            while page := self.store.batch_tasks(b.id, after_seq=after, limit=1000):
-                for t in page:
-                    yield (*result_line(t, ending), t)
-                after = page[-1].seq
-
-        # Two passes over the lines (one per file) keep memory flat for big batches.
-        def pick(want_ok: bool) -> Iterator[bytes]:
-            nonlocal completed, failed
-            for ok, line, t in lines():
-                if ok == want_ok:
-                    if ok:
-                        completed += 1
-                        usage.add(t.result)
-                    else:
-                        failed += 1
-                    yield line
-
-        out_size = self.files.write(out_id, pick(True))
-        err_size = self.files.write(err_id, pick(False))
-        data = dict(b.data)
-        data.pop("problem", None)  # written at last
-        keep_s = data.get("output_expires_after_s")
-        if completed or not failed:
-            self._record(out_id, f"{b.id}_output.jsonl", out_size, keep_s)
-            data["output_file_id"] = out_id
-        else:
-            self.files.remove(out_id)
-        if failed:
-            self._record(err_id, f"{b.id}_errors.jsonl", err_size, keep_s)
-            data["error_file_id"] = err_id
-        else:
-            self.files.remove(err_id)
-        data["request_counts"] = {
-            "total": data["request_total"],
-            "completed": completed,
-            "failed": failed,
-        }
-        data["usage"] = usage.as_dict()
-        data[f"{final}_at"] = now
-        data["run_s"] = round(self.clock() - data.get("started_s", b.created_at), 3)
-        done = self.store.update_batch(b.id, final, data, ["finalizing"])
-        return done if done is not None else self.store.get_batch(b.id)
-
-    def _record(self, file_id: str, filename: str, size: int, keep_s: int | None) -> None:
-        try:
-            self.store.get_file(file_id)  # recorded by a finalize that crashed after it
-        except FileNotFound:
-            self.add_file(file_id, filename, "batch_output", size, keep_s)
-
 
 def _hook_pending(b: Batch) -> bool:
     hook = b.data.get("webhook") or {}
@@ -593,39 +492,6 @@ def _hook_pending(b: Batch) -> bool:
         and not hook.get("delivered_at")
         and (hook.get("tries", 0) < WEBHOOK_TRIES)
     )
-
-
-class Usage:
-    """Token counts summed over a batch's answers, as the batch object's `usage`."""
-
-    def __init__(self) -> None:
-        self.input = self.output = self.total = self.cached = self.reasoning = 0
-
-    def add(self, answer: Any) -> None:
-        body = answer.get("body") if isinstance(answer, dict) else None
-        u = body.get("usage") if isinstance(body, dict) else None
-        if not isinstance(u, dict):
-            return
-        prompt, completion = _count(u.get("prompt_tokens")), _count(u.get("completion_tokens"))
-        self.input += prompt
-        self.output += completion
-        self.total += _count(u.get("total_tokens")) or prompt + completion
-        self.cached += _count((u.get("prompt_tokens_details") or {}).get("cached_tokens"))
-        details = u.get("completion_tokens_details") or {}
-        self.reasoning += _count(details.get("reasoning_tokens"))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "input_tokens": self.input,
-            "input_tokens_details": {"cached_tokens": self.cached},
-            "output_tokens": self.output,
-            "output_tokens_details": {"reasoning_tokens": self.reasoning},
-            "total_tokens": self.total,
-        }
-
-
-def _count(x: Any) -> int:
-    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
 
 
 def expires_after_s(value: Any, param: str) -> int:
