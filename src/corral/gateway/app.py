@@ -131,6 +131,24 @@ class ModelRoutes:
         await self.app(scope, receive, send)
 
 
+class CorralApp(FastAPI):
+    """FastAPI with a front: every request enters through `front` (the guard, the API keys and
+    the model routes' fast path, set by `create_app`), which hands the rest to FastAPI
+    (`asgi`). A model route's request then skips FastAPI's middleware stack altogether."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is None:
+            await self.asgi(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI's own entry: its middleware stack, routers and exception handlers."""
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     config: Config,
     log_dir: Path,
@@ -179,7 +197,7 @@ def create_app(
             await gateway.close()
             await pool.close()
 
-    app = FastAPI(title="Corral", version=__version__, lifespan=lifespan, docs_url=None)
+    app = CorralApp(title="Corral", version=__version__, lifespan=lifespan, docs_url=None)
     app.state.gateway = gateway
     px = Proxy(config, gateway, pool, cluster)
     if batches is not None and cluster is not None:
@@ -196,10 +214,12 @@ def create_app(
     app.add_exception_handler(OSError, os_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     door = OllamaDoor(px)
-    app.add_middleware(ModelRoutes, handle=px.handle, ollama=door.handle)
-    if keys:  # added after: outside the model routes, so it guards them too
-        app.add_middleware(ApiKeys, keys=keys)
-    app.add_middleware(Guard, allowed_hosts=config.server.allowed_hosts)  # outermost
+    # In front of FastAPI's own middleware (its error, telemetry and body-limit layers): the
+    # guard, then the API keys, then the model routes' fast path (CorralApp).
+    front: ASGIApp = ModelRoutes(app.asgi, handle=px.handle, ollama=door.handle)
+    if keys:
+        front = ApiKeys(front, keys=keys)
+    app.front = Guard(front, allowed_hosts=config.server.allowed_hosts)
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))

@@ -24,6 +24,7 @@ DROP = {
     "authorization",
     "x-corral-priority",
 }
+DROP_RAW = frozenset(h.encode() for h in DROP)  # the same, as ASGI's raw names
 DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
 
 
