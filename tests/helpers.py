@@ -32,8 +32,18 @@ class RecordedEffects:
         self.calls: list[tuple[object, ...]] = []
         self.timers: list[tuple[float, str]] = []
 
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
-        self.calls.append(("load", model, tuple(evict)))
+    def load(
+        self,
+        model: str,
+        device: str,
+        evict: Sequence[str],
+        sleep: Sequence[str] = (),
+        wake: bool = False,
+    ) -> None:
+        if sleep or wake:
+            self.calls.append(("load", model, tuple(evict), tuple(sleep), wake))
+        else:
+            self.calls.append(("load", model, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
         self.calls.append(("unload", model))

@@ -41,7 +41,16 @@ class Books:
     def busy(self, copy: Copy) -> bool:
         return any((r.model, r.device) == copy for r in self.running)
 
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+    def load(
+        self,
+        model: str,
+        device: str,
+        evict: Sequence[str],
+        sleep: Sequence[str] = (),
+        wake: bool = False,
+    ) -> None:
+        assert not sleep, "no model here sleeps"
+        assert not wake, "no model here sleeps"
         for v in evict:
             assert not self.busy((v, device)), f"evicted {v} on {device} with work in flight"
             assert (v, device) in self.resident, f"evicted {v}, which is not on {device}"

@@ -16,8 +16,10 @@ from corral.config.models import (
     DeviceConfig,
     FiltersConfig,
     HookConfig,
+    HostConfig,
     ModelConfig,
     SchedulerConfig,
+    SleepConfig,
 )
 from corral.config.schema import Config
 from corral.config.server import BatchConfig, ServerConfig
@@ -33,10 +35,12 @@ __all__ = [
     "DeviceConfig",
     "FiltersConfig",
     "HookConfig",
+    "HostConfig",
     "ModelConfig",
     "PolicyName",
     "SchedulerConfig",
     "ServerConfig",
+    "SleepConfig",
     "load_config",
     "node_lines",
     "parse_config",

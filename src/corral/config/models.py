@@ -11,6 +11,7 @@ from corral.policy_names import PolicyName
 
 NonNegSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosGB = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegGB = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -116,6 +117,39 @@ class CapabilitiesConfig(Strict):
         return out
 
 
+class HostConfig(Strict):
+    """The machine's own memory, as sleeping models use it."""
+
+    memory_gb: PosGB | None = Field(
+        default=None,
+        description="Host memory sleeping models may hold; unset: `corral serve` measures the "
+        "machine's (total less a margin), the simulator counts none as short.",
+    )
+
+
+class SleepConfig(Strict):
+    """A model whose server can sleep instead of stopping (vLLM's sleep mode, SGLang's memory
+    release): evicted, it frees the device in `sleep_s` and comes back in `wake_s` instead of
+    its `load_s` (docs/design/sleep.md)."""
+
+    level: Literal[1, 2] = Field(
+        default=1,
+        description="1: the weights go to host memory (fast wakes; holds host memory); 2: they "
+        "are discarded and reloaded on waking (slower wakes, no host memory).",
+    )
+    wake_s: NonNegSeconds = Field(
+        default=2.0, description="Estimated wake time, seconds; replaced by measurements."
+    )
+    sleep_s: NonNegSeconds = Field(
+        default=1.0, description="Estimated time to fall asleep (the device is free after it)."
+    )
+    host_memory_gb: NonNegGB | None = Field(
+        default=None,
+        description="Host memory it holds asleep (default: its memory_gb at level 1, 0 at "
+        "level 2).",
+    )
+
+
 class ModelConfig(Strict):
     """One model: its swap costs, size, parallelism and importance."""
 
@@ -215,6 +249,29 @@ class ModelConfig(Strict):
     request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=600.0, description="A request still waiting for its model then gets 504."
     )
+    # --- residency ------------------------------------------------------------------------
+    sleep: SleepConfig | None = Field(
+        default=None,
+        description="Its server can sleep (level, wake_s, sleep_s, host_memory_gb): evicted, "
+        "it sleeps while host memory allows and wakes instead of loading.",
+    )
+    pin: bool = Field(
+        default=False,
+        description="Once loaded, never evicted or unloaded (its room is not swappable).",
+    )
+    min_resident_s: NonNegSeconds = Field(
+        default=0.0,
+        description="Once ready, it stays at least this long before another model may evict it.",
+    )
+
+    @property
+    def host_gb(self) -> float:
+        """Host memory it holds asleep (0 without `sleep`)."""
+        if self.sleep is None:
+            return 0.0
+        if self.sleep.host_memory_gb is not None:
+            return self.sleep.host_memory_gb
+        return (self.memory_gb or 0.0) if self.sleep.level == 1 else 0.0
 
 
 class CostConfig(Strict):
@@ -250,3 +307,10 @@ class SchedulerConfig(Strict):
         "max_wait_s can force it out: swapping never takes more than 1/(1+x) of the device.",
     )
     cost: CostConfig = CostConfig()
+    sleepers: Literal["predicted", "lru"] = Field(
+        default="predicted",
+        description="Which models sleep when host memory is short: `predicted` keeps those "
+        "whose next request is expected soonest and stops a model rather than sleep it when "
+        "it is not expected back; `lru` always sleeps and stops the least recently used (the "
+        "baseline).",
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field, field_validator, model_validator
 
-from corral.config.models import DeviceConfig, ModelConfig, SchedulerConfig, Strict
+from corral.config.models import DeviceConfig, HostConfig, ModelConfig, SchedulerConfig, Strict
 from corral.config.server import BatchConfig, ServerConfig
 from corral.policy_names import PolicyName
 
@@ -29,6 +31,7 @@ class Config(Strict):
         "its file (`corral models DIR` lists them). Models written under `models:` win.",
     )
     scheduler: SchedulerConfig = SchedulerConfig()
+    host: HostConfig = HostConfig()
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
 
@@ -95,7 +98,42 @@ class Config(Strict):
                         f"model {name!r} needs memory_gb {m.memory_gb:g} but the largest device "
                         f"has {biggest:g}; raise a device's memory_gb or lower the model's"
                     )
+        self._pins_leave_room()
         return self
+
+    def _pins_leave_room(self) -> None:
+        """On one device, every model must fit beside the pinned ones (with several, where
+        pins go is decided live, and a model that fits nowhere then gets a clear error)."""
+        pins = [n for n, m in self.models.items() if m.pin]
+        if not pins or len(self.devices) != 1:
+            return
+        d = self.devices[0]
+        cap = d.memory_gb
+
+        def size(m: ModelConfig) -> float:
+            return m.memory_gb if cap is not None and m.memory_gb is not None else math.inf
+
+        held = sum(size(self.models[n]) for n in pins)
+        room = math.inf if cap is None else cap
+        if cap is None and len(pins) < len(self.models):  # one model at a time there
+            others = [n for n in self.models if n not in pins]
+            raise ValueError(
+                f"model {others[0]!r} cannot fit on {d.name} beside the pinned "
+                f"{', '.join(pins)}: without memory_gb the device holds one model at a time; "
+                "unpin it, or set memory_gb on the device and the models"
+            )
+        if len(pins) > 1 and held > room + 1e-9:
+            raise ValueError(
+                f"the pinned models {', '.join(pins)} do not fit on {d.name} together; pin "
+                "fewer, or give them memory_gb that fits"
+            )
+        for name, m in self.models.items():
+            if not m.pin and held + size(m) > room + 1e-9:
+                raise ValueError(
+                    f"model {name!r} cannot fit on {d.name} beside the pinned "
+                    f"{', '.join(pins)} (a pinned model is never evicted); unpin one, or set "
+                    "memory_gb on the device and the models so that they fit together"
+                )
 
     def resolve(self, name: str) -> str | None:
         """The model a client's name refers to (a model name or an alias), or None."""

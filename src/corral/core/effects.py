@@ -12,16 +12,24 @@ class Effects(Protocol):
     """Side effects of scheduling decisions. Every call must return promptly; outcomes come back
     to the scheduler as events (`on_load_finished`, `on_request_finished`, `on_timer`, ...)."""
 
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
-        """Unload `evict` (in order, none has work in flight) from `device`, then load `model`
-        there. `model` may already run on another device: this is a second copy (a replica),
-        so adapters key what they run by (model, device). Report with
+    def load(
+        self,
+        model: str,
+        device: str,
+        evict: Sequence[str],
+        sleep: Sequence[str] = (),
+        wake: bool = False,
+    ) -> None:
+        """Unload `evict` and put `sleep` to sleep (none has work in flight) on `device`, then
+        load `model` there, or wake it if `wake` (it sleeps there). `model` may already run on
+        another device: this is a second copy (a replica), so adapters key what they run by
+        (model, device). `sleep` and `wake` come only for models with `sleep:`. Report with
         `on_load_finished(model, device=device)` or `on_load_failed(model, reason, device)`."""
 
     def unload(self, model: str, device: str) -> None:
-        """Unload `model`'s copy (idle, nothing in flight) from `device`; no report. The
-        scheduler counts its room as free at once, so device operations must run in the order
-        issued: a later `load` on `device` starts after this unload has finished."""
+        """Unload `model`'s copy (idle, nothing in flight, or asleep) from `device`; no report.
+        The scheduler counts its room as free at once, so device operations must run in the
+        order issued: a later `load` on `device` starts after this unload has finished."""
 
     def dispatch(self, request: Request) -> None:
         """Start serving `request` on the ready copy of its model on `request.device`; report

@@ -12,7 +12,7 @@ _EPS = 1e-9
 class ResidentView:
     """A resident model as placement sees it. `keep` is the policy's value of keeping it;
     `lingering`: idle, but debounced because more work is due soon (it goes after idle models
-    that are not)."""
+    that are not); `held`: it may not be evicted; `soft_pin`: it goes after all the others."""
 
     name: str
     size: float
@@ -20,6 +20,8 @@ class ResidentView:
     pending: int
     keep: float
     lingering: bool = False
+    held: bool = False  # never evicted now: pinned, or inside its `min_resident_s`
+    soft_pin: bool = False  # evicted last (Ollama's keep_alive -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,30 +39,34 @@ class Plan:
     evict: tuple[str, ...]
 
 
-def _eviction_order(r: ResidentView) -> tuple[bool, bool, bool, float, str]:
+def _eviction_order(r: ResidentView) -> tuple[bool, bool, bool, bool, float, str]:
     # Idle models without work go first, then those merely idle, then lingering ones, then by
-    # the policy's value.
-    return (r.pending > 0, r.in_flight > 0, r.lingering, r.keep, r.name)
+    # the policy's value; soft pins last of all.
+    return (r.soft_pin, r.pending > 0, r.in_flight > 0, r.lingering, r.keep, r.name)
 
 
 def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
     """The cheapest place for a model: free room if any, else the device whose evictions hurt
-    least (fewest victims with work, then in flight, then lingering, then least value). None if
-    it fits nowhere now (every device that could hold it is mid-swap)."""
-    best: tuple[tuple[int, int, int, int, float, int], Plan] | None = None
+    least (fewest soft pins, then victims with work, then in flight, then lingering, then least
+    value); held residents never go. None if it fits nowhere now (every device that could hold
+    it is mid-swap, or held residents leave too little room)."""
+    best: tuple[tuple[int, int, int, int, int, float, int], Plan] | None = None
     for index, d in enumerate(devices):
         if d.busy or d.target_size > d.capacity + _EPS:
             continue
         free = d.capacity - sum(r.size for r in d.residents)
         victims: list[ResidentView] = []
         if d.target_size > free + _EPS:
-            for r in sorted(d.residents, key=_eviction_order):
+            for r in sorted((r for r in d.residents if not r.held), key=_eviction_order):
                 victims.append(r)
                 free += r.size
                 if d.target_size <= free + _EPS:
                     break
+            if d.target_size > free + _EPS:
+                continue  # held residents leave it too little room
         # Harm to queued work and work in flight outweighs the number of victims.
         key = (
+            sum(1 for v in victims if v.soft_pin),
             sum(1 for v in victims if v.pending),
             sum(1 for v in victims if v.in_flight),
             # A lingering victim usually refuses to go (the policy's should_yield), so a plan

@@ -175,7 +175,7 @@ class Cost(Policy):
         deadline first (EDF keeps every queue inside the bound whenever that is feasible)."""
 
         def key(m: ModelRecord) -> tuple[float, int, str]:
-            value = self.queue_weight(m, now) / (m.load_est + self.work_s(m) + 1e-9)
+            value = self.queue_weight(m, now) / (m.return_s + self.work_s(m) + 1e-9)
             return (-value, oldest_seq(m), m.name)
 
         order = sorted(candidates, key=key)
@@ -183,7 +183,7 @@ class Cost(Policy):
         if bound is None or len(order) < 2:
             return order
         top = order[0]
-        horizon = max(now + top.load_est + self.work_s(top), now + 0.5 * bound)
+        horizon = max(now + top.return_s + self.work_s(top), now + 0.5 * bound)
         urgent: list[tuple[float, ModelRecord]] = []
         for m in order:
             r = m.oldest_top()
@@ -198,7 +198,7 @@ class Cost(Policy):
         first: list[ModelRecord] = []
         t = now
         for at, m in sorted(urgent, key=lambda x: (x[0], x[1].name)):
-            t += m.load_est + self.work_s(m)
+            t += m.return_s + self.work_s(m)
             if t <= at + bound:
                 first.append(m)
         return first + [m for m in order if m not in first]
@@ -217,8 +217,9 @@ class Cost(Policy):
         top_c, top_r = challenger.best(), resident.best()
         if top_c is None or top_r is None or top_c.level <= top_r.level:
             return False
-        swap_in = resident.unload_est + challenger.load_est
-        swap_back = challenger.unload_est + resident.load_est
+        # A model that sleeps leaves in its sleep time and comes back in its wake time.
+        swap_in = resident.leave_s + challenger.return_s
+        swap_back = challenger.leave_s + resident.comeback_s
         w_c = challenger.w_top
         w_r = resident.w_top
         return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
@@ -236,7 +237,7 @@ class Cost(Policy):
     def linger_s(self, m: ModelRecord, now: float) -> float:
         delay = m.spec.unload_delay_s
         if self.linger and m.gap_est is not None:
-            round_trip = m.unload_est + m.load_est
+            round_trip = m.leave_s + m.comeback_s
             # Rent-or-buy: wait only when the next request is reliably due sooner than a reload
             # would take (closed-loop think times are; Poisson gaps are not).
             expected_late = m.gap_est + m.gap_dev

@@ -31,6 +31,7 @@ from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
+from corral.core.sleep import Sleepers
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.stretch import Stretch
 from corral.core.swaps import LINGER_TIMER, Swaps
@@ -41,8 +42,10 @@ _PENDING = RequestState.PENDING
 _RUNNING = RequestState.RUNNING
 _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
+_SLEEPING = Lifecycle.SLEEPING
 _OVERDUE = "overdue"
 _TTL = "ttl:"
+_RESIDENT = "resident:"  # its min_resident_s ended: evictions it held back may go ahead
 
 Clock = Callable[[], float]
 
@@ -97,6 +100,9 @@ class Scheduler:
         self._overdue_timer_at: float | None = None
         self.loads = 0
         self.decisions: deque[Decision] = deque(maxlen=256)
+        self.sleepers = Sleepers(
+            self.devices, config.host.memory_gb, config.scheduler.sleepers == "lru"
+        )
         # The swap and replica rules, as objects over these records.
         self.replicas = Replicas(
             self.policy,
@@ -162,7 +168,7 @@ class Scheduler:
                         self._dispatch(c, now)
             if self.replicas.enabled and m.count and self.replicas.worth_copy(m, now):
                 self._need_decide = True
-        elif state is _UNLOADED:
+        elif state is _UNLOADED or state is _SLEEPING:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
             bound = self.swaps.bound_s(batch)
@@ -181,12 +187,15 @@ class Scheduler:
         given, refine the estimates."""
         m = self.models[model]
         rec = self._copy(m, device)
+        woke = rec.state is Lifecycle.WAKING
         self._move(rec, _READY)
         assert rec.device is not None
         rec.device.loading = None
-        m.observe_swap(load_s, unload_s)
+        m.observe_swap(load_s, unload_s, woke)
         now = self._clock()
         rec.ready_at = now
+        if rec.spec.min_resident_s:
+            self._fx.set_timer(now + rec.spec.min_resident_s, _RESIDENT + rec.name)
         if m.count == 0:
             self._went_idle(rec, now)
         self._need_decide = True
@@ -271,7 +280,7 @@ class Scheduler:
         where placement puts it, evicting only models without work (and none if not `evict`).
         Returns None if it is loading or resident, else why it cannot load now."""
         m = self.models[model]
-        if m.state is not _UNLOADED:
+        if m.resident:
             return None
         now = self._clock()
         plan: Plan | None = plan_placement(self.swaps.views(m, now))
@@ -297,6 +306,9 @@ class Scheduler:
         (or was), else why not."""
         m = self.models[model]
         if m.state is _UNLOADED:
+            return None
+        if m.asleep:
+            self._stop_sleeper(m, self._clock(), "requested")
             return None
         if any(c.state is not _READY for c in (m, *m.copies)):
             return "it is loading; unload it once it is ready"
@@ -360,6 +372,8 @@ class Scheduler:
         """Forget `model` once it is unloaded with nothing queued; False until then (it is
         unloaded as soon as it is idle)."""
         m = self.models[name]
+        if m.asleep and not m.count:
+            self._stop_sleeper(m, self._clock(), "removed")
         if m.state is not _UNLOADED or m.count:
             self.on_keep_alive(name, 0.0)
             return False
@@ -552,6 +566,7 @@ class Scheduler:
             m.in_flight += 1
             m.last_level = r.level
             m.served = True
+            m.used_at = now
             self._fx.dispatch(r)
 
     def _settle(self, now: float) -> None:
@@ -596,7 +611,7 @@ class Scheduler:
             else:
                 # A model whose backlog is older than the overdue model's gets its copy first.
                 self.replicas.replicate(now, forced.oldest())
-        candidates = [m for m in self._pending if m.state is _UNLOADED]
+        candidates = [m for m in self._pending if not m.resident]
         if candidates:
             if self._solo:
                 self.swaps.swap_solo(candidates, forced, now)
@@ -611,10 +626,23 @@ class Scheduler:
     def _start_load(
         self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
     ) -> None:
+        """Bring `c` in on `dev` (a load, or a wake if it sleeps there), `victims` leaving:
+        each falls asleep or stops (core/sleep.py)."""
+        stop, asleep, drop = self.sleepers.plan(victims, c, now) if victims else ([], [], [])
+        for s in drop:
+            self._stop_sleeper(s, now, "host memory")
         for v in victims:
             assert v.in_flight == 0, "evicting a model with requests in flight"
-            self._leave_device(v)
-        self._move(c, Lifecycle.LOADING)
+            if v in asleep:
+                self._fall_asleep(v)
+            else:
+                self._leave_device(v)
+        wake = c.asleep
+        if wake:
+            dev.sleepers.remove(c)
+            self._move(c, Lifecycle.WAKING)
+        else:
+            self._move(c, Lifecycle.LOADING)
         c.load_started_at = now
         c.device = dev
         c.idle_since = None
@@ -622,6 +650,30 @@ class Scheduler:
         dev.residents.append(c)
         dev.loading = c
         self.loads += 1
-        evict = tuple(v.name for v in victims)
-        self.decisions.append(Decision(now, c.name, dev.name, evict, reason))
-        self._fx.load(c.name, dev.name, evict)
+        evict = tuple(v.name for v in stop)
+        slept = tuple(v.name for v in asleep)
+        self.decisions.append(Decision(now, c.name, dev.name, evict, reason, slept, wake))
+        if slept or wake:
+            self._fx.load(c.name, dev.name, evict, sleep=slept, wake=wake)
+        else:
+            self._fx.load(c.name, dev.name, evict)
+
+    def _fall_asleep(self, v: ModelRecord) -> None:
+        """Evicted `v` sleeps on its device: no room there, host memory held, wakes there."""
+        dev = v.device
+        assert dev is not None
+        dev.residents.remove(v)
+        self._move(v, _SLEEPING)
+        dev.sleepers.append(v)
+        v.yielding = v.recheck = False
+        v.linger_until = None
+
+    def _stop_sleeper(self, s: ModelRecord, now: float, reason: str) -> None:
+        """Stop sleeping `s`'s server: its host memory frees; it loads from scratch next."""
+        dev = s.device
+        assert dev is not None
+        dev.sleepers.remove(s)
+        self._move(s, _UNLOADED)
+        s.device = None
+        self.decisions.append(Decision(now, None, dev.name, (s.name,), f"asleep, {reason}"))
+        self._fx.unload(s.name, dev.name)

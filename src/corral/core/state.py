@@ -7,7 +7,7 @@ from bisect import insort
 from collections import deque
 
 from corral.config import DeviceConfig, ModelConfig
-from corral.core.types import Lifecycle, Request, RequestState
+from corral.core.types import ON_DEVICE, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
 # Queue levels are one int per (class, priority): batch levels sit this far below every
@@ -81,13 +81,16 @@ class ModelRecord:
         "served",
         "service_avg",
         "service_est",
+        "sleep_est",
         "spec",
         "state",
         "unload_est",
+        "used_at",
         "w_batch",
         "w_sum",
         "wa_batch",
         "wa_sum",
+        "wake_est",
         "yielding",
     )
 
@@ -146,6 +149,9 @@ class ModelRecord:
         self.service_avg = spec.service_s  # a slower EWMA, for demand()
         self.load_est = spec.load_s
         self.unload_est = spec.unload_s
+        self.wake_est = spec.sleep.wake_s if spec.sleep is not None else spec.load_s
+        self.sleep_est = spec.sleep.sleep_s if spec.sleep is not None else spec.unload_s
+        self.used_at = 0.0  # its last dispatch (the `lru` sleepers' order)
 
     def __repr__(self) -> str:
         return f"ModelRecord({self.name!r}, {self.state.value}, pending={self.count})"
@@ -153,12 +159,45 @@ class ModelRecord:
     @property
     def ttl_s(self) -> float | None:
         """Idle seconds before it unloads (None: it stays)."""
+        if self.spec.pin:
+            return None
         ttl_s = self.spec.ttl_s if self.keep_alive_s is None else self.keep_alive_s
         return None if ttl_s is None or ttl_s == math.inf else ttl_s
 
     @property
     def resident(self) -> bool:
-        return self.state is not Lifecycle.UNLOADED
+        """It holds room on its device: loading, ready or waking."""
+        return self.state in ON_DEVICE
+
+    @property
+    def asleep(self) -> bool:
+        return self.state is Lifecycle.SLEEPING
+
+    @property
+    def sleeps(self) -> bool:
+        """Evicted, it may sleep rather than stop (its server can; replicas always stop)."""
+        return self.spec.sleep is not None and self.primary is None
+
+    @property
+    def return_s(self) -> float:
+        """Seconds to bring it in now: a wake if it sleeps, else a load."""
+        return self.wake_est if self.state is Lifecycle.SLEEPING else self.load_est
+
+    @property
+    def leave_s(self) -> float:
+        """Seconds for it to leave its device: falling asleep if it may, else an unload."""
+        return self.sleep_est if self.sleeps else self.unload_est
+
+    @property
+    def comeback_s(self) -> float:
+        """Seconds to bring it back once it has left: a wake if it may sleep, else a load."""
+        return self.wake_est if self.sleeps else self.load_est
+
+    @property
+    def soft_pin(self) -> bool:
+        """Pinned by a request (Ollama's `keep_alive: -1`): never unloaded for idleness, and
+        evicted last, only when nothing else makes room (a `pin: true` never is)."""
+        return self.keep_alive_s == math.inf and not self.spec.pin
 
     @property
     def queue(self) -> ModelRecord:
@@ -341,8 +380,13 @@ class ModelRecord:
         self.gap_dev += _EWMA_GAP * (abs(seconds - g) - self.gap_dev)
         self.gap_est = g + _EWMA_GAP * (seconds - g)
 
-    def observe_swap(self, load_s: float | None, unload_s: float | None) -> None:
-        if load_s is not None:
+    def observe_swap(
+        self, load_s: float | None, unload_s: float | None, woke: bool = False
+    ) -> None:
+        """Measured times of its last swap in (`woke`: `load_s` was a wake)."""
+        if load_s is not None and woke:
+            self.wake_est += _EWMA_SWAP * (load_s - self.wake_est)
+        elif load_s is not None:
             self.load_est += _EWMA_SWAP * (load_s - self.load_est)
         if unload_s is not None:
             self.unload_est += _EWMA_SWAP * (unload_s - self.unload_est)
@@ -351,14 +395,15 @@ class ModelRecord:
 class DeviceRecord:
     """A device and the models resident on it (loading or ready)."""
 
-    __slots__ = ("capacity", "loading", "memory_gb", "name", "residents")
+    __slots__ = ("capacity", "loading", "memory_gb", "name", "residents", "sleepers")
 
     def __init__(self, spec: DeviceConfig) -> None:
         self.name = spec.name
         self.memory_gb = spec.memory_gb
         self.capacity = spec.memory_gb if spec.memory_gb is not None else 1.0
         self.residents: list[ModelRecord] = []
-        self.loading: ModelRecord | None = None
+        self.sleepers: list[ModelRecord] = []  # asleep here: they hold no room, wake only here
+        self.loading: ModelRecord | None = None  # loading or waking
 
     def holding(self, name: str) -> ModelRecord:
         """The resident record (primary or replica) of model `name` here."""

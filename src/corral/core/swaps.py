@@ -7,6 +7,7 @@ shares", "Several devices").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -18,7 +19,6 @@ from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
 from corral.core.stretch import Stretch
 from corral.core.types import Lifecycle, Request
 
-_UNLOADED = Lifecycle.UNLOADED
 _QUANTUM = "quantum:"  # timer keys; the scheduler's on_timer reads them
 LINGER_TIMER = "linger:"
 
@@ -72,7 +72,7 @@ class Swaps:
         forced_seq = [0, 0]
         next_at: float | None = None
         for m in self._pending:
-            if m.state is not _UNLOADED:
+            if m.resident:
                 continue
             for k, (batch, max_wait) in enumerate(bounds):
                 if max_wait is None or not (m.count - m.icount if batch else m.icount):
@@ -124,6 +124,7 @@ class Swaps:
         keep = self.policy.keep_value
         allowed = target.spec.devices
         name = target.name
+        asleep_on = target.device if target.asleep else None  # it wakes only there
         return [
             DeviceView(
                 name=d.name,
@@ -132,18 +133,28 @@ class Swaps:
                 target_size=(
                     d.size_of(target)
                     if (not allowed or d.name in allowed)
+                    and (asleep_on is None or asleep_on is d)
                     and all(m.name != name for m in d.residents)
                     else math.inf
                 ),
                 # A replica serves its model's queue; among residents with work it goes first.
                 residents=tuple(
-                    ResidentView(m.name, d.size_of(m), m.in_flight, 0, -1.0)
-                    if forced and self.replicas.shared(m)
-                    else ResidentView(
-                        m.name, d.size_of(m), m.in_flight, m.count, keep(m, now), lingering(m, now)
+                    _held(
+                        ResidentView(m.name, d.size_of(m), m.in_flight, 0, -1.0)
+                        if forced and self.replicas.shared(m)
+                        else ResidentView(
+                            m.name,
+                            d.size_of(m),
+                            m.in_flight,
+                            m.count,
+                            keep(m, now),
+                            lingering(m, now),
+                        )
+                        if m.primary is None and (m.count or not self.replicas.enabled)
+                        else self.replicas.copy_view(m, d, now),
+                        m,
+                        now,
                     )
-                    if m.primary is None and (m.count or not self.replicas.enabled)
-                    else self.replicas.copy_view(m, d, now)
                     for m in d.residents
                 ),
                 busy=d.loading is not None,
@@ -226,6 +237,8 @@ class Swaps:
             self._start_load(target, dev, [], now, "free room")
             return
         r = dev.residents[0]
+        if (r.spec.pin or r.spec.min_resident_s) and holds(r, now):
+            return  # decided again when its min_resident_s ends (a timer)
         if self._classes and forced is None:
             interactive = [c for c in candidates if c.icount]
             if interactive:  # batch work may not take the device while interactive work waits
@@ -237,7 +250,7 @@ class Swaps:
             # answer as ranking every candidate, in O(1)).
             head = self._head()
             hm = self.models[head.model] if head is not None else r
-            if hm is r or hm.state is not _UNLOADED or not self.should_yield(r, hm, now):
+            if hm is r or hm.resident or not self.should_yield(r, hm, now):
                 self._arm_linger(r, now)
                 return
             target = hm
@@ -293,3 +306,19 @@ class Swaps:
         if until is not None and until > now and m.linger_timer_at != until:
             m.linger_timer_at = until
             self._fx.set_timer(until, LINGER_TIMER + m.name)
+
+
+def _held(view: ResidentView, m: ModelRecord, now: float) -> ResidentView:
+    """`view` with its residency rules: a pinned model is never evicted, one inside its
+    `min_resident_s` not yet (the scheduler decides again when that ends), a soft pin last."""
+    spec = m.spec
+    if not (spec.pin or spec.min_resident_s or m.keep_alive_s == math.inf):
+        return view
+    return dataclasses.replace(view, held=holds(m, now), soft_pin=m.soft_pin)
+
+
+def holds(m: ModelRecord, now: float) -> bool:
+    """Resident `m` may not be evicted now: pinned, or inside its `min_resident_s`."""
+    return (m.spec.pin and m.primary is None) or (
+        m.state is Lifecycle.READY and now < m.ready_at + m.spec.min_resident_s
+    )

@@ -28,7 +28,7 @@ def demands(
                 rate,
                 m.service_avg,
                 m.concurrency,
-                m.load_est + m.unload_est,
+                m.comeback_s + m.leave_s,  # a sleeping model switches over in less
                 allowed[0].size_of(m) / allowed[0].capacity,
             )
         )

@@ -16,18 +16,26 @@ class RequestState(enum.Enum):
 
 
 class Lifecycle(enum.Enum):
-    """Where a model is. Allowed moves are in `TRANSITIONS`."""
+    """Where a model copy is. Allowed moves are in `TRANSITIONS`. A sleeping copy holds no room
+    on its device (its server stays, its weights in host memory or dropped) and wakes only
+    there."""
 
     UNLOADED = "unloaded"
     LOADING = "loading"
     READY = "ready"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
 
 
 TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
     Lifecycle.UNLOADED: frozenset({Lifecycle.LOADING}),
     Lifecycle.LOADING: frozenset({Lifecycle.READY, Lifecycle.UNLOADED}),  # done / failed
-    Lifecycle.READY: frozenset({Lifecycle.UNLOADED}),  # evicted
+    Lifecycle.READY: frozenset({Lifecycle.UNLOADED, Lifecycle.SLEEPING}),  # evicted / slept
+    Lifecycle.SLEEPING: frozenset({Lifecycle.WAKING, Lifecycle.UNLOADED}),  # woken / stopped
+    Lifecycle.WAKING: frozenset({Lifecycle.READY, Lifecycle.UNLOADED}),  # done / failed
 }
+# Copies that hold room on their device (the rest are unloaded or asleep).
+ON_DEVICE = frozenset({Lifecycle.LOADING, Lifecycle.READY, Lifecycle.WAKING})
 
 
 class Request:
@@ -86,10 +94,12 @@ class Request:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A committed swap or unload, kept in the scheduler's recent-decisions log. `model` is the
-    model loaded, or None for an unload with nothing loaded in its place."""
+    model loaded (or woken), or None for an unload with nothing loaded in its place."""
 
     at_s: float
     model: str | None
     device: str
     evict: tuple[str, ...]
     reason: str
+    asleep: tuple[str, ...] = ()  # put to sleep rather than evicted
+    woke: bool = False  # `model` was asleep there: a wake, not a load

@@ -183,7 +183,17 @@ class Gateway:
         self._worker = worker
 
     # --- Effects ------------------------------------------------------------------------------
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+    def load(
+        self,
+        model: str,
+        device: str,
+        evict: Sequence[str],
+        sleep: Sequence[str] = (),
+        wake: bool = False,
+    ) -> None:
+        # TODO(issue 28): the sleep API of started and upstream servers. Until then a model
+        # put to sleep stops, and one woken starts again (slower, never wrong).
+        evict = [*evict, *sleep]
         replica = bool(self.copies(model))
         stop = [self._on.pop((name, device), None) for name in evict]
         for name, old in zip(evict, stop, strict=True):

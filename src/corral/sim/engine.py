@@ -1,11 +1,13 @@
 """Discrete-event simulator: a virtual clock driving the real `Scheduler` (not a copy).
 
-Timing rules: a swap takes the evicted models' `unload_s`, then the new model's `load_s`, one after
-the other; an unload on its own (`ttl_s`, an operator's) takes `unload_s`; a device does one such
-operation at a time. A model runs up to `concurrency` requests at once, each at its solo speed
-(`service_s` from the trace), i.e. parallel slots scale throughput linearly, as continuous
-batching does below saturation; requests that arrive during a swap queue; ties in time go by line
-order, and at one instant finishes come before load completions, then arrivals, then timers.
+Timing rules: a swap takes the evicted models' `unload_s` (`sleep.sleep_s` for those put to
+sleep), then the new model's `load_s` (`sleep.wake_s` for a wake), one after the other; an unload
+on its own (`ttl_s`, an operator's) takes `unload_s`, and stopping a sleeping model takes no
+device time; a device does one such operation at a time. A model runs up to `concurrency`
+requests at once, each at its solo speed (`service_s` from the trace), i.e. parallel slots scale
+throughput linearly, as continuous batching does below saturation; requests that arrive during a
+swap queue; ties in time go by line order, and at one instant finishes come before load
+completions, then arrivals, then timers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.config import Config
+from corral.config import Config, ModelConfig
 from corral.core import Request, Scheduler
 from corral.policy_names import SimPolicyName
 from corral.sim.lru_route import LruRoute
@@ -66,6 +68,7 @@ class Run:
     busy_s: dict[str, float]
     swap_s: dict[str, float]
     rejected: list[tuple[SimRequest, str]] = field(default_factory=list)
+    wakes: dict[str, int] = field(default_factory=dict)  # of `loads`, those that were wakes
 
 
 class Simulation:
@@ -128,6 +131,7 @@ class Simulation:
         self._busy_since: dict[str, float] = {}
         self._resident_since: dict[tuple[str, str], float] = {}
         self._ready: set[tuple[str, str]] = set()
+        self._asleep: set[tuple[str, str]] = set()
         self._run = Run(
             policy=self.scheduler.policy.name,
             config=config,
@@ -143,25 +147,38 @@ class Simulation:
         self._remaining = len(self._requests)
 
     # --- Effects ------------------------------------------------------------------------------
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+    def load(
+        self,
+        model: str,
+        device: str,
+        evict: Sequence[str],
+        sleep: Sequence[str] = (),
+        wake: bool = False,
+    ) -> None:
         now = self.now
         models = self.config.models
         if self.check:
-            for v in evict:
+            for v in (*evict, *sleep):
                 if self._running[v, device]:
                     raise InvariantViolation(f"t={now}: evicting {v} with work in flight")
                 if device not in self._where[v]:
                     raise InvariantViolation(f"t={now}: evicting {v}, not resident on {device}")
             if device in self._where[model]:
                 raise InvariantViolation(f"t={now}: loading {model}, already on {device}")
+            if wake != ((model, device) in self._asleep):
+                raise InvariantViolation(f"t={now}: {model} woken={wake}, asleep on {device}?")
             allowed = models[model].devices
             if allowed and device not in allowed:
                 raise InvariantViolation(f"t={now}: loading {model} on {device}, not its device")
-        for v in evict:
+        for v in (*evict, *sleep):
             self._where[v].discard(device)
             self._ready.discard((v, device))
             since = self._resident_since.pop((v, device), now)
             self._run.segments.append(Segment(device, v, "resident", since, now))
+        self._asleep.update((v, device) for v in sleep)
+        self._asleep.discard((model, device))
+        if self.check and sleep:
+            self._check_host(now)
         self._where[model].add(device)
         if self.check:
             dev = self._sizes[device]
@@ -171,16 +188,29 @@ class Simulation:
                 raise InvariantViolation(
                     f"t={now}: {device} over capacity ({used} > {dev.capacity})"
                 )
-        duration = sum(models[v].unload_s for v in evict) + models[model].load_s
+        duration = sum(models[v].unload_s for v in evict)
+        duration += sum(_sleep_s(models[v]) for v in sleep)
+        duration += _wake_s(models[model]) if wake else models[model].load_s
         start = max(now, self._free_at[device])
         end = self._free_at[device] = start + duration
         self._run.segments.append(Segment(device, model, "swap", start, end))
         self._run.swap_s[device] += duration
         self._run.loads[model] += 1
+        if wake:
+            self._run.wakes[model] = self._run.wakes.get(model, 0) + 1
         self._push(end, _LOAD, self._next_seq(), (model, device))
+
+    def _check_host(self, now: float) -> None:
+        limit = self.config.host.memory_gb
+        held = sum(self.config.models[m].host_gb for m, _ in self._asleep)
+        if limit is not None and held > limit + _EPS:
+            raise InvariantViolation(f"t={now}: sleeping models hold {held} GB > host {limit}")
 
     def unload(self, model: str, device: str) -> None:
         now = self.now
+        if (model, device) in self._asleep:  # its server stops: no device time
+            self._asleep.discard((model, device))
+            return
         if self.check:
             if self._running[model, device]:
                 raise InvariantViolation(f"t={now}: unloading {model} with work in flight")
@@ -332,3 +362,13 @@ def simulate(
     """Run `config`'s policy (or `policy`, a simulator baseline too) over `trace` on a virtual
     clock."""
     return Simulation(config, trace, check=check, progress=progress, policy=policy).run()
+
+
+def _sleep_s(m: ModelConfig) -> float:
+    assert m.sleep is not None, "only a model with `sleep:` is put to sleep"
+    return m.sleep.sleep_s
+
+
+def _wake_s(m: ModelConfig) -> float:
+    assert m.sleep is not None, "only a model with `sleep:` wakes"
+    return m.sleep.wake_s

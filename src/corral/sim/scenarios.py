@@ -233,6 +233,49 @@ def devices_8() -> Scenario:
     return Scenario(sc.name, devices_8.__doc__ or "", sc.config, sc.trace)
 
 
+SLEEP_CONFIG = """
+devices: [{name: gpu0, memory_gb: 24}]
+host: {memory_gb: 60}
+models:
+  orchestrator-14b: {load_s: 50, unload_s: 2, service_s: 4, memory_gb: 20,
+                     sleep: {level: 1, wake_s: 2, sleep_s: 1}}
+  explorer-7b: {load_s: 40, unload_s: 2, service_s: 3, memory_gb: 20,
+                sleep: {level: 1, wake_s: 1, sleep_s: 1}}
+  coder-14b: {load_s: 60, unload_s: 2, service_s: 8, memory_gb: 20,
+              sleep: {level: 1, wake_s: 3, sleep_s: 1}}
+  chat-8b: {load_s: 45, unload_s: 2, service_s: 3, memory_gb: 20,
+            sleep: {level: 1, wake_s: 2, sleep_s: 1}}
+scheduler: {policy: cost, max_wait_s: 120}
+"""
+
+
+def sleepers() -> Scenario:
+    """Four models that each fill the device, three of which fit asleep in host memory
+    (level-1 sleep, 1-3 s wakes against 40-60 s loads): an agent loop (orchestrator, explorer,
+    coder in turn) beside Poisson chat to a fourth model, for an hour (issue 28)."""
+    cfg = parse_config(SLEEP_CONFIG, "<scenario sleepers>")
+    rng = random.Random(28)
+    lines: list[dict[str, object]] = []
+    steps = [("orchestrator-14b", 4.0), ("explorer-7b", 3.0), ("coder-14b", 8.0)]
+    for k in range(240):  # one agent: orchestrate, explore, code, then think
+        model, svc = steps[k % 3]
+        line: dict[str, object] = {
+            "session": "agent",
+            "model": model,
+            "service_s": round(svc * rng.uniform(0.6, 1.4), 2),
+            "think_s": round(rng.uniform(0.5, 2.0), 2),
+        }
+        if k == 0:
+            line["t"] = 0.0
+        lines.append(line)
+    t = 0.0
+    while (t := t + rng.expovariate(1 / 40)) < 3600:  # a person every 40 s on average
+        lines.append(
+            {"t": round(t, 3), "model": "chat-8b", "service_s": round(rng.uniform(2, 4), 2)}
+        )
+    return Scenario("sleepers", sleepers.__doc__ or "", cfg, _trace("sleepers", lines))
+
+
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "approvals": approvals,
     "agents": agents,
@@ -241,6 +284,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "chat-batch": chat_batch,
     "devices-4": devices_4,
     "devices-8": devices_8,
+    "sleepers": sleepers,
 }
 
 

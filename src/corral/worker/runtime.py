@@ -194,7 +194,15 @@ class Worker:
         return self.residency.shown(views)
 
     # --- Effects ------------------------------------------------------------------------------
-    def load(self, model: str, device: str, evict: Sequence[str]) -> None:
+    def load(
+        self,
+        model: str,
+        device: str,
+        evict: Sequence[str],
+        sleep: Sequence[str] = (),
+        wake: bool = False,
+    ) -> None:
+        evict = [*evict, *sleep]  # in-process handlers cannot sleep: they stop
         self.loads.append((model, tuple(evict)))
         self.loading(model, device, evict)
         self._spawn(self._swap(model, device, tuple(evict)))
