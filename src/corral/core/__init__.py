@@ -3,7 +3,8 @@
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
 from corral.core.policies import Cost, Fifo, FifoPlus, Grouped, Policy, Priority, make_policy
-from corral.core.scheduler import Clock, Scheduler, SchedulerBug
+from corral.core.scheduler import Clock, Scheduler
+from corral.core.tiers import SchedulerBug
 from corral.core.types import Decision, Lifecycle, Request, RequestState
 
 __all__ = [

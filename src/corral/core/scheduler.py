@@ -35,8 +35,9 @@ from corral.core.sleep import Sleepers
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
 from corral.core.stretch import Stretch
 from corral.core.swaps import LINGER_TIMER, Swaps
+from corral.core.tiers import SchedulerBug, Tiers
 from corral.core.traffic import demands
-from corral.core.types import TRANSITIONS, Decision, Lifecycle, Request, RequestState
+from corral.core.types import Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
 _RUNNING = RequestState.RUNNING
@@ -48,10 +49,6 @@ _TTL = "ttl:"
 _RESIDENT = "resident:"  # its min_resident_s ended: evictions it held back may go ahead
 
 Clock = Callable[[], float]
-
-
-class SchedulerBug(RuntimeError):
-    """The scheduler failed to settle: a bug in Corral, never a user error."""
 
 
 class Scheduler:
@@ -98,11 +95,14 @@ class Scheduler:
         self._incoming: set[ModelRecord] = set()  # models whose room is being freed (draining)
         self._deciding = False
         self._overdue_timer_at: float | None = None
-        self.loads = 0
-        self.decisions: deque[Decision] = deque(maxlen=256)
-        self.sleepers = Sleepers(
-            self.devices, config.host.memory_gb, config.scheduler.sleepers == "lru"
+        # Every move between residency tiers, and the decisions log (core/tiers.py).
+        self.tiers = Tiers(
+            self._fx,
+            Sleepers(self.devices, config.host.memory_gb, config.scheduler.sleepers == "lru"),
+            lambda m: self.replicas.promote(m),
         )
+        self.decisions = self.tiers.decisions
+        self.sleepers = self.tiers.sleepers
         # The swap and replica rules, as objects over these records.
         self.replicas = Replicas(
             self.policy,
@@ -113,7 +113,7 @@ class Scheduler:
             None if isinstance(replicas, bool) else frozenset(replicas),
             self._pending,
             lambda m, now: self.swaps.views(m, now),
-            self._start_load,
+            self.tiers.start_load,
             lambda batch: self.swaps.bound_s(batch),
         )
         self.swaps = Swaps(
@@ -128,7 +128,7 @@ class Scheduler:
             (self._max_wait_s, self._batch_max_wait_s),
             config.scheduler.min_visit_swaps,
             self._head,
-            self._start_load,
+            self.tiers.start_load,
         )
 
     # --- events -------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ class Scheduler:
         self._seq += 1
         r.seq = self._seq
         r.arrived_at = now
-        r.swaps_waited = -self.loads  # made a count at dispatch
+        r.swaps_waited = -self.tiers.loads  # made a count at dispatch
         r.state = _PENDING
         m.enqueue(r, self._weight(r.priority))
         m.observe_arrival(now)
@@ -188,7 +188,7 @@ class Scheduler:
         m = self.models[model]
         rec = self._copy(m, device)
         woke = rec.state is Lifecycle.WAKING
-        self._move(rec, _READY)
+        self.tiers.move(rec, _READY)
         assert rec.device is not None
         rec.device.loading = None
         m.observe_swap(load_s, unload_s, woke)
@@ -209,7 +209,7 @@ class Scheduler:
         dev = rec.device
         assert dev is not None
         dev.loading = None
-        self._leave_device(rec)
+        self.tiers.leave(rec)
         if rec is not m:  # a replica: the model is served; do not try again at once
             m.copy_failed_at = self._clock()
         if m.state is _UNLOADED:
@@ -295,7 +295,7 @@ class Scheduler:
             )
         if victims and not evict:
             return f"no free room: it would evict {', '.join(v.name for v in victims)}"
-        self._start_load(m, dev, victims, now, "requested")
+        self.tiers.start_load(m, dev, victims, now, "requested")
         self._need_decide = True
         self._settle(now)
         return None
@@ -308,7 +308,7 @@ class Scheduler:
         if m.state is _UNLOADED:
             return None
         if m.asleep:
-            self._stop_sleeper(m, self._clock(), "requested")
+            self.tiers.stop_sleeper(m, self._clock(), "requested")
             return None
         if any(c.state is not _READY for c in (m, *m.copies)):
             return "it is loading; unload it once it is ready"
@@ -373,7 +373,7 @@ class Scheduler:
         unloaded as soon as it is idle)."""
         m = self.models[name]
         if m.asleep and not m.count:
-            self._stop_sleeper(m, self._clock(), "removed")
+            self.tiers.stop_sleeper(m, self._clock(), "removed")
         if m.state is not _UNLOADED or m.count:
             self.on_keep_alive(name, 0.0)
             return False
@@ -403,6 +403,11 @@ class Scheduler:
         self._settle(now)
 
     # --- views --------------------------------------------------------------------------------
+    @property
+    def loads(self) -> int:
+        """Loads and wakes begun."""
+        return self.tiers.loads
+
     def resident_models(self) -> Iterator[ModelRecord]:
         for d in self.devices:
             yield from d.residents
@@ -437,33 +442,12 @@ class Scheduler:
             return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
         return self.swaps.should_yield(r, c, now)
 
-    def _move(self, m: ModelRecord, to: Lifecycle) -> None:
-        if to not in TRANSITIONS[m.state]:
-            raise SchedulerBug(f"{m.name}: {m.state.value} -> {to.value} is not a lifecycle move")
-        m.state = to
-
     def _drop(self, r: Request, state: RequestState) -> None:
         m = self.models[r.model]
         r.state = state
         m.discard(r, self._weight(r.priority))
         if m.count == 0:
             del self._pending[m]
-
-    def _leave_device(self, m: ModelRecord) -> DeviceRecord:
-        """`m` is no longer resident (evicted, unloaded, lost or failed to load); returns where
-        it was. A primary that leaves while a replica remains hands its place to the replica."""
-        dev = m.device
-        assert dev is not None
-        dev.residents.remove(m)
-        self._move(m, _UNLOADED)
-        m.device = None
-        m.lost = m.yielding = m.recheck = m.restarting = False
-        m.linger_until = None  # idle_since stays: the next arrival still measures the gap
-        if m.primary is not None:
-            m.primary.copies.remove(m)
-        elif m.copies:
-            self.replicas.promote(m)
-        return dev
 
     def _copy(self, m: ModelRecord, device: str | None) -> ModelRecord:
         rec = m.copy_on(device)
@@ -472,14 +456,12 @@ class Scheduler:
         return rec
 
     def _unload_lost(self, m: ModelRecord) -> None:
-        self._leave_device(m)  # its server is gone: nothing to unload
+        self.tiers.leave(m)  # its server is gone: nothing to unload
         m.idle_since = None
 
     def _unload(self, m: ModelRecord, now: float, reason: str) -> None:
         """Unload idle `m` with nothing loaded in its place; its room may go to waiting work."""
-        dev = self._leave_device(m)
-        self.decisions.append(Decision(now, None, dev.name, (m.name,), reason))
-        self._fx.unload(m.name, dev.name)
+        self.tiers.unload(m, now, reason)
         self._need_decide = True
 
     def _ttl_expired(self, m: ModelRecord | None, now: float) -> None:
@@ -562,7 +544,7 @@ class Scheduler:
             r.state = _RUNNING
             r.dispatched_at = now
             r.device = device
-            r.swaps_waited += self.loads
+            r.swaps_waited += self.tiers.loads
             m.in_flight += 1
             m.last_level = r.level
             m.served = True
@@ -622,58 +604,3 @@ class Scheduler:
         for m in list(self.resident_models()):
             if m.state is _READY and not m.yielding and m.queue.count:
                 self._dispatch(m, now)
-
-    def _start_load(
-        self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
-    ) -> None:
-        """Bring `c` in on `dev` (a load, or a wake if it sleeps there), `victims` leaving:
-        each falls asleep or stops (core/sleep.py)."""
-        stop, asleep, drop = self.sleepers.plan(victims, c, now) if victims else ([], [], [])
-        for s in drop:
-            self._stop_sleeper(s, now, "host memory")
-        for v in victims:
-            assert v.in_flight == 0, "evicting a model with requests in flight"
-            if v in asleep:
-                self._fall_asleep(v)
-            else:
-                self._leave_device(v)
-        wake = c.asleep
-        if wake:
-            dev.sleepers.remove(c)
-            self._move(c, Lifecycle.WAKING)
-        else:
-            self._move(c, Lifecycle.LOADING)
-        c.load_started_at = now
-        c.device = dev
-        c.idle_since = None
-        c.served = False
-        dev.residents.append(c)
-        dev.loading = c
-        self.loads += 1
-        evict = tuple(v.name for v in stop)
-        slept = tuple(v.name for v in asleep)
-        self.decisions.append(Decision(now, c.name, dev.name, evict, reason, slept, wake))
-        if slept or wake:
-            self._fx.load(c.name, dev.name, evict, sleep=slept, wake=wake)
-        else:
-            self._fx.load(c.name, dev.name, evict)
-
-    def _fall_asleep(self, v: ModelRecord) -> None:
-        """Evicted `v` sleeps on its device: no room there, host memory held, wakes there."""
-        dev = v.device
-        assert dev is not None
-        dev.residents.remove(v)
-        self._move(v, _SLEEPING)
-        dev.sleepers.append(v)
-        v.yielding = v.recheck = False
-        v.linger_until = None
-
-    def _stop_sleeper(self, s: ModelRecord, now: float, reason: str) -> None:
-        """Stop sleeping `s`'s server: its host memory frees; it loads from scratch next."""
-        dev = s.device
-        assert dev is not None
-        dev.sleepers.remove(s)
-        self._move(s, _UNLOADED)
-        s.device = None
-        self.decisions.append(Decision(now, None, dev.name, (s.name,), f"asleep, {reason}"))
-        self._fx.unload(s.name, dev.name)

@@ -1,0 +1,115 @@
+"""Where each model copy is (`Tiers`, an object the scheduler owns and calls): the moves between
+unloaded, loading, ready, sleeping and waking, the device records' residents and sleepers, the
+effects that carry them out, the count of loads and the recent-decisions log. Who moves and
+when is decided elsewhere (scheduler.py, swaps.py, replicas.py); every move happens here."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from corral.core.effects import Effects
+from corral.core.sleep import Sleepers
+from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.types import TRANSITIONS, Decision, Lifecycle
+
+
+class SchedulerBug(RuntimeError):
+    """The scheduler failed to settle or broke its own books: a bug in Corral, never a user
+    error."""
+
+
+class Tiers:
+    """The moves. `promote(m)`: a primary that leaves hands its place to one of its replicas."""
+
+    def __init__(
+        self, fx: Effects, sleepers: Sleepers, promote: Callable[[ModelRecord], None]
+    ) -> None:
+        self._fx = fx
+        self.sleepers = sleepers
+        self._promote = promote
+        self.loads = 0  # loads and wakes begun
+        self.decisions: deque[Decision] = deque(maxlen=256)
+
+    @staticmethod
+    def move(m: ModelRecord, to: Lifecycle) -> None:
+        if to not in TRANSITIONS[m.state]:
+            raise SchedulerBug(f"{m.name}: {m.state.value} -> {to.value} is not a lifecycle move")
+        m.state = to
+
+    def leave(self, m: ModelRecord) -> DeviceRecord:
+        """`m` is no longer resident (evicted, unloaded, lost, failed to load or aborted);
+        returns where it was."""
+        dev = m.device
+        assert dev is not None
+        dev.residents.remove(m)
+        self.move(m, Lifecycle.UNLOADED)
+        m.device = None
+        m.lost = m.yielding = m.recheck = m.restarting = False
+        m.linger_until = None  # idle_since stays: the next arrival still measures the gap
+        if m.primary is not None:
+            m.primary.copies.remove(m)
+        elif m.copies:
+            self._promote(m)
+        return dev
+
+    def unload(self, m: ModelRecord, now: float, reason: str) -> None:
+        """Unload idle `m` with nothing loaded in its place."""
+        dev = self.leave(m)
+        self.decisions.append(Decision(now, None, dev.name, (m.name,), reason))
+        self._fx.unload(m.name, dev.name)
+
+    def start_load(
+        self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str
+    ) -> None:
+        """Bring `c` in on `dev` (a load, or a wake if it sleeps there), `victims` leaving:
+        each falls asleep or stops (core/sleep.py)."""
+        stop, asleep, drop = self.sleepers.plan(victims, c, now) if victims else ([], [], [])
+        for s in drop:
+            self.stop_sleeper(s, now, "host memory")
+        for v in victims:
+            assert v.in_flight == 0, "evicting a model with requests in flight"
+            if v in asleep:
+                self._fall_asleep(v)
+            else:
+                self.leave(v)
+        wake = c.asleep
+        if wake:
+            dev.sleepers.remove(c)
+            self.move(c, Lifecycle.WAKING)
+        else:
+            self.move(c, Lifecycle.LOADING)
+        c.load_started_at = now
+        c.device = dev
+        c.idle_since = None
+        c.served = False
+        dev.residents.append(c)
+        dev.loading = c
+        self.loads += 1
+        evict = tuple(v.name for v in stop)
+        slept = tuple(v.name for v in asleep)
+        self.decisions.append(Decision(now, c.name, dev.name, evict, reason, slept, wake))
+        if slept or wake:
+            self._fx.load(c.name, dev.name, evict, sleep=slept, wake=wake)
+        else:
+            self._fx.load(c.name, dev.name, evict)
+
+    def _fall_asleep(self, v: ModelRecord) -> None:
+        """Evicted `v` sleeps on its device: no room there, host memory held, wakes there."""
+        dev = v.device
+        assert dev is not None
+        dev.residents.remove(v)
+        self.move(v, Lifecycle.SLEEPING)
+        dev.sleepers.append(v)
+        v.yielding = v.recheck = False
+        v.linger_until = None
+
+    def stop_sleeper(self, s: ModelRecord, now: float, reason: str) -> None:
+        """Stop sleeping `s`'s server: its host memory frees; it loads from scratch next."""
+        dev = s.device
+        assert dev is not None
+        dev.sleepers.remove(s)
+        self.move(s, Lifecycle.UNLOADED)
+        s.device = None
+        self.decisions.append(Decision(now, None, dev.name, (s.name,), f"asleep, {reason}"))
+        self._fx.unload(s.name, dev.name)
