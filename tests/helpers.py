@@ -39,14 +39,20 @@ class RecordedEffects:
         evict: Sequence[str],
         sleep: Sequence[str] = (),
         wake: bool = False,
+        deep: Sequence[str] = (),
     ) -> None:
-        if sleep or wake:
+        if deep:
+            self.calls.append(("load", model, tuple(evict), tuple(sleep), wake, tuple(deep)))
+        elif sleep or wake:
             self.calls.append(("load", model, tuple(evict), tuple(sleep), wake))
         else:
             self.calls.append(("load", model, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
         self.calls.append(("unload", model))
+
+    def abort(self, model: str, device: str) -> None:
+        self.calls.append(("abort", model))
 
     def dispatch(self, request: Request) -> None:
         self.calls.append(("dispatch", request.id))

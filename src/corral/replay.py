@@ -62,7 +62,7 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
                 d[k] = d[k] / speed
 
     for name, m in spec["models"].items():
-        scale(m, "load_s", "unload_s", "service_s", "unload_delay_s", "ttl_s")
+        scale(m, "load_s", "unload_s", "service_s", "unload_delay_s", "ttl_s", "min_resident_s")
         for key in ("cmd", "upstream", "upstream_model", "load_hook", "unload_hook", "cmd_stop"):
             m.pop(key, None)
         m["cmd"] = (
@@ -70,6 +70,14 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
             f"--load-s {m['load_s']:.6f} --unload-s {m['unload_s']:.6f} "
             f"--parallel {m.get('concurrency', 1)} --tokens-per-s {TOKENS_PER_S:g}"
         )
+        nap = m.get("sleep")
+        if nap is not None:  # a server that sleeps and wakes in the configured times
+            scale(nap, "wake_s", "sleep_s")
+            # A level-2 wake reloads the weights: the configured wake time is all of it.
+            m["cmd"] += (
+                f" --sleep-s {nap['sleep_s']:.6f} --wake-s {nap['wake_s']:.6f} "
+                f"--wake2-s {nap['wake_s']:.6f} --memory-gb {m.get('memory_gb', 0):g}"
+            )
         m["stop_grace_s"] = m["unload_s"] + 10
         m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
         m["request_timeout_s"] = 10_000_000

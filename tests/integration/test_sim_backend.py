@@ -159,9 +159,10 @@ def test_bad_json_is_a_400_in_openai_error_shape(sim: Sim) -> None:
 
 def test_vllm_sleep_api_levels_wake_times_and_memory() -> None:
     """vLLM's sleep endpoints (issue 28): a level-1 sleeper holds its weights in host memory
-    and wakes in `--wake-s`; a level-2 one holds nothing and wakes in `--wake2-s`; asleep, it
-    refuses work and says so at `/is_sleeping`. Wake times are asserted as lower bounds only
-    (a busy machine only adds)."""
+    and wakes in `--wake-s`; a level-2 one holds nothing, and after its weights wake it must
+    reload them (`collective_rpc reload_weights`, `--wake2-s`) before its KV cache wakes, as
+    vLLM requires; asleep, it refuses work and says so at `/is_sleeping`. Wake times are
+    asserted as lower bounds only (a busy machine only adds)."""
     with start_sim(
         "--load-s", "0", "--wake-s", "0.3", "--wake2-s", "0.8", "--memory-gb", "1.5"
     ) as s:
@@ -169,26 +170,63 @@ def test_vllm_sleep_api_levels_wake_times_and_memory() -> None:
         assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": False}
         health = httpx.get(f"{s.url}/health").json()
         assert (health["device_memory_gb"], health["host_memory_gb"]) == (1.5, 0.0)
-        for level, wake_s, host_gb in ((1, 0.3, 1.5), (2, 0.8, 0.0)):
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        for level, host_gb in ((1, 1.5), (2, 0.0)):
             assert httpx.post(f"{s.url}/sleep", params={"level": level}).status_code == 200
             assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": True}
             health = httpx.get(f"{s.url}/health").json()
             assert health["status"] == "sleeping"
             assert (health["level"], health["device_memory_gb"]) == (level, 0.0)
             assert health["host_memory_gb"] == host_gb
-            refused = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": []}, timeout=5)
+            refused = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=5)
             assert refused.status_code == 503
             started = time.monotonic()
-            assert httpx.post(f"{s.url}/wake_up", timeout=30).status_code == 200
-            assert time.monotonic() - started >= wake_s - 0.01
+            if level == 1:
+                assert httpx.post(f"{s.url}/wake_up", timeout=30).status_code == 200
+                assert time.monotonic() - started >= 0.3 - 0.01
+            else:
+                wake = f"{s.url}/wake_up"
+                assert httpx.post(wake, params={"tags": "weights"}).status_code == 200
+                rpc = httpx.post(
+                    f"{s.url}/collective_rpc", json={"method": "reload_weights"}, timeout=30
+                )
+                assert rpc.status_code == 200
+                assert time.monotonic() - started >= 0.8 - 0.01
+                assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": True}
+                assert httpx.post(wake, params={"tags": "kv_cache"}).status_code == 200
             assert httpx.get(f"{s.url}/is_sleeping").json() == {"is_sleeping": False}
-        chat = httpx.post(
-            f"{s.url}/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "hi"}]},
-            timeout=10,
-        )
-        assert chat.status_code == 200
+            ok = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=10)
+            assert ok.status_code == 200
         assert httpx.post(f"{s.url}/sleep", params={"level": 3}).status_code == 400
         health = httpx.get(f"{s.url}/health").json()
-        assert (health["sleep"], health["wake_up"]) == (2, 2)
+        assert (health["sleep"], health["wake_up"], health["reload_weights"]) == (2, 2, 1)
         assert httpx.post(f"{s.url}/reset_prefix_cache").status_code == 200
+
+
+def test_a_level_2_sleeper_woken_without_reloading_its_weights_refuses_work() -> None:
+    """vLLM answers with garbage then; the sim says what was missed, so a client that skips
+    the reload fails a test."""
+    with start_sim("--load-s", "0", "--wake2-s", "0") as s:
+        s.wait_healthy()
+        assert httpx.post(f"{s.url}/sleep", params={"level": 2}).status_code == 200
+        assert httpx.post(f"{s.url}/wake_up").status_code == 200
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=5)
+        assert r.status_code == 503
+        assert "reload_weights" in r.json()["error"]["message"]
+        rpc = httpx.post(f"{s.url}/collective_rpc", json={"method": "reload_weights"})
+        assert rpc.status_code == 200
+        assert httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=5).status_code == 200
+
+
+def test_sglang_memory_release_and_resume() -> None:
+    with start_sim("--load-s", "0", "--wake-s", "0.2", "--memory-gb", "2") as s:
+        s.wait_healthy()
+        assert httpx.post(f"{s.url}/release_memory_occupation", json={}).status_code == 200
+        assert httpx.get(f"{s.url}/health").json()["host_memory_gb"] == 2.0
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"{s.url}/v1/chat/completions", json=chat).status_code == 503
+        started = time.monotonic()
+        assert httpx.post(f"{s.url}/resume_memory_occupation", json={}).status_code == 200
+        assert time.monotonic() - started >= 0.2 - 0.01
+        assert httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=5).status_code == 200

@@ -48,6 +48,7 @@ class Books:
         evict: Sequence[str],
         sleep: Sequence[str] = (),
         wake: bool = False,
+        deep: Sequence[str] = (),
     ) -> None:
         assert not sleep, "no model here sleeps"
         assert not wake, "no model here sleeps"
@@ -68,6 +69,12 @@ class Books:
         assert copy not in self.loading, f"unloaded {model} on {device} while it loads"
         self.resident.discard(copy)
         self.unloads += 1
+
+    def abort(self, model: str, device: str) -> None:
+        copy = (model, device)
+        assert copy in self.loading, f"aborted {model} on {device}, which is not loading"
+        self.loading.remove(copy)
+        self.resident.discard(copy)
 
     def dispatch(self, r: Request) -> None:
         copy = (r.model, r.device or "")
@@ -128,6 +135,36 @@ def test_replicas_lost_or_not_never_get_work_they_cannot_do(
     run_ops(config.with_policy("cost"), ops)
 
 
+# People give up while their model loads, beside batch work (every fourth arrival): loads
+# nobody waits for are aborted, and a person's request aborts loads begun for batch work only.
+CANCEL_OPS = st.lists(
+    st.tuples(
+        st.sampled_from([*("arrive",) * 4, "loaded", "loaded", "finish", "cancel", "cancel"]),
+        st.integers(0, 99),
+    ),
+    min_size=10,
+    max_size=100,
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(), CANCEL_OPS)
+def test_cancelled_requests_abort_only_loading_copies_and_the_rest_still_end(
+    config: Config, ops: list[tuple[str, int]]
+) -> None:
+    run_ops(config.with_policy("cost"), ops)
+
+
+def test_the_cancel_operations_do_abort_loads() -> None:
+    """The property above is not vacuous: a lone request cancelled while its model loads."""
+    config = Config.model_validate({"models": {"m0": {"load_s": 9}, "m1": {"load_s": 9}}})
+    sched = Scheduler(config, Books(), lambda: 0.0)
+    r = Request(0, "m0")
+    sched.on_request(r)
+    sched.on_cancel(r)
+    assert sched.decisions[-1].reason.startswith("load aborted")
+
+
 def run_ops(config: Config, ops: list[tuple[str, int]]) -> int:
     """Play `ops`, drain, check every request ended; returns how many replica loads there were."""
     books = Books()
@@ -137,7 +174,7 @@ def run_ops(config: Config, ops: list[tuple[str, int]]) -> int:
 
     def step(op: str, k: int) -> None:
         if op == "arrive":
-            r = Request(len(requests), names[k % len(names)], k % 3)
+            r = Request(len(requests), names[k % len(names)], k % 3, background=k % 4 == 0)
             requests.append(r)
             sched.on_request(r)
         elif op == "finish" and books.running:
@@ -156,6 +193,10 @@ def run_ops(config: Config, ops: list[tuple[str, int]]) -> int:
             if c.state.value == "ready":
                 books.dead.add((m.name, c.device.name))
             sched.on_model_lost(m.name, c.device.name)
+        elif op == "cancel":
+            waiting = [r for r in requests if r.state is RequestState.PENDING]
+            if waiting:
+                assert sched.on_cancel(waiting[k % len(waiting)])
         elif op == "load_request":
             sched.on_load_requested(names[k % len(names)], evict=k % 2 == 0)
         elif op == "unload_request":
@@ -180,7 +221,8 @@ def run_ops(config: Config, ops: list[tuple[str, int]]) -> int:
             step("tick", 0)
         else:
             break
-    unfinished = [r for r in requests if r.state not in (RequestState.DONE, RequestState.REJECTED)]
+    ended = (RequestState.DONE, RequestState.REJECTED, RequestState.CANCELLED)
+    unfinished = [r for r in requests if r.state not in ended]
     assert not unfinished, unfinished[:3]
     return sum(1 for d in sched.decisions if d.reason == "replica")
 

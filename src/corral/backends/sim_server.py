@@ -27,6 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from corral.backends.sim_sleep import SimSleep
+
 _WORDS = [
     "the",
     "quick",
@@ -76,6 +78,7 @@ class SimSettings:
     wake_s: float | None = None
     wake2_s: float | None = None
     memory_gb: float = 0.0
+    sleep_api: bool = True  # False: no sleep endpoints (404), like a server without sleep mode
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -121,73 +124,31 @@ def build_app(settings: SimSettings) -> Starlette:
     # Epoch times, so a benchmark can tell its own load time from the gateway's overhead.
     age_s = process_age_s()
     started_epoch = time.time() - age_s
-    state = {"ready_at": time.monotonic() - age_s + settings.load_s, "asleep": False}
-    level = [0]  # how deep it sleeps: 0 awake, 1 weights in host memory, 2 weights discarded
+    state = {"ready_at": time.monotonic() - age_s + settings.load_s}
     ready_epoch = [started_epoch + settings.load_s]
-    sleeps = {"sleep": 0, "wake_up": 0}
+    # vLLM's sleep API and SGLang's memory release (backends/sim_sleep.py).
+    nap = SimSleep(
+        settings.load_s, settings.sleep_s, settings.wake_s, settings.wake2_s, settings.memory_gb
+    )
     served = [0]  # requests answered, in /health: tells a model's copies' work apart
 
     def ready() -> bool:
-        return not state["asleep"] and time.monotonic() >= state["ready_at"]
-
-    def memory() -> dict[str, float]:
-        """Where the weights are: on the device awake, in host memory asleep at level 1."""
-        gb = settings.memory_gb
-        return {
-            "device_memory_gb": 0.0 if state["asleep"] else gb,
-            "host_memory_gb": gb if level[0] == 1 else 0.0,
-        }
+        return nap.refusal() is None and time.monotonic() >= state["ready_at"]
 
     async def health(_: Request) -> Response:
-        if state["asleep"]:  # like vLLM: the server is up, the weights are not
-            return JSONResponse({"status": "sleeping", "level": level[0], **sleeps, **memory()})
-        if not ready():
+        if nap.asleep:  # like vLLM: the server is up, the weights are not
+            return JSONResponse({"status": "sleeping", **nap.status()})
+        if time.monotonic() < state["ready_at"]:
             return JSONResponse({"status": "loading model"}, status_code=503)
         return JSONResponse(
             {
                 "status": "ok",
                 "started_at": started_epoch,
-                "ready_at": ready_epoch[0],
+                "ready_at": nap.woke_at or ready_epoch[0],
                 "served": served[0],
-                **sleeps,
-                **memory(),
+                **nap.status(),
             }
         )
-
-    async def sleep(request: Request) -> Response:
-        """vLLM's `POST /sleep?level=1|2`: free the device (level 1 keeps the weights in host
-        memory); requests are refused until `/wake_up`."""
-        raw = request.query_params.get("level", "1")
-        if raw not in ("1", "2"):
-            return _error(400, f"level must be 1 or 2; got {raw!r}")
-        if not state["asleep"]:
-            await asyncio.sleep(settings.sleep_s)
-            state["asleep"] = True
-            level[0] = int(raw)
-            sleeps["sleep"] += 1
-        return JSONResponse({"status": "sleeping", "level": level[0]})
-
-    async def wake_up(_: Request) -> Response:
-        """vLLM's `POST /wake_up`: takes the wake time of the level it slept at (a level-2
-        sleeper reloads its weights), then answers."""
-        if state["asleep"]:
-            sleeps["wake_up"] += 1
-            deep = level[0] == 2
-            wake_s = settings.wake2_s if deep else settings.wake_s
-            await asyncio.sleep(settings.load_s if wake_s is None else wake_s)
-            state["asleep"] = False
-            level[0] = 0
-            ready_epoch[0] = time.time()
-        return JSONResponse({"status": "ok"})
-
-    async def is_sleeping(_: Request) -> Response:
-        """vLLM's `GET /is_sleeping`."""
-        return JSONResponse({"is_sleeping": bool(state["asleep"])})
-
-    async def reset_prefix_cache(_: Request) -> Response:
-        """vLLM's `POST /reset_prefix_cache` (after a level-2 wake): nothing cached here."""
-        sleeps["reset_prefix_cache"] = sleeps.get("reset_prefix_cache", 0) + 1
-        return Response(status_code=200)
 
     async def models(_: Request) -> Response:
         return JSONResponse(
@@ -200,8 +161,9 @@ def build_app(settings: SimSettings) -> Starlette:
         )
 
     async def parse(request: Request) -> dict[str, Any] | Response:
-        if state["asleep"]:
-            return _error(503, "the model is sleeping; POST /wake_up first", "unavailable_error")
+        refusal = nap.refusal()
+        if refusal is not None:
+            return _error(503, refusal, "unavailable_error")
         if not ready():
             return _error(503, "Loading model", "unavailable_error")
         try:
@@ -383,10 +345,7 @@ def build_app(settings: SimSettings) -> Starlette:
             Route("/v1/audio/speech", speech, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
             *(Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
-            Route("/sleep", sleep, methods=["POST"]),
-            Route("/wake_up", wake_up, methods=["POST"]),
-            Route("/is_sleeping", is_sleeping),
-            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+            *(nap.routes() if settings.sleep_api else []),
             Route("/v1/models", models),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),

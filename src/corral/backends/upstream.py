@@ -1,7 +1,11 @@
 """A server that is already running (Ollama, vLLM, a remote OpenAI-compatible one). Corral does not
 start it, but it can still schedule its swaps: an optional load hook and unload hook are HTTP
-calls made when the scheduler loads or evicts the model, for example vLLM's `POST /wake_up` and
-`POST /sleep`, or Ollama's `keep_alive`."""
+calls made when the scheduler loads or evicts the model, for example Ollama's `keep_alive`.
+
+One with a sleep API (`sleep:`, backends/sleep.py) sleeps instead: the scheduler puts it to
+sleep at its level when it may come back soon (`nap`/`wake`), and at level 2 when it "stops",
+since that frees its device and host memory alike; a start wakes it from whichever sleep it is
+in (a server found asleep at start is woken as from level 2, which serves either)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Any
 import httpx
 
 from corral.backends.process import BackendError
+from corral.backends.sleep import Napper
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class UpstreamBackend:
         check_endpoint: str | None = None,
         timeout_s: float = 120.0,
         api_key: str | None = None,
+        napper: Napper | None = None,
     ) -> None:
         self.model = model
         # llama-swap sends a peer's key both ways: OpenAI's header and Anthropic's.
@@ -48,6 +54,8 @@ class UpstreamBackend:
         self._timeout_s = timeout_s
         self._up = False
         self._log: deque[str] = deque(maxlen=200)
+        self.napper = napper
+        self._slept: int | None = None  # the level it sleeps at, if Corral put it to sleep
 
     @property
     def running(self) -> bool:
@@ -59,6 +67,8 @@ class UpstreamBackend:
 
     async def start(self) -> float:
         started = time.monotonic()
+        if self.napper is not None:
+            await self._wake_if_asleep()
         async with httpx.AsyncClient(timeout=self._timeout_s) as client:
             if self._load is not None:
                 await self._call(client, self._load, "load")
@@ -73,7 +83,49 @@ class UpstreamBackend:
         if self._unload is not None:
             async with httpx.AsyncClient(timeout=self._timeout_s) as client:
                 await self._call(client, self._unload, "unload")
+        if self.napper is not None and self._slept != 2:
+            if self._slept == 1:  # vLLM sleeps once: wake (fast, from host memory) to sleep deeper
+                await self.napper.wake(self.proxy_url, self.headers, 1, warm=False)
+                self._slept = None
+            await self.nap(2)  # the deepest sleep is as close to a stop as an upstream gets
         return time.monotonic() - started
+
+    async def nap(self, level: int | None = None) -> float:
+        """Put the server to sleep (its configured level unless told); returns the seconds."""
+        assert self.napper is not None
+        depth = self.napper.level if level is None else level
+        self._up = False
+        try:
+            took = await self.napper.sleep(self.proxy_url, self.headers, depth)
+        except BackendError as exc:
+            self._note(str(exc))
+            raise
+        self._slept = depth
+        self._note(f"asleep at level {depth} in {took:.2f} s")
+        return took
+
+    async def wake(self) -> float:
+        """Wake it from the sleep `nap` put it in; returns the seconds it took."""
+        started = time.monotonic()
+        await self._wake_if_asleep()
+        self._up = True
+        return time.monotonic() - started
+
+    async def _wake_if_asleep(self) -> None:
+        napper = self.napper
+        assert napper is not None
+        level = self._slept
+        if level is None and await napper.is_sleeping(self.proxy_url, self.headers):
+            level = 2  # asleep before this run: the wake that serves either level
+        if level is None:
+            return
+        try:
+            took = await napper.wake(self.proxy_url, self.headers, level)
+        except BackendError as exc:
+            self._note(str(exc))
+            raise
+        self._slept = None
+        self._note(f"awake from level {level} in {took:.2f} s")
 
     async def _call(self, client: httpx.AsyncClient, hook: Hook, what: str) -> None:
         url = self.proxy_url + hook.path

@@ -516,6 +516,9 @@ def sim_backend_cmd(
     memory_gb: Annotated[
         float, typer.Option(min=0, help="The weights' size, reported where they are (/health).")
     ] = 0.0,
+    sleep_api: Annotated[
+        bool, typer.Option(help="Serve the sleep endpoints (vLLM's and SGLang's).")
+    ] = True,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
 ) -> None:
     """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks), with
@@ -537,6 +540,7 @@ def sim_backend_cmd(
         wake_s=wake_s,
         wake2_s=wake2_s,
         memory_gb=memory_gb,
+        sleep_api=sleep_api,
     )
     serve(settings, host, port)
 

@@ -132,6 +132,18 @@ class SleepConfig(Strict):
     release): evicted, it frees the device in `sleep_s` and comes back in `wake_s` instead of
     its `load_s` (docs/design/sleep.md)."""
 
+    api: Literal["vllm", "sglang"] = Field(
+        default="vllm",
+        description="The server's sleep API: vllm (POST /sleep, /wake_up; started with "
+        "--enable-sleep-mode) or sglang (/release_memory_occupation, "
+        "/resume_memory_occupation; started with --enable-memory-saver).",
+    )
+    warmup: bool = Field(
+        default=True,
+        description="After a wake, send a one-token completion before any request (the first "
+        "answer after a wake is several times slower without one).",
+    )
+
     level: Literal[1, 2] = Field(
         default=1,
         description="1: the weights go to host memory (fast wakes; holds host memory); 2: they "
@@ -142,6 +154,12 @@ class SleepConfig(Strict):
     )
     sleep_s: NonNegSeconds = Field(
         default=1.0, description="Estimated time to fall asleep (the device is free after it)."
+    )
+    wake2_s: NonNegSeconds | None = Field(
+        default=None,
+        description="Estimated wake time from level 2 (the weights reloaded), for a level-1 "
+        "model put to sleep at level 2 when host memory is short; default 3x wake_s (vLLM's "
+        "measurements: 3.1-3.3x), at most load_s. Replaced by measurements.",
     )
     host_memory_gb: NonNegGB | None = Field(
         default=None,
@@ -263,6 +281,17 @@ class ModelConfig(Strict):
         default=0.0,
         description="Once ready, it stays at least this long before another model may evict it.",
     )
+
+    @property
+    def deep_wake_s(self) -> float:
+        """Its estimated wake from level 2: `sleep.wake2_s`, else 3x its level-1 wake (at most
+        `load_s`); a level-2 model's own `wake_s`."""
+        nap = self.sleep
+        if nap is None:
+            return self.load_s
+        if nap.wake2_s is not None:
+            return nap.wake2_s
+        return min(self.load_s, 3.0 * nap.wake_s) if nap.level == 1 else nap.wake_s
 
     @property
     def host_gb(self) -> float:

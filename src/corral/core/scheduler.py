@@ -44,6 +44,9 @@ _RUNNING = RequestState.RUNNING
 _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
 _SLEEPING = Lifecycle.SLEEPING
+_ARRIVING = frozenset({Lifecycle.LOADING, Lifecycle.WAKING})
+# Loads that are never aborted: an operator's, and those the wait bound forced.
+_KEPT_LOADS = frozenset({"requested", "max_wait_s reached"})
 _OVERDUE = "overdue"
 _TTL = "ttl:"
 _RESIDENT = "resident:"  # its min_resident_s ended: evictions it held back may go ahead
@@ -191,7 +194,8 @@ class Scheduler:
         self.tiers.move(rec, _READY)
         assert rec.device is not None
         rec.device.loading = None
-        m.observe_swap(load_s, unload_s, woke)
+        m.observe_swap(load_s, unload_s, woke, rec.deep)
+        rec.deep = False
         now = self._clock()
         rec.ready_at = now
         if rec.spec.min_resident_s:
@@ -261,6 +265,7 @@ class Scheduler:
             return True
         if r.state is _PENDING:
             self._drop(r, RequestState.CANCELLED)
+            self._abort_unwanted(self.models[r.model], now)
             self._need_decide = True
             self._settle(now)
             return True
@@ -427,7 +432,9 @@ class Scheduler:
         """Solo device: could an arrival for non-resident `c` change the decision? (O(1))"""
         dev = self.devices[0]
         if dev.loading is not None:
-            return False  # decided again when the load ends
+            # Decided again when the load ends, unless a person's request may stop a load that
+            # only batch work wants (_abort_for_interactive).
+            return self._classes and c.icount > 0 and not dev.loading.queue.icount
         if not dev.residents:
             return True
         r = dev.residents[0]
@@ -601,6 +608,55 @@ class Scheduler:
                 self.swaps.swap_placed(candidates, forced, now)
         if self.replicas.enabled:
             self.replicas.replicate(now)
+        if self._classes and candidates:
+            self._abort_for_interactive(candidates, now)
         for m in list(self.resident_models()):
             if m.state is _READY and not m.yielding and m.queue.count:
                 self._dispatch(m, now)
+
+    # --- aborted loads (docs/design/sleep.md) ---------------------------------------------------
+    def _abort_unwanted(self, m: ModelRecord, now: float) -> None:
+        """The last waiting request of `m` left: a load or wake begun for its work stops."""
+        if m.count:
+            return
+        for c in (m, *m.copies):
+            if c.state in _ARRIVING and c.in_flight == 0 and c.load_reason not in _KEPT_LOADS:
+                self.tiers.abort(c, now, "its waiting requests left")
+
+    def _abort_for_interactive(self, candidates: list[ModelRecord], now: float) -> None:
+        """A person's request whose model found no room while a device loads a model for batch
+        work only: that load stops, unless letting it finish (then one batch answer, then an
+        unload) would cost the person less. Loads an operator asked for, those whose batch work
+        is past its bound, and one already aborted at this instant go on (so an abort can never
+        repeat within one decision)."""
+        waiting = [c for c in candidates if c.icount and not c.resident and c not in self._incoming]
+        if not waiting:
+            return
+        bound = self.swaps.bound_s(True)
+        for d in self.devices:
+            c = d.loading
+            if c is None or c.in_flight or c.load_reason in _KEPT_LOADS or c.aborted_at == now:
+                continue
+            q = c.queue
+            if q.icount:
+                continue
+            oldest = q.oldest(True)
+            if bound is not None and oldest is not None and oldest.arrived_at + bound <= now:
+                continue  # its batch work is overdue: the bound keeps the load
+            if c.state is Lifecycle.WAKING:
+                est = c.wake2_est if c.deep else c.wake_est
+            else:
+                est = c.load_est
+            left_s = c.load_started_at + est - now
+            if left_s <= q.service_est + c.unload_est:
+                continue
+            if any(_may_use(w, d) for w in waiting):
+                self.tiers.abort(c, now, "a person's request needs the device")
+                self._need_decide = True
+                return
+
+
+def _may_use(m: ModelRecord, d: DeviceRecord) -> bool:
+    """Non-resident `m` could be brought in on `d` (its devices, its size, where it sleeps)."""
+    allowed = not m.spec.devices or d.name in m.spec.devices
+    return allowed and d.size_of(m) <= d.capacity and (not m.asleep or m.device is d)

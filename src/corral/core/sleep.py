@@ -2,21 +2,27 @@
 
 A model with `sleep:` that leaves its device may sleep: its server stays, its weights in host
 memory (level 1) or dropped (level 2), and it comes back in its wake time instead of its load
-time. Sleepers hold host memory (`ModelConfig.host_gb`) up to `host.memory_gb`; when that runs
-short, someone stops. `predicted` (the default) keeps the sleepers expected back soonest (from
-the learned gaps between arrivals) and stops a model rather than sleep it when it is not
-expected back at all; `lru` always sleeps the victim and stops the least recently used sleepers
-(the baseline). docs/design/sleep.md has the rules and the figures.
+time. Sleepers hold host memory (`ModelConfig.host_gb`) up to `host.memory_gb`. `predicted`
+(the default) sleeps a model while host memory has room; when it is short, a model not
+expected back at all (fewer than two arrivals) stops, and a level-1 model sleeps at level 2 (no
+host memory; a wake a few times slower, still far quicker than a load). `lru` (the baseline: a
+wrapper that always sleeps) sleeps every victim at its level and stops the least recently used
+sleepers to make room. docs/design/sleep.md has the rules and the figures.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from corral.core.state import DeviceRecord, ModelRecord
 
 _EPS = 1e-9
+
+
+# The mean absolute deviation of an exponential gap, over its mean: Poisson arrivals.
+_POISSON_DEV = 2 / math.e
 
 
 def next_use_s(m: ModelRecord, now: float) -> float:
@@ -27,8 +33,22 @@ def next_use_s(m: ModelRecord, now: float) -> float:
     gap = m.arrival_gap_est
     if gap is None or m.last_arrival_at is None:
         return math.inf
-    # A silence longer than the mean gap pushes the expectation out with it.
-    return max(m.last_arrival_at + gap - now, (now - m.last_arrival_at) / 8, 0.0)
+    elapsed = now - m.last_arrival_at
+    # How memoryless its arrivals are, from how much its gaps vary: 0 for a loop that comes
+    # back like a clock (the time left is the gap less what has passed), 1 for Poisson arrivals
+    # (the time left is the mean gap, however long it has been).
+    memoryless = min(1.0, m.arrival_gap_dev / (_POISSON_DEV * gap)) if gap > 0 else 0.0
+    left = (1.0 - memoryless) * max(gap - elapsed, 0.0) + memoryless * gap
+    # A silence longer than 8 mean gaps pushes the expectation out with it.
+    return max(left, elapsed / 8)
+
+
+def keep_value(m: ModelRecord, now: float) -> float:
+    """Seconds `m`'s sleep saves at its return (a load against a wake) per second until that
+    return: who stops when host memory runs short is who saves least for the memory it holds
+    (GreedyDual's rule, with the expected next use for the recency)."""
+    saved_s = max(m.load_est - m.wake_est, _EPS)
+    return saved_s / max(next_use_s(m, now), _EPS)
 
 
 class Sleepers:
@@ -43,49 +63,84 @@ class Sleepers:
         return [s for d in self._devices for s in d.sleepers]
 
     def used_gb(self) -> float:
-        return sum(s.spec.host_gb for d in self._devices for s in d.sleepers)
+        return sum(s.held_gb for d in self._devices for s in d.sleepers)
 
-    def plan(
-        self, victims: Sequence[ModelRecord], incoming: ModelRecord, now: float
-    ) -> tuple[list[ModelRecord], list[ModelRecord], list[ModelRecord]]:
-        """For the swap that brings `incoming` in: (victims that stop, victims that fall
-        asleep, sleepers that stop first to leave host memory for them). The victims fall
-        asleep before `incoming` wakes (they free the device it wakes on), so a waking
-        `incoming` still holds its host memory meanwhile."""
-        stop: list[ModelRecord] = []
-        sleep: list[ModelRecord] = []
-        drop: list[ModelRecord] = []
+    def plan(self, victims: Sequence[ModelRecord], incoming: ModelRecord, now: float) -> Plan:
+        """For the swap that brings `incoming` in: which victims stop, which fall asleep (and
+        of those, which at level 2 below their level 1), and which sleepers stop first to leave
+        host memory for them. The victims fall asleep before `incoming` wakes (they free the
+        device it wakes on), so a waking `incoming` still holds its host memory meanwhile."""
+        plan = Plan([], [], [], [])
         free = self.host_gb - self.used_gb()
         for v in victims:
             if not v.sleeps or v.copies:
-                stop.append(v)  # a model with copies elsewhere stops: its queue is served
+                plan.stop.append(v)  # a model with copies elsewhere stops: its queue is served
                 continue
             need = v.spec.host_gb
-            mine = 0.0 if self._lru else next_use_s(v, now)
-            if mine == math.inf:
-                stop.append(v)  # not expected back: its host memory is better left free
+            others = [s for s in self.all() if s not in plan.drop and s is not incoming]
+            if not self._lru and need > free + _EPS:
+                # Sleepers with no return in sight make room first: nothing expected is lost.
+                idle = [s for s in others if s.held_gb and next_use_s(s, now) == math.inf]
+                chosen, room = _make_room(sorted(idle, key=lambda s: s.name), need, free)
+                if need <= room + _EPS:
+                    plan.drop += chosen
+                    free = room
+            if need <= free + _EPS:
+                # It sleeps while there is room, even with no return in sight (fewer than two
+                # arrivals): such a sleeper is the first to stop when room is needed.
+                plan.sleep.append(v)
+                free -= need
                 continue
-            if need > free + _EPS:
-                # Sleepers that matter less than `v`: the least recently used (lru), or those
-                # expected back later than `v` (predicted), the latest first.
-                others = [s for s in self.all() if s not in drop and s is not incoming]
-                if self._lru:
-                    order = sorted(others, key=lambda s: (s.used_at, s.name))
-                else:
-                    later = [(next_use_s(s, now), s.name, s) for s in others]
-                    order = [s for u, _, s in sorted(later, reverse=True) if u > mine]
-                chosen: list[ModelRecord] = []
-                room = free
-                for s in order:
-                    if need <= room + _EPS:
-                        break
-                    chosen.append(s)
-                    room += s.spec.host_gb
-                if need > room + _EPS:
-                    stop.append(v)
-                    continue
-                drop += chosen
-                free = room
-            sleep.append(v)
-            free -= need
-        return stop, sleep, drop
+            if not self._lru and next_use_s(v, now) == math.inf:
+                plan.stop.append(v)  # not expected back, and no room: not held at all
+                continue
+            nap = v.spec.sleep
+            assert nap is not None
+            if not self._lru and nap.level == 1:
+                # Host memory is short: it sleeps at level 2 (its weights dropped, its server
+                # kept), which wakes in seconds where a stop would reload in tens of them.
+                plan.sleep.append(v)
+                plan.deep.append(v)
+                continue
+            # Sleepers that matter less than `v`: the least recently used (lru), or those whose
+            # sleep saves less per second than `v`'s (predicted), the least first.
+            others = [s for s in others if s not in plan.drop]
+            if self._lru:
+                order = sorted(others, key=lambda s: (s.used_at, s.name))
+            else:
+                mine = keep_value(v, now)
+                values = [(keep_value(s, now), s.name, s) for s in others if s.held_gb]
+                order = [s for k, _, s in sorted(values) if k < mine]
+            chosen, room = _make_room(order, need, free)
+            if need > room + _EPS:
+                plan.stop.append(v)
+                continue
+            plan.drop += chosen
+            plan.sleep.append(v)
+            free = room - need
+        return plan
+
+
+def _make_room(
+    order: Sequence[ModelRecord], need: float, free: float
+) -> tuple[list[ModelRecord], float]:
+    """The first sleepers of `order` whose host memory, with `free`, makes `need`; and the
+    room then (short of `need` if all of them do not)."""
+    chosen: list[ModelRecord] = []
+    room = free
+    for s in order:
+        if need <= room + _EPS:
+            break
+        chosen.append(s)
+        room += s.held_gb
+    return chosen, room
+
+
+@dataclass
+class Plan:
+    """Who leaves how in one swap (`Sleepers.plan`): `deep` is a part of `sleep`."""
+
+    stop: list[ModelRecord]
+    sleep: list[ModelRecord]
+    deep: list[ModelRecord]
+    drop: list[ModelRecord]

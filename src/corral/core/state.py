@@ -48,6 +48,8 @@ class ModelRecord:
     __slots__ = (
         "_levels",
         "_order",
+        "aborted_at",
+        "arrival_gap_dev",
         "arrival_gap_est",
         "arrivals",
         "asked",
@@ -56,6 +58,7 @@ class ModelRecord:
         "copies",
         "copy_failed_at",
         "count",
+        "deep",
         "demand_timer_at",
         "device",
         "gap_dev",
@@ -69,6 +72,7 @@ class ModelRecord:
         "linger_timer_at",
         "linger_until",
         "load_est",
+        "load_reason",
         "load_started_at",
         "lost",
         "name",
@@ -90,6 +94,7 @@ class ModelRecord:
         "w_sum",
         "wa_batch",
         "wa_sum",
+        "wake2_est",
         "wake_est",
         "yielding",
     )
@@ -131,6 +136,8 @@ class ModelRecord:
         self.served = False  # dispatched at least once since it last loaded
         self.recheck = False  # a challenger waits for this model's first round to end
         self.load_started_at = 0.0
+        self.load_reason = ""  # why its current (or last) load began (Decision.reason)
+        self.aborted_at: float | None = None  # when its last load was aborted
         self.quantum_timer_at: float | None = None
         self.ready_at = 0.0
         self.linger_until: float | None = None
@@ -143,6 +150,7 @@ class ModelRecord:
         self.gap_dev = 0.0  # EWMA of the gaps' absolute deviation from gap_est
         self.last_arrival_at: float | None = None
         self.arrival_gap_est: float | None = None  # EWMA of the time between arrivals
+        self.arrival_gap_dev = 0.0  # EWMA of their absolute deviation from it
         self.arrivals = 0  # gaps observed (arrivals after the first)
         self.last_level = 0  # the level of the request it dispatched last
         self.service_est = spec.service_s
@@ -151,6 +159,8 @@ class ModelRecord:
         self.unload_est = spec.unload_s
         self.wake_est = spec.sleep.wake_s if spec.sleep is not None else spec.load_s
         self.sleep_est = spec.sleep.sleep_s if spec.sleep is not None else spec.unload_s
+        self.wake2_est = spec.deep_wake_s
+        self.deep = False  # asleep (or waking) at level 2 below its configured level 1
         self.used_at = 0.0  # its last dispatch (the `lru` sleepers' order)
 
     def __repr__(self) -> str:
@@ -181,7 +191,9 @@ class ModelRecord:
     @property
     def return_s(self) -> float:
         """Seconds to bring it in now: a wake if it sleeps, else a load."""
-        return self.wake_est if self.state is Lifecycle.SLEEPING else self.load_est
+        if self.state is Lifecycle.SLEEPING:
+            return self.wake2_est if self.deep else self.wake_est
+        return self.load_est
 
     @property
     def leave_s(self) -> float:
@@ -192,6 +204,11 @@ class ModelRecord:
     def comeback_s(self) -> float:
         """Seconds to bring it back once it has left: a wake if it may sleep, else a load."""
         return self.wake_est if self.sleeps else self.load_est
+
+    @property
+    def held_gb(self) -> float:
+        """Host memory it holds asleep (none asleep at level 2)."""
+        return 0.0 if self.deep else self.spec.host_gb
 
     @property
     def soft_pin(self) -> bool:
@@ -334,6 +351,8 @@ class ModelRecord:
         # make a cold model look hot.
         est = self.arrival_gap_est
         alpha = max(_EWMA_DEMAND, 1.0 / self.arrivals)
+        if est is not None:
+            self.arrival_gap_dev += alpha * (abs(gap - est) - self.arrival_gap_dev)
         self.arrival_gap_est = gap if est is None else est + alpha * (gap - est)
 
     def demand(self, now: float) -> float:
@@ -381,10 +400,13 @@ class ModelRecord:
         self.gap_est = g + _EWMA_GAP * (seconds - g)
 
     def observe_swap(
-        self, load_s: float | None, unload_s: float | None, woke: bool = False
+        self, load_s: float | None, unload_s: float | None, woke: bool = False, deep: bool = False
     ) -> None:
-        """Measured times of its last swap in (`woke`: `load_s` was a wake)."""
-        if load_s is not None and woke:
+        """Measured times of its last swap in (`woke`: `load_s` was a wake; `deep`: from a
+        level-2 sleep below its configured level)."""
+        if load_s is not None and woke and deep:
+            self.wake2_est += _EWMA_SWAP * (load_s - self.wake2_est)
+        elif load_s is not None and woke:
             self.wake_est += _EWMA_SWAP * (load_s - self.wake_est)
         elif load_s is not None:
             self.load_est += _EWMA_SWAP * (load_s - self.load_est)

@@ -45,7 +45,7 @@ class Tiers:
         dev.residents.remove(m)
         self.move(m, Lifecycle.UNLOADED)
         m.device = None
-        m.lost = m.yielding = m.recheck = m.restarting = False
+        m.lost = m.yielding = m.recheck = m.restarting = m.deep = False
         m.linger_until = None  # idle_since stays: the next arrival still measures the gap
         if m.primary is not None:
             m.primary.copies.remove(m)
@@ -64,13 +64,14 @@ class Tiers:
     ) -> None:
         """Bring `c` in on `dev` (a load, or a wake if it sleeps there), `victims` leaving:
         each falls asleep or stops (core/sleep.py)."""
-        stop, asleep, drop = self.sleepers.plan(victims, c, now) if victims else ([], [], [])
-        for s in drop:
+        plan = self.sleepers.plan(victims, c, now) if victims else None
+        stop, asleep, deep = (plan.stop, plan.sleep, plan.deep) if plan else ([], [], [])
+        for s in plan.drop if plan else ():
             self.stop_sleeper(s, now, "host memory")
         for v in victims:
             assert v.in_flight == 0, "evicting a model with requests in flight"
             if v in asleep:
-                self._fall_asleep(v)
+                self._fall_asleep(v, v in deep)
             else:
                 self.leave(v)
         wake = c.asleep
@@ -80,6 +81,7 @@ class Tiers:
         else:
             self.move(c, Lifecycle.LOADING)
         c.load_started_at = now
+        c.load_reason = reason
         c.device = dev
         c.idle_since = None
         c.served = False
@@ -89,17 +91,33 @@ class Tiers:
         evict = tuple(v.name for v in stop)
         slept = tuple(v.name for v in asleep)
         self.decisions.append(Decision(now, c.name, dev.name, evict, reason, slept, wake))
-        if slept or wake:
+        if deep:
+            deeper = tuple(v.name for v in deep)
+            self._fx.load(c.name, dev.name, evict, sleep=slept, wake=wake, deep=deeper)
+        elif slept or wake:
             self._fx.load(c.name, dev.name, evict, sleep=slept, wake=wake)
         else:
             self._fx.load(c.name, dev.name, evict)
 
-    def _fall_asleep(self, v: ModelRecord) -> None:
-        """Evicted `v` sleeps on its device: no room there, host memory held, wakes there."""
+    def abort(self, c: ModelRecord, now: float, reason: str) -> None:
+        """Stop `c`'s load or wake under way (an aborted wake stops the server too)."""
+        dev = c.device
+        assert dev is not None
+        assert dev.loading is c, "aborting a copy that is not loading"
+        dev.loading = None
+        c.aborted_at = now
+        self.leave(c)
+        self.decisions.append(Decision(now, None, dev.name, (c.name,), f"load aborted: {reason}"))
+        self._fx.abort(c.name, dev.name)
+
+    def _fall_asleep(self, v: ModelRecord, deep: bool) -> None:
+        """Evicted `v` sleeps on its device: no room there, host memory held (none `deep`, at
+        level 2), wakes there."""
         dev = v.device
         assert dev is not None
         dev.residents.remove(v)
         self.move(v, Lifecycle.SLEEPING)
+        v.deep = deep
         dev.sleepers.append(v)
         v.yielding = v.recheck = False
         v.linger_until = None
@@ -111,5 +129,6 @@ class Tiers:
         dev.sleepers.remove(s)
         self.move(s, Lifecycle.UNLOADED)
         s.device = None
+        s.deep = False
         self.decisions.append(Decision(now, None, dev.name, (s.name,), f"asleep, {reason}"))
         self._fx.unload(s.name, dev.name)

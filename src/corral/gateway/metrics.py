@@ -47,13 +47,25 @@ class _Live(Collector):
         loaded = GaugeMetricFamily(
             "corral_model_loaded", "1 while the model is loaded or loading.", labels=["model"]
         )
+        asleep = GaugeMetricFamily(
+            "corral_model_sleeping", "1 while the model's server sleeps.", labels=["model"]
+        )
         for name, m in models.items():
             queued.add_metric([name], m["queued"])
             in_flight.add_metric([name], m["in_flight"])
-            loaded.add_metric([name], 0 if m["state"] == "unloaded" else 1)
+            loaded.add_metric([name], 0 if m["state"] in ("unloaded", "sleeping") else 1)
+            asleep.add_metric([name], 1 if m["state"] == "sleeping" else 0)
         yield queued
         yield in_flight
         yield loaded
+        yield asleep
+        host = status.get("host") or {}
+        if host.get("memory_gb") is not None:
+            yield GaugeMetricFamily(
+                "corral_host_memory_sleeping_gb",
+                "Host memory sleeping models hold.",
+                value=host["used_gb"],
+            )
 
 
 class _Gpus(Collector):
@@ -93,6 +105,18 @@ class Metrics:
         self.swaps = Counter("corral_swaps", "Model loads started.", ["model"], registry=r)
         self.load_seconds = Histogram(
             "corral_load_seconds", "Measured load times.", ["model"], buckets=_SECONDS, registry=r
+        )
+        self.wakes = Counter(
+            "corral_wakes",
+            "Loads that woke a sleeping server (of corral_swaps).",
+            ["model"],
+            registry=r,
+        )
+        self.aborts = Counter(
+            "corral_load_aborts",
+            "Loads and wakes stopped because no waiting request needed them any more.",
+            ["model"],
+            registry=r,
         )
         self.unloads = Counter(
             "corral_unloads",

@@ -25,10 +25,11 @@ from typing import Any
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock, ServerRecord
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
-from corral.config import Config, ModelConfig
+from corral.config import Config, HostConfig, ModelConfig
 from corral.core import Request, RequestState, Scheduler
 from corral.gateway.activity import Activity
 from corral.gateway.metrics import Metrics
+from corral.gateway.naps import Naps, host_memory_gb
 from corral.gateway.servers import process_spec, runs_once, upstream_backend
 from corral.machine import watch
 from corral.secrets import Redactor
@@ -51,6 +52,25 @@ class Swap:
     load_s: float | None = None
     unload_s: float | None = None
     error: str | None = None
+    slept: tuple[str, ...] = ()  # put to sleep instead of stopped
+    woke: bool = False  # it was woken, not started
+
+
+@dataclass
+class Load:
+    """One load or wake under way on a device: `stop` are the evicted models' servers, `naps`
+    those put to sleep; `task` the start or wake, cancelled when the load is aborted."""
+
+    model: str
+    device: str
+    backend: Backend | None
+    evict: tuple[str, ...]
+    stop: list[Backend | None]
+    naps: list[tuple[str, Backend, int | None]]
+    wake: bool
+    level: int | None  # the level it wakes from (None: its configured one)
+    aborted: bool = False
+    task: asyncio.Task[tuple[float, bool]] | None = None
 
 
 class Gateway:
@@ -68,6 +88,7 @@ class Gateway:
         self._on: dict[tuple[str, str], Backend] = {}
         self._spares: dict[tuple[str, str], ProcessBackend] = {}
         self._devices = {d.name: d for d in config.devices}
+        self.naps = Naps()  # the servers asleep, and how each model sleeps (gateway/naps.py)
         # The servers this gateway runs, so the next one stops them if this one is killed.
         self.servers = ServerRecord(log_dir / "servers.pids")
         self.lock = DirLock(log_dir / "gateway.lock")
@@ -86,6 +107,7 @@ class Gateway:
         self._busy: set[asyncio.Task[Any]] = set()
         self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
+        self._loads: dict[tuple[str, str], Load] = {}  # the loads under way, to abort
         # A model's own server whose stop waits for its device: it starts again after (`load`).
         self._stopping: dict[str, asyncio.Future[None]] = {}
         self._worker: Worker | None = None  # runs batch lines through this scheduler
@@ -113,7 +135,13 @@ class Gateway:
                 ", ".join(map(str, reaped)),
             )
         self._loop = asyncio.get_running_loop()
-        self.scheduler = Scheduler(self.config, self, self._loop.time, replicas=self.copyable())
+        config = self.config
+        if config.host.memory_gb is None and any(m.sleep for m in config.models.values()):
+            # Sleeping models hold host memory: bounded by the machine's, less a margin.
+            host = HostConfig(memory_gb=max(host_memory_gb(), 0.001))
+            config = config.model_copy(update={"host": host})
+            log.info("sleeping models may hold %.1f GB of host memory", host.memory_gb)
+        self.scheduler = Scheduler(config, self, self._loop.time, replicas=self.copyable())
 
     def copyable(self) -> list[str]:
         """Models that may run twice at once (a replica): started servers whose port Corral
@@ -123,7 +151,12 @@ class Gateway:
     async def close(self) -> None:
         for t in list(self._busy):
             t.cancel()
-        every = [*self.backends.values(), *self._spares.values(), *self._on.values()]
+        every = [
+            *self.backends.values(),
+            *self._spares.values(),
+            *self._on.values(),
+            *self.naps.servers(),
+        ]
         for b in dict.fromkeys(every):  # a server whose model changed runs until it unloads
             with contextlib.suppress(BackendError):
                 await b.stop()
@@ -165,6 +198,7 @@ class Gateway:
         """The server of model `name` as `m` describes it, for its next load (none without
         `cmd` or `upstream`); a copy running now keeps its own until it unloads."""
         self.backends.pop(name, None)
+        self.naps.configure(name, m)
         for key in [k for k in self._spares if k[0] == name]:
             del self._spares[key]  # spare copies of the old command
         if m.cmd is not None:
@@ -190,21 +224,25 @@ class Gateway:
         evict: Sequence[str],
         sleep: Sequence[str] = (),
         wake: bool = False,
+        deep: Sequence[str] = (),
     ) -> None:
-        # TODO(issue 28): the sleep API of started and upstream servers. Until then a model
-        # put to sleep stops, and one woken starts again (slower, never wrong).
-        evict = [*evict, *sleep]
         replica = bool(self.copies(model))
         stop = [self._on.pop((name, device), None) for name in evict]
         for name, old in zip(evict, stop, strict=True):
             self._stop_pending(name, old)
-        backend = self._free_backend(model, device)
+        asleep = [self._on.pop((name, device), None) for name in sleep]
+        naps = self.naps.fall_asleep(sleep, device, asleep, deep)
+        backend, level = self.naps.waking(model, device) if wake else (None, None)
+        if backend is None:
+            backend = self._free_backend(model, device)
         if backend is not None:
             self._on[model, device] = backend
         if self._worker is not None:  # a model with another copy still runs on this node
-            gone = [name for name in evict if not self.copies(name)]
+            gone = [name for name in (*evict, *sleep) if not self.copies(name)]
             self._worker.loading(model, device, gone, replica=replica)
-        op = self._in_turn(device, self._swap_now(model, device, tuple(evict), backend, stop))
+        load = Load(model, device, backend, tuple(evict), stop, naps, wake, level)
+        self._loads[model, device] = load
+        op = self._in_turn(device, self._swap_now(load))
         stopping = self._stopping.get(model)
         if stopping is not None and backend is self.backends.get(model):
             # Its one server (a fixed port) is still stopping on another device: start it
@@ -213,11 +251,27 @@ class Gateway:
         self._ops[model] = self._spawn(op)
 
     def unload(self, model: str, device: str) -> None:
-        backend = self._on.pop((model, device), None)
+        backend = self._on.pop((model, device), None) or self.naps.waking(model, device)[0]
         self._stop_pending(model, backend)
         if self._worker is not None:
             self._worker.gone(model, self.copies(model))
         self._ops[model] = self._spawn(self._unload(model, device, backend))
+
+    def abort(self, model: str, device: str) -> None:
+        """The scheduler no longer wants this load or wake: its server is stopped (a start
+        under way is cancelled, which kills the process) before the device's next operation."""
+        load = self._loads.pop((model, device), None)
+        backend = self._on.pop((model, device), None)
+        if load is not None:
+            load.aborted = True
+            if load.task is not None:
+                load.task.cancel()
+        self._stop_pending(model, backend)
+        if self._worker is not None:
+            self._worker.gone(model, self.copies(model))
+        self.metrics.aborts.labels(model).inc()
+        self.publish("load_aborted", model=model, device=device)
+        log.info("load of %s on %s aborted: no request waits for it", model, device)
 
     def _free_backend(self, model: str, device: str) -> Backend | None:
         """A server object for `model` on `device`: the model's own, unless another copy uses
@@ -351,34 +405,47 @@ class Gateway:
         async with self._device_lock[device]:
             await op
 
-    async def _swap_now(
-        self,
-        model: str,
-        device: str,
-        evict: tuple[str, ...],
-        backend: Backend | None,
-        stop: list[Backend | None],
-    ) -> None:
+    async def _swap_now(self, load: Load) -> None:
         sched = self._sched()
-        swap = Swap(model, evict, time.time())
+        model, device, backend, evict = load.model, load.device, load.backend, load.evict
+        swap = Swap(model, evict, time.time(), slept=tuple(n for n, _, _ in load.naps))
         self.swaps.append(swap)
         self.swap_count += 1
         self.metrics.swaps.labels(model).inc()
         self.publish("load_started", model=model, device=device, evict=list(evict))
         started = time.monotonic()
         try:
-            for name, old in zip(evict, stop, strict=True):
+            for name, old in zip(evict, load.stop, strict=True):
                 if old is not None:
                     try:
                         await old.stop()
                     finally:
                         self._stopped(name, old)
-            swap.unload_s = time.monotonic() - started if evict else None
+            for name, b, level in load.naps:
+                await self.naps.nap(name, b, level)
+            swap.unload_s = time.monotonic() - started if evict or load.naps else None
+            if load.aborted:
+                swap.error = "aborted"
+                return
             if backend is None:
                 raise BackendError(f"model {model}: neither `cmd` nor `upstream` is configured")
             if isinstance(backend, ProcessBackend):
                 backend.device_env = self._devices[device].env
-            swap.load_s = await backend.start()
+            bring_in = self.naps.bring_in(model, backend, load.wake, load.level)
+            load.task = asyncio.ensure_future(bring_in)
+            try:
+                swap.load_s, woke = await load.task
+            except asyncio.CancelledError:
+                if not load.aborted:
+                    raise  # the gateway is closing
+                swap.error = "aborted"
+                with contextlib.suppress(BackendError):
+                    await backend.stop()  # an upstream's unload, a woken server's stop
+                self._stopped(model, backend)
+                return
+            swap.woke = woke
+            if woke:
+                self.metrics.wakes.labels(model).inc()
         except BackendError as exc:
             swap.error = str(exc)
             log.error("%s%s", exc, f"\n{exc.log_tail}" if exc.log_tail else "")
@@ -387,16 +454,26 @@ class Gateway:
                 del self._on[model, device]
             if not self.copies(model):
                 self._held(model, None)
+            self._loads.pop((model, device), None)
             sched.on_load_failed(model, str(exc), device)
             return
+        self._loads.pop((model, device), None)
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
         self.publish(
-            "loaded", model=model, device=device, load_s=swap.load_s, unload_s=swap.unload_s
+            "loaded",
+            model=model,
+            device=device,
+            load_s=swap.load_s,
+            unload_s=swap.unload_s,
+            woke=swap.woke,
         )
-        log.info("loaded %s in %.2f s (evicted %s)", model, swap.load_s, ", ".join(evict) or "-")
+        how = "woke" if swap.woke else "loaded"
+        log.info("%s %s in %.2f s (evicted %s)", how, model, swap.load_s, ", ".join(evict) or "-")
         if len(self.copies(model)) == 1:
             self._held(model, device)
-        sched.on_load_finished(model, load_s=swap.load_s, unload_s=swap.unload_s, device=device)
+        # A wake that fell back to a cold start measured a load, not a wake: not told.
+        measured = swap.load_s if swap.woke == load.wake else None
+        sched.on_load_finished(model, load_s=measured, unload_s=swap.unload_s, device=device)
 
     def _exited(self, model: str, backend: Backend, code: int) -> None:
         """A loaded server died: its in-flight requests fail (502, from the proxy), new ones
@@ -449,6 +526,8 @@ class Gateway:
                     for i, r in enumerate(m.pending(limit=20), 1)
                 ],
                 "load_s_estimate": round(m.load_est, 3),
+                "wake_s_estimate": round(m.wake_est, 3) if m.sleeps else None,
+                "pinned": m.spec.pin or m.soft_pin,
                 "unload_s_estimate": round(m.unload_est, 3),
                 "service_s_estimate": round(m.service_est, 3),
                 "proxy": (
@@ -490,6 +569,14 @@ class Gateway:
                 for d in sched.devices
             ],
             "models": models,
+            # Sleeping models' host memory (docs/design/sleep.md).
+            "host": {
+                "memory_gb": (
+                    None if sched.sleepers.host_gb == float("inf") else sched.sleepers.host_gb
+                ),
+                "used_gb": round(sched.sleepers.used_gb(), 3),
+                "sleeping": [m.name for m in sched.sleepers.all()],
+            },
             # The wait bound kept now (core/stretch.py): the configured one, or longer while
             # the load leaves no room for the switches it would force.
             "wait_bound": {

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 from corral.backends.base import Backend
 from corral.backends.process import ProcessBackend, ProcessSpec
+from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
 
 
 def process_spec(name: str, m: ModelConfig) -> ProcessSpec:
     assert m.cmd is not None
+    env = dict(m.env)
+    if m.sleep is not None and m.sleep.api == "vllm":
+        env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # vLLM serves /sleep and /wake_up only so
     return ProcessSpec(
         model=name,
         cmd=m.cmd,
         proxy=m.proxy,
-        env=m.env,
+        env=env,
         check_endpoint=None if m.check_endpoint.lower() == "none" else m.check_endpoint,
         health_timeout_s=m.health_timeout_s,
         stop_grace_s=m.stop_grace_s,
@@ -28,6 +32,20 @@ def runs_once(b: Backend) -> bool:
     """An upstream, or a started server on a fixed port (no `${PORT}` in `proxy`): it can
     have no second copy, on another device or while it stops."""
     return not isinstance(b, ProcessBackend) or "${PORT}" not in b.spec.proxy
+
+
+def napper(name: str, m: ModelConfig) -> Napper | None:
+    """How `m`'s server sleeps and wakes (None without `sleep:`)."""
+    if m.sleep is None:
+        return None
+    return Napper(
+        name,
+        m.sleep.api,
+        m.sleep.level,
+        m.upstream_model or name,
+        m.sleep.warmup,
+        m.health_timeout_s,
+    )
 
 
 def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
@@ -47,4 +65,5 @@ def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
         None if check is None or check.lower() == "none" else check,
         m.health_timeout_s,
         m.upstream_api_key,
+        napper(name, m),
     )

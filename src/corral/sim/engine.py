@@ -45,8 +45,9 @@ class SimRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A stretch of a device's time: `swap` (unloading then loading `model`), `unload` (of
-    `model`, nothing loaded in its place) or `resident`."""
+    """A stretch of a device's time: `swap` (unloading then loading `model`), `aborted` (a swap
+    whose load was stopped), `unload` (of `model`, nothing loaded in its place) or
+    `resident`."""
 
     device: str
     model: str
@@ -69,6 +70,7 @@ class Run:
     swap_s: dict[str, float]
     rejected: list[tuple[SimRequest, str]] = field(default_factory=list)
     wakes: dict[str, int] = field(default_factory=dict)  # of `loads`, those that were wakes
+    aborted: dict[str, int] = field(default_factory=dict)  # of `loads`, those stopped midway
 
 
 class Simulation:
@@ -131,7 +133,10 @@ class Simulation:
         self._busy_since: dict[str, float] = {}
         self._resident_since: dict[tuple[str, str], float] = {}
         self._ready: set[tuple[str, str]] = set()
-        self._asleep: set[tuple[str, str]] = set()
+        self._asleep: dict[tuple[str, str], bool] = {}  # (model, device) -> at level 2
+        # Loads under way: (model, device) -> (event seq, when its evictions end, segment index)
+        self._arriving: dict[tuple[str, str], tuple[int, float, int]] = {}
+        self._cancelled: set[int] = set()  # load events of aborted loads
         self._run = Run(
             policy=self.scheduler.policy.name,
             config=config,
@@ -154,6 +159,7 @@ class Simulation:
         evict: Sequence[str],
         sleep: Sequence[str] = (),
         wake: bool = False,
+        deep: Sequence[str] = (),
     ) -> None:
         now = self.now
         models = self.config.models
@@ -175,8 +181,8 @@ class Simulation:
             self._ready.discard((v, device))
             since = self._resident_since.pop((v, device), now)
             self._run.segments.append(Segment(device, v, "resident", since, now))
-        self._asleep.update((v, device) for v in sleep)
-        self._asleep.discard((model, device))
+        woke_deep = self._asleep.pop((model, device), False)
+        self._asleep.update({(v, device): v in deep for v in sleep})
         if self.check and sleep:
             self._check_host(now)
         self._where[model].add(device)
@@ -188,9 +194,13 @@ class Simulation:
                 raise InvariantViolation(
                     f"t={now}: {device} over capacity ({used} > {dev.capacity})"
                 )
-        duration = sum(models[v].unload_s for v in evict)
-        duration += sum(_sleep_s(models[v]) for v in sleep)
-        duration += _wake_s(models[model]) if wake else models[model].load_s
+        leave_s = sum(models[v].unload_s for v in evict)
+        leave_s += sum(_sleep_s(models[v]) for v in sleep)
+        if wake:
+            back_s = models[model].deep_wake_s if woke_deep else _wake_s(models[model])
+        else:
+            back_s = models[model].load_s
+        duration = leave_s + back_s
         start = max(now, self._free_at[device])
         end = self._free_at[device] = start + duration
         self._run.segments.append(Segment(device, model, "swap", start, end))
@@ -198,18 +208,39 @@ class Simulation:
         self._run.loads[model] += 1
         if wake:
             self._run.wakes[model] = self._run.wakes.get(model, 0) + 1
-        self._push(end, _LOAD, self._next_seq(), (model, device))
+        seq = self._next_seq()
+        self._arriving[model, device] = (seq, start + leave_s, len(self._run.segments) - 1)
+        self._push(end, _LOAD, seq, (model, device))
+
+    def abort(self, model: str, device: str) -> None:
+        """The load stops now (the evictions before it still take their time): the device is
+        free from then, and its completion never comes."""
+        now = self.now
+        if self.check and (model, device) not in self._arriving:
+            raise InvariantViolation(f"t={now}: aborting {model} on {device}, not loading there")
+        seq, leave_end, index = self._arriving.pop((model, device))
+        self._cancelled.add(seq)
+        self._where[model].discard(device)
+        seg = self._run.segments[index]
+        cut = max(now, leave_end)
+        if self._free_at[device] == seg.end_s:  # nothing queued behind it on the device
+            self._free_at[device] = cut
+        self._run.swap_s[device] -= seg.end_s - cut
+        self._run.segments[index] = Segment(device, model, "aborted", seg.start_s, cut)
+        self._run.aborted[model] = self._run.aborted.get(model, 0) + 1
 
     def _check_host(self, now: float) -> None:
         limit = self.config.host.memory_gb
-        held = sum(self.config.models[m].host_gb for m, _ in self._asleep)
+        held = sum(
+            self.config.models[m].host_gb for (m, _), deep in self._asleep.items() if not deep
+        )
         if limit is not None and held > limit + _EPS:
             raise InvariantViolation(f"t={now}: sleeping models hold {held} GB > host {limit}")
 
     def unload(self, model: str, device: str) -> None:
         now = self.now
         if (model, device) in self._asleep:  # its server stops: no device time
-            self._asleep.discard((model, device))
+            del self._asleep[model, device]
             return
         if self.check:
             if self._running[model, device]:
@@ -329,7 +360,11 @@ class Simulation:
                 r = ev[3]
                 on_request(r)
             elif kind == _LOAD:
+                if ev[2] in self._cancelled:
+                    self._cancelled.discard(ev[2])
+                    continue
                 model, device = ev[3]
+                del self._arriving[model, device]
                 self._ready.add((model, device))
                 self._resident_since[model, device] = self.now
                 sched.on_load_finished(model, device=device)

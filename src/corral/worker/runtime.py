@@ -201,6 +201,7 @@ class Worker:
         evict: Sequence[str],
         sleep: Sequence[str] = (),
         wake: bool = False,
+        deep: Sequence[str] = (),
     ) -> None:
         evict = [*evict, *sleep]  # in-process handlers cannot sleep: they stop
         self.loads.append((model, tuple(evict)))
@@ -208,6 +209,12 @@ class Worker:
         self._spawn(self._swap(model, device, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
+        self.gone(model)
+        self._spawn(self._unload(model, device))
+
+    def abort(self, model: str, device: str) -> None:
+        # In-process handlers load in a thread that cannot be interrupted: it ends, and the
+        # model unloads after it (a later load on the device waits for both).
         self.gone(model)
         self._spawn(self._unload(model, device))
 
