@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Coroutine, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from corral.gateway.activity import Activity
 from corral.gateway.metrics import Metrics
 from corral.gateway.naps import Naps, host_memory_gb
 from corral.gateway.servers import process_spec, runs_once, upstream_backend
+from corral.gateway.swaps import Load, Swap
 from corral.machine import watch
 from corral.secrets import Redactor
 from corral.worker.runtime import Worker
@@ -40,37 +41,6 @@ log = logging.getLogger("corral.gateway")
 
 class Rejected(Exception):
     """The scheduler rejected a request (its model failed to load); the message says why."""
-
-
-@dataclass
-class Swap:
-    """One load, for /api/status."""
-
-    model: str
-    evicted: tuple[str, ...]
-    started_at: float  # epoch seconds
-    load_s: float | None = None
-    unload_s: float | None = None
-    error: str | None = None
-    slept: tuple[str, ...] = ()  # put to sleep instead of stopped
-    woke: bool = False  # it was woken, not started
-
-
-@dataclass
-class Load:
-    """One load or wake under way on a device: `stop` are the evicted models' servers, `naps`
-    those put to sleep; `task` the start or wake, cancelled when the load is aborted."""
-
-    model: str
-    device: str
-    backend: Backend | None
-    evict: tuple[str, ...]
-    stop: list[Backend | None]
-    naps: list[tuple[str, Backend, int | None]]
-    wake: bool
-    level: int | None  # the level it wakes from (None: its configured one)
-    aborted: bool = False
-    task: asyncio.Task[tuple[float, bool]] | None = None
 
 
 class Gateway:

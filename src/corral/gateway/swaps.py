@@ -1,0 +1,40 @@
+"""The records of the gateway's swaps: `Swap`, one load as /api/status shows it, and `Load`, one
+load or wake under way on a device (what `Gateway.abort` stops)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from corral.backends.base import Backend
+
+
+@dataclass
+class Swap:
+    """One load, for /api/status."""
+
+    model: str
+    evicted: tuple[str, ...]
+    started_at: float  # epoch seconds
+    load_s: float | None = None
+    unload_s: float | None = None
+    error: str | None = None
+    slept: tuple[str, ...] = ()  # put to sleep instead of stopped
+    woke: bool = False  # it was woken, not started
+
+
+@dataclass
+class Load:
+    """One load or wake under way on a device: `stop` are the evicted models' servers, `naps`
+    those put to sleep; `task` the start or wake, cancelled when the load is aborted."""
+
+    model: str
+    device: str
+    backend: Backend | None
+    evict: tuple[str, ...]
+    stop: list[Backend | None]
+    naps: list[tuple[str, Backend, int | None]]
+    wake: bool
+    level: int | None  # the level it wakes from (None: its configured one)
+    aborted: bool = False
+    task: asyncio.Task[tuple[float, bool]] | None = None
