@@ -214,7 +214,7 @@ class _Events:
                     continue
                 event = json.loads(line[5:])
                 kind = event.get("event")
-                if kind in ("load_started", "loaded", "load_failed"):
+                if kind in ("load_started", "loaded", "load_failed", "load_aborted"):
                     swap = _Swap(event["at"], event["model"], event.get("device"))
                     (self.started if kind == "load_started" else self.loaded).append(swap)
 
@@ -435,7 +435,7 @@ def _covered_s(requests: list[SimRequest]) -> float:
 
 def _swap_s(starts: list[_Swap], ends: list[_Swap], default: str) -> dict[str, float]:
     """Seconds each device spent swapping: a model's load on a device, from its start to its
-    end (loaded or failed), in order (a gateway that names no device: `default`)."""
+    end (loaded, failed or aborted), in order (a gateway that names no device: `default`)."""
     open_at: dict[tuple[str, str], list[float]] = defaultdict(list)
     out: dict[str, float] = defaultdict(float)
     for at, is_end, swap in sorted(

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from corral.config import Config
 from corral.core.stretch import Demand, swap_rate
 from corral.sim.engine import Run, simulate
-from corral.sim.families import random_scenario
+from corral.sim.families import random_scenario, random_sleep_scenario
 from corral.sim.scenarios import Scenario
 
 pytestmark = pytest.mark.property
@@ -193,3 +193,27 @@ def test_cost_never_keeps_an_idle_device_while_a_model_with_no_copy_waits() -> N
     test_no_device_idles_while_a_model_with_no_copy_waits_beyond_a_linger.hypothesis.inner_test(  # type: ignore[attr-defined]
         435814, "cost"
     )
+
+
+@SETTINGS
+@given(SEEDS, st.sampled_from(["predicted", "lru"]))
+def test_with_every_model_able_to_sleep_every_request_finishes(seed: int, sleepers: str) -> None:
+    """The same family with sleep (issue 28): the books hold (sleepers within host memory,
+    aborted loads) and every request finishes, under both sleeper rules."""
+    sc = random_sleep_scenario(seed, REQUESTS)
+    config = sc.config.model_copy(
+        update={"scheduler": sc.config.scheduler.model_copy(update={"sleepers": sleepers})}
+    )
+    run = simulate(config, sc.trace, check=True)
+    assert all(r.finished_at is not None for r in run.requests)
+
+
+def test_the_sleep_family_found_the_replica_abort_loop() -> None:
+    """Seed 2804 of the sleep family (2,000 requests, `lru`) once made the scheduler abort a
+    replica's load for a person and copy it again at once, without end."""
+    sc = random_sleep_scenario(2804, 2000)
+    config = sc.config.model_copy(
+        update={"scheduler": sc.config.scheduler.model_copy(update={"sleepers": "lru"})}
+    )
+    run = simulate(config, sc.trace, check=True)
+    assert all(r.finished_at is not None for r in run.requests)

@@ -117,7 +117,8 @@ def test_predicted_sleeps_a_victim_at_level_2_when_host_memory_is_short() -> Non
     h.at(201).arrive("d1")  # c must leave: it sleeps at level 2 (no host memory); nobody stops
     assert h.take() == [("load", "d", (), ("c",), False, ("c",))]
     c = h.s.models["c"]
-    assert c.asleep and c.deep
+    assert c.asleep
+    assert c.deep
     assert {s.name for s in h.s.sleepers.all()} == {"a", "b", "c"}
     assert h.s.sleepers.used_gb() == 40
     assert c.return_s == c.wake2_est == 9  # 3x its level-1 wake of 3 s

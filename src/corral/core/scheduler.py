@@ -626,17 +626,21 @@ class Scheduler:
     def _abort_for_interactive(self, candidates: list[ModelRecord], now: float) -> None:
         """A person's request whose model found no room while a device loads a model for batch
         work only: that load stops, unless letting it finish (then one batch answer, then an
-        unload) would cost the person less. Loads an operator asked for, those whose batch work
-        is past its bound, and one already aborted at this instant go on (so an abort can never
-        repeat within one decision)."""
+        unload) would cost the person less, or unless the person's model could go to another
+        device (there, other work ends sooner or later; an abort only wastes the load: seen on
+        the robustness family, docs/design/sleep.md). Loads an operator asked for, those whose
+        batch work is past its bound, replicas' loads, and loads on a device that saw an abort
+        at this instant go on (so aborts can never repeat within one decision)."""
         waiting = [c for c in candidates if c.icount and not c.resident and c not in self._incoming]
         if not waiting:
             return
         bound = self.swaps.bound_s(True)
         for d in self.devices:
             c = d.loading
-            if c is None or c.in_flight or c.load_reason in _KEPT_LOADS or c.aborted_at == now:
+            if c is None or c.in_flight or c.load_reason in _KEPT_LOADS or d.aborted_at == now:
                 continue
+            if c.primary is not None:
+                continue  # a replica: the copy rules would take the device again at once
             q = c.queue
             if q.icount:
                 continue
@@ -650,7 +654,7 @@ class Scheduler:
             left_s = c.load_started_at + est - now
             if left_s <= q.service_est + c.unload_est:
                 continue
-            if any(_may_use(w, d) for w in waiting):
+            if any(_only_use(w, d, self.devices) for w in waiting):
                 self.tiers.abort(c, now, "a person's request needs the device")
                 self._need_decide = True
                 return
@@ -660,3 +664,8 @@ def _may_use(m: ModelRecord, d: DeviceRecord) -> bool:
     """Non-resident `m` could be brought in on `d` (its devices, its size, where it sleeps)."""
     allowed = not m.spec.devices or d.name in m.spec.devices
     return allowed and d.size_of(m) <= d.capacity and (not m.asleep or m.device is d)
+
+
+def _only_use(m: ModelRecord, d: DeviceRecord, devices: list[DeviceRecord]) -> bool:
+    """`d` is the one device non-resident `m` could be brought in on."""
+    return _may_use(m, d) and not any(_may_use(m, e) for e in devices if e is not d)

@@ -48,7 +48,6 @@ class ModelRecord:
     __slots__ = (
         "_levels",
         "_order",
-        "aborted_at",
         "arrival_gap_dev",
         "arrival_gap_est",
         "arrivals",
@@ -137,7 +136,6 @@ class ModelRecord:
         self.recheck = False  # a challenger waits for this model's first round to end
         self.load_started_at = 0.0
         self.load_reason = ""  # why its current (or last) load began (Decision.reason)
-        self.aborted_at: float | None = None  # when its last load was aborted
         self.quantum_timer_at: float | None = None
         self.ready_at = 0.0
         self.linger_until: float | None = None
@@ -417,7 +415,15 @@ class ModelRecord:
 class DeviceRecord:
     """A device and the models resident on it (loading or ready)."""
 
-    __slots__ = ("capacity", "loading", "memory_gb", "name", "residents", "sleepers")
+    __slots__ = (
+        "aborted_at",
+        "capacity",
+        "loading",
+        "memory_gb",
+        "name",
+        "residents",
+        "sleepers",
+    )
 
     def __init__(self, spec: DeviceConfig) -> None:
         self.name = spec.name
@@ -426,6 +432,7 @@ class DeviceRecord:
         self.residents: list[ModelRecord] = []
         self.sleepers: list[ModelRecord] = []  # asleep here: they hold no room, wake only here
         self.loading: ModelRecord | None = None  # loading or waking
+        self.aborted_at: float | None = None  # when a load here was last aborted
 
     def holding(self, name: str) -> ModelRecord:
         """The resident record (primary or replica) of model `name` here."""

@@ -105,7 +105,7 @@ class Tiers:
         assert dev is not None
         assert dev.loading is c, "aborting a copy that is not loading"
         dev.loading = None
-        c.aborted_at = now
+        dev.aborted_at = now
         self.leave(c)
         self.decisions.append(Decision(now, None, dev.name, (c.name,), f"load aborted: {reason}"))
         self._fx.abort(c.name, dev.name)

@@ -17,6 +17,10 @@ same ranges. Ranges (each drawn independently per scenario unless said):
 - length: arrivals for 300-1800 s (about 5,000 requests at most), then the queues drain.
 
 The configuration uses Corral's defaults (`max_wait_s` 120, `batch.max_wait_s` 3600).
+
+`random_sleep_scenario(seed)` is the same scenario with every model able to sleep (issue 28):
+level 1, wakes 2-10% of the load and falling asleep in half that, each model holding its
+`memory_gb` (or 4-40 GB) of host memory asleep, and host memory for 20-100% of them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 
-from corral.config import parse_config
+from corral.config import Config, parse_config
 from corral.sim.scenarios import Scenario, _trace
 
 MAX_REQUESTS = 5_000
@@ -113,3 +117,28 @@ def random_scenario(seed: int, max_requests: int = MAX_REQUESTS, steady: bool = 
     )
     config = parse_config("\n".join(cfg) + "\n", f"<scenario {name}>")
     return Scenario(name, summary, config, _trace(name, lines))
+
+
+def random_sleep_scenario(seed: int, max_requests: int = MAX_REQUESTS) -> Scenario:
+    """`random_scenario(seed)` with every model able to sleep (the module docstring's ranges)."""
+    sc = random_scenario(seed, max_requests)
+    rng = random.Random(seed * 7919)
+    raw = sc.config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    held_gb = 0.0
+    for m in raw["models"].values():
+        gb = m.get("memory_gb") or round(rng.uniform(4, 40), 1)
+        wake_s = round(m["load_s"] * rng.uniform(0.02, 0.1), 2)
+        m["sleep"] = {
+            "level": 1,
+            "wake_s": wake_s,
+            "sleep_s": round(wake_s / 2, 2),
+            "host_memory_gb": gb,
+        }
+        held_gb += gb
+    raw["host"] = {"memory_gb": round(held_gb * rng.uniform(0.2, 1.0), 1)}
+    return Scenario(
+        sc.name.replace("random", "random-sleep"),
+        sc.summary + ", every model able to sleep",
+        Config.model_validate(raw),
+        sc.trace,
+    )

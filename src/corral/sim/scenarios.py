@@ -276,6 +276,36 @@ def sleepers() -> Scenario:
     return Scenario("sleepers", sleepers.__doc__ or "", cfg, _trace("sleepers", lines))
 
 
+BESIDE_BATCH_CONFIG = """
+devices: [{name: gpu0, memory_gb: 24}]
+host: {memory_gb: 40}
+models:
+  chat-8b: {load_s: 45, unload_s: 2, service_s: 3, memory_gb: 20,
+            sleep: {level: 1, wake_s: 2, sleep_s: 1}}
+  bulk-14b: {load_s: 50, unload_s: 2, service_s: 4, memory_gb: 20,
+             sleep: {level: 1, wake_s: 2, sleep_s: 1}}
+scheduler: {policy: cost, max_wait_s: 120}
+"""
+
+
+def beside_batch() -> Scenario:
+    """A person chats (Poisson, every 90 s on average) with one model while an 800-line batch
+    runs on another, one device, both models able to sleep (level-1 wakes of 2 s against 45-50 s
+    loads), for an hour (issue 28): each chat waits for a wake, or, without `sleep:`, a load."""
+    cfg = parse_config(BESIDE_BATCH_CONFIG, "<scenario beside-batch>")
+    rng = random.Random(281)
+    lines: list[dict[str, object]] = [
+        {"t": 0.0, "model": "bulk-14b", "class": "batch", "service_s": round(rng.uniform(3, 5), 2)}
+        for _ in range(800)
+    ]
+    t = 0.0
+    while (t := t + rng.expovariate(1 / 90)) < 3600:
+        lines.append(
+            {"t": round(t, 3), "model": "chat-8b", "service_s": round(rng.uniform(2, 4), 2)}
+        )
+    return Scenario("beside-batch", beside_batch.__doc__ or "", cfg, _trace("beside-batch", lines))
+
+
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "approvals": approvals,
     "agents": agents,
@@ -285,6 +315,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "devices-4": devices_4,
     "devices-8": devices_8,
     "sleepers": sleepers,
+    "beside-batch": beside_batch,
 }
 
 
