@@ -35,7 +35,7 @@ from typing import Any
 from rich.progress import track
 
 from corral.config import Config, parse_config
-from corral.core.scheduler import Scheduler
+from corral.core.aborts import Aborts
 from corral.replay import compare, replay
 from corral.sim.engine import simulate
 from corral.sim.families import random_sleep_scenario
@@ -60,12 +60,12 @@ def simulated(config: Config, trace: Trace, aborts: bool = True) -> dict[str, An
     if aborts:
         return summarize(simulate(config, trace, policy="cost"))
     # The counterfactual: the same scheduler with the interactive abort rule switched off.
-    rule = Scheduler._abort_for_interactive
-    Scheduler._abort_for_interactive = lambda *_: None  # type: ignore[method-assign]
+    rule = Aborts.for_interactive
+    Aborts.for_interactive = lambda *_: False  # type: ignore[method-assign]
     try:
         return summarize(simulate(config, trace, policy="cost"))
     finally:
-        Scheduler._abort_for_interactive = rule  # type: ignore[method-assign]
+        Aborts.for_interactive = rule  # type: ignore[method-assign]
 
 
 def row(name: str, mode: str, s: dict[str, Any]) -> str:

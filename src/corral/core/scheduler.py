@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterator
 
 from corral.config import Config, ModelConfig
+from corral.core.aborts import Aborts
 from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
@@ -44,9 +45,6 @@ _RUNNING = RequestState.RUNNING
 _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
 _SLEEPING = Lifecycle.SLEEPING
-_ARRIVING = frozenset({Lifecycle.LOADING, Lifecycle.WAKING})
-# Loads that are never aborted: an operator's, and those the wait bound forced.
-_KEPT_LOADS = frozenset({"requested", "max_wait_s reached"})
 _OVERDUE = "overdue"
 _TTL = "ttl:"
 _RESIDENT = "resident:"  # its min_resident_s ended: evictions it held back may go ahead
@@ -118,6 +116,9 @@ class Scheduler:
             lambda m, now: self.swaps.views(m, now),
             self.tiers.start_load,
             lambda batch: self.swaps.bound_s(batch),
+        )
+        self.aborts = Aborts(
+            self.devices, self.tiers, self._incoming, lambda batch: self.swaps.bound_s(batch)
         )
         self.swaps = Swaps(
             self.policy,
@@ -265,7 +266,7 @@ class Scheduler:
             return True
         if r.state is _PENDING:
             self._drop(r, RequestState.CANCELLED)
-            self._abort_unwanted(self.models[r.model], now)
+            self.aborts.unwanted(self.models[r.model], now)
             self._need_decide = True
             self._settle(now)
             return True
@@ -433,7 +434,7 @@ class Scheduler:
         dev = self.devices[0]
         if dev.loading is not None:
             # Decided again when the load ends, unless a person's request may stop a load that
-            # only batch work wants (_abort_for_interactive).
+            # only batch work wants (core/aborts.py).
             return self._classes and c.icount > 0 and not dev.loading.queue.icount
         if not dev.residents:
             return True
@@ -608,64 +609,8 @@ class Scheduler:
                 self.swaps.swap_placed(candidates, forced, now)
         if self.replicas.enabled:
             self.replicas.replicate(now)
-        if self._classes and candidates:
-            self._abort_for_interactive(candidates, now)
+        if self._classes and candidates and self.aborts.for_interactive(candidates, now):
+            self._need_decide = True
         for m in list(self.resident_models()):
             if m.state is _READY and not m.yielding and m.queue.count:
                 self._dispatch(m, now)
-
-    # --- aborted loads (docs/design/sleep.md) ---------------------------------------------------
-    def _abort_unwanted(self, m: ModelRecord, now: float) -> None:
-        """The last waiting request of `m` left: a load or wake begun for its work stops."""
-        if m.count:
-            return
-        for c in (m, *m.copies):
-            if c.state in _ARRIVING and c.in_flight == 0 and c.load_reason not in _KEPT_LOADS:
-                self.tiers.abort(c, now, "its waiting requests left")
-
-    def _abort_for_interactive(self, candidates: list[ModelRecord], now: float) -> None:
-        """A person's request whose model found no room while a device loads a model for batch
-        work only: that load stops, unless letting it finish (then one batch answer, then an
-        unload) would cost the person less, or unless the person's model could go to another
-        device (there, other work ends sooner or later; an abort only wastes the load: seen on
-        the robustness family, docs/design/sleep.md). Loads an operator asked for, those whose
-        batch work is past its bound, replicas' loads, and loads on a device that saw an abort
-        at this instant go on (so aborts can never repeat within one decision)."""
-        waiting = [c for c in candidates if c.icount and not c.resident and c not in self._incoming]
-        if not waiting:
-            return
-        bound = self.swaps.bound_s(True)
-        for d in self.devices:
-            c = d.loading
-            if c is None or c.in_flight or c.load_reason in _KEPT_LOADS or d.aborted_at == now:
-                continue
-            if c.primary is not None:
-                continue  # a replica: the copy rules would take the device again at once
-            q = c.queue
-            if q.icount:
-                continue
-            oldest = q.oldest(True)
-            if bound is not None and oldest is not None and oldest.arrived_at + bound <= now:
-                continue  # its batch work is overdue: the bound keeps the load
-            if c.state is Lifecycle.WAKING:
-                est = c.wake2_est if c.deep else c.wake_est
-            else:
-                est = c.load_est
-            left_s = c.load_started_at + est - now
-            if left_s <= q.service_est + c.unload_est:
-                continue
-            if any(_only_use(w, d, self.devices) for w in waiting):
-                self.tiers.abort(c, now, "a person's request needs the device")
-                self._need_decide = True
-                return
-
-
-def _may_use(m: ModelRecord, d: DeviceRecord) -> bool:
-    """Non-resident `m` could be brought in on `d` (its devices, its size, where it sleeps)."""
-    allowed = not m.spec.devices or d.name in m.spec.devices
-    return allowed and d.size_of(m) <= d.capacity and (not m.asleep or m.device is d)
-
-
-def _only_use(m: ModelRecord, d: DeviceRecord, devices: list[DeviceRecord]) -> bool:
-    """`d` is the one device non-resident `m` could be brought in on."""
-    return _may_use(m, d) and not any(_may_use(m, e) for e in devices if e is not d)
