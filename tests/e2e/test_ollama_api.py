@@ -206,6 +206,8 @@ def test_keep_alive_zero_unloads_and_minus_one_stays(gw: Gateway) -> None:
     ps = {m.model: m for m in c.ps().models}
     assert ps["beta:latest"].expires_at is not None
     assert ps["beta:latest"].expires_at.year > 2200
+    # A soft pin (docs/design/sleep.md): never unloaded for idleness, evicted last.
+    assert httpx.get(f"{gw.url}/api/status", headers=AUTH).json()["models"]["beta"]["pinned"]
     unloaded = c.generate(model="beta", prompt="", keep_alive=0)  # Open WebUI's "unload"
     assert unloaded.done_reason == "unload"
     deadline = time.monotonic() + 30

@@ -4,12 +4,14 @@ recorded, no sleeps."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from corral.config import parse_config
 from corral.core import Lifecycle
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.errors import ConfigError
+from corral.gateway.naps import host_memory_gb
 from tests.helpers import Harness
 
 pytestmark = pytest.mark.unit
@@ -263,3 +265,10 @@ scheduler: {max_wait_s: 10}
     assert h.take() == []
     h.at(30).timers_due()  # the min_resident_s timer: decided again
     assert h.take() == [("load", "b", ("a",))]
+
+
+def test_the_default_host_memory_for_sleepers_is_the_machines_less_a_margin() -> None:
+    total_gb = psutil.virtual_memory().total / 1e9
+    got = host_memory_gb()
+    assert 0 <= got <= total_gb - 4.0
+    assert got >= min(total_gb * 0.9, total_gb - 4.0) - 1e-6
