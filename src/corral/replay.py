@@ -72,11 +72,13 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
         )
         nap = m.get("sleep")
         if nap is not None:  # a server that sleeps and wakes in the configured times
-            scale(nap, "wake_s", "sleep_s")
-            # A level-2 wake reloads the weights: the configured wake time is all of it.
+            # A level-2 wake reloads the weights (`--wake2-s`): the model's deep wake, its
+            # `wake_s` when it is configured at level 2.
+            deep_s = config.models[name].deep_wake_s / speed
+            scale(nap, "wake_s", "sleep_s", "wake2_s")
             m["cmd"] += (
                 f" --sleep-s {nap['sleep_s']:.6f} --wake-s {nap['wake_s']:.6f} "
-                f"--wake2-s {nap['wake_s']:.6f} --memory-gb {m.get('memory_gb', 0):g}"
+                f"--wake2-s {deep_s:.6f} --memory-gb {m.get('memory_gb', 0):g}"
             )
         m["stop_grace_s"] = m["unload_s"] + 10
         m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
