@@ -704,3 +704,52 @@ def test_keep_result_false_stores_no_result_and_retention_purges_old_tasks(url: 
     q.run_worker(until_idle=True, settings=settings)
     assert [t.id for t in q.store.list(limit=100)] == [later]
     q.close()
+
+
+def test_a_load_whose_only_task_is_cancelled_is_aborted_and_never_reported(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28: the task a model was loading for is cancelled mid-load. The load (a thread
+    that cannot be interrupted) ends unreported, the model unloads through its hook, and the
+    next task loads it again; nothing in the worker breaks."""
+    log: list[Any] = []
+    loading = threading.Event()
+    release = threading.Event()
+    config = corral.Config.model_validate({"models": {"m": {"load_s": 30}}})
+    q = corral.Queue(url, config=config)
+
+    def slow_load() -> None:
+        log.append("load")
+        loading.set()
+        release.wait(10)
+
+    q.model("m", load=slow_load, unload=functools.partial(log.append, "unload"))
+
+    @q.handler("echo", model="m")
+    def echo(p: Any) -> Any:
+        log.append(("run", p))
+        return p
+
+    async def main() -> None:
+        w = q.worker(FAST)
+        run = asyncio.ensure_future(w.run())
+        first = q.submit("echo", 1)
+        assert await asyncio.to_thread(loading.wait, 10)
+        q.cancel(first)
+        for _ in range(500):  # the worker's mirror sees the task gone: the load is aborted
+            if any(d.reason.startswith("load aborted") for d in w._sched().decisions):
+                break
+            await asyncio.sleep(0.02)
+        release.set()
+        reasons = [d.reason for d in w._sched().decisions]
+        assert "load aborted: its waiting requests left" in reasons
+        loading.clear()
+        second = q.submit("echo", 2)
+        assert await asyncio.to_thread(q.result, second, 20) == 2
+        w.stop()
+        await asyncio.wait_for(run, 10)
+
+    asyncio.run(main())
+    assert log == ["load", "unload", "load", ("run", 2)]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    q.close()

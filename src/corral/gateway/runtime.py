@@ -396,6 +396,8 @@ class Gateway:
             swap.unload_s = time.monotonic() - started if evict or load.naps else None
             if load.aborted:
                 swap.error = "aborted"
+                if backend is not None:
+                    self._stopped(model, backend)
                 return
             if backend is None:
                 raise BackendError(f"model {model}: neither `cmd` nor `upstream` is configured")
@@ -408,6 +410,10 @@ class Gateway:
             except asyncio.CancelledError:
                 if not load.aborted:
                     raise  # the gateway is closing
+            except BackendError:
+                if not load.aborted:
+                    raise
+            if load.aborted:  # cancelled, or aborted between its end and this line
                 swap.error = "aborted"
                 with contextlib.suppress(BackendError):
                     await backend.stop()  # an upstream's unload, a woken server's stop
@@ -592,6 +598,7 @@ class Gateway:
         t = asyncio.ensure_future(coro)
         self._busy.add(t)
         t.add_done_callback(self._busy.discard)
+        t.add_done_callback(_log_failure)
         return t
 
     def _loop_(self) -> asyncio.AbstractEventLoop:
@@ -601,3 +608,10 @@ class Gateway:
     def _sched(self) -> Scheduler:
         assert self.scheduler is not None, "the gateway is not started"
         return self.scheduler
+
+
+def _log_failure(t: asyncio.Task[Any]) -> None:
+    """A background operation that raised: a bug in Corral, said at once (not when the task
+    is collected, or never)."""
+    if not t.cancelled() and t.exception() is not None:
+        log.error("gateway: a background operation failed", exc_info=t.exception())

@@ -123,6 +123,7 @@ class Worker:
         self._cooldown_until: dict[str, float] = {}
         self._busy: set[asyncio.Task[None]] = set()
         self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._aborted: dict[tuple[str, str], int] = defaultdict(int)  # loads to leave unreported
         self._moving: dict[str, int] = defaultdict(int)  # claims/releases under way
         self._moved: dict[str, int] = defaultdict(int)  # ... and finished
         self._stale: set[str] = set()  # models whose last reconcile was skipped
@@ -213,8 +214,9 @@ class Worker:
         self._spawn(self._unload(model, device))
 
     def abort(self, model: str, device: str) -> None:
-        # In-process handlers load in a thread that cannot be interrupted: it ends, and the
-        # model unloads after it (a later load on the device waits for both).
+        # In-process handlers load in a thread that cannot be interrupted: it ends unreported,
+        # and the model unloads after it (a later load on the device waits for both).
+        self._aborted[model, device] += 1
         self.gone(model)
         self._spawn(self._unload(model, device))
 
@@ -532,9 +534,12 @@ class Worker:
                 if hooks is not None and hooks.load is not None:
                     await _maybe_await(hooks.load)
             except Exception as exc:
-                self.held(model, None)
-                sched.on_load_failed(model, describe(exc))
+                if not self._unreported(model, device):
+                    self.held(model, None)
+                    sched.on_load_failed(model, describe(exc))
                 return
+        if self._unreported(model, device):
+            return
         if model in self.residency.held:
             self.held(model, device)
         sched.on_load_finished(
@@ -542,6 +547,13 @@ class Worker:
             load_s=time.monotonic() - unloaded,
             unload_s=(unloaded - started) if evict else None,
         )
+
+    def _unreported(self, model: str, device: str) -> bool:
+        """The load of `model` on `device` that just ended was aborted: no report comes."""
+        if not self._aborted[model, device]:
+            return False
+        self._aborted[model, device] -= 1
+        return True
 
     async def _unload(self, model: str, device: str) -> None:
         async with self._device_lock[device]:
@@ -569,6 +581,7 @@ class Worker:
         t: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[call-overload]
         self._busy.add(t)
         t.add_done_callback(self._busy.discard)
+        t.add_done_callback(_log_failure)
         return t
 
     def _loop_(self) -> asyncio.AbstractEventLoop:
@@ -587,3 +600,10 @@ async def _maybe_await(hook: object) -> None:
         await hook()
     else:
         await asyncio.to_thread(hook)  # type: ignore[arg-type]
+
+
+def _log_failure(t: asyncio.Task[object]) -> None:
+    """A background operation that raised: a bug in Corral, said at once (not when the task
+    is collected, or never)."""
+    if not t.cancelled() and t.exception() is not None:
+        log.error("worker: a background operation failed", exc_info=t.exception())
