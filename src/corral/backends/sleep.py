@@ -15,7 +15,9 @@ wake, not in a person's first answer.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,12 +45,19 @@ class Napper:
     warmup: bool = True
     timeout_s: float = 120.0
 
-    async def sleep(self, url: str, headers: dict[str, str], level: int | None = None) -> float:
+    async def sleep(
+        self,
+        url: str,
+        headers: dict[str, str],
+        level: int | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> float:
         """The server frees its device (and, at level 2, its weights); returns the seconds it
-        took. Raises `BackendError` naming the call and the fix."""
+        took. Raises `BackendError` naming the call and the fix. `client`: a shared one (a new
+        client costs milliseconds: its TLS context), else one for this call."""
         started = time.monotonic()
         depth = self.level if level is None else level
-        async with self._client(url, headers) as c:
+        async with self._session(url, headers, client) as c:
             if self.kind == "vllm":
                 await self._call(c, "POST", f"/sleep?level={depth}")
             else:
@@ -56,13 +65,18 @@ class Napper:
         return time.monotonic() - started
 
     async def wake(
-        self, url: str, headers: dict[str, str], level: int | None = None, warm: bool = True
+        self,
+        url: str,
+        headers: dict[str, str],
+        level: int | None = None,
+        warm: bool = True,
+        client: httpx.AsyncClient | None = None,
     ) -> float:
         """The server that slept at `level` (default: the configured one) serves again, warmed
         up (unless not `warm`); returns the seconds it took."""
         started = time.monotonic()
         depth = self.level if level is None else level
-        async with self._client(url, headers) as c:
+        async with self._session(url, headers, client) as c:
             if self.kind == "sglang":
                 await self._call(c, "POST", "/resume_memory_occupation", {})
             elif depth == 1:
@@ -77,29 +91,45 @@ class Napper:
                 await self._call(c, "POST", "/v1/completions", body)
         return time.monotonic() - started
 
-    async def is_sleeping(self, url: str, headers: dict[str, str]) -> bool:
+    async def is_sleeping(
+        self, url: str, headers: dict[str, str], client: httpx.AsyncClient | None = None
+    ) -> bool:
         """Whether a vLLM server sleeps now (SGLang cannot say: False)."""
         if self.kind != "vllm":
             return False
-        async with self._client(url, headers) as c:
+        async with self._session(url, headers, client) as c:
             r = await self._call(c, "GET", "/is_sleeping")
         try:
             return bool(r.json().get("is_sleeping"))
         except (ValueError, AttributeError):
             return False
 
-    def _client(self, url: str, headers: dict[str, str]) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=url, headers=headers, timeout=self.timeout_s)
+    @contextlib.asynccontextmanager
+    async def _session(
+        self, url: str, headers: dict[str, str], client: httpx.AsyncClient | None
+    ) -> AsyncIterator[_Session]:
+        if client is not None:
+            yield _Session(client, url, headers)
+            return
+        async with httpx.AsyncClient(timeout=self.timeout_s) as own:
+            yield _Session(own, url, headers)
 
-    async def _call(
-        self, c: httpx.AsyncClient, method: str, path: str, body: Any = None
-    ) -> httpx.Response:
+    async def _call(self, c: _Session, method: str, path: str, body: Any = None) -> httpx.Response:
         what = f"model {self.model}: {method} {path}"
         try:
-            r = await c.request(method, path, json=body)
+            r = await c.client.request(
+                method, c.url + path, json=body, headers=c.headers, timeout=self.timeout_s
+            )
         except httpx.HTTPError as exc:
             raise BackendError(f"{what} failed ({type(exc).__name__}: {exc})") from None
         if r.status_code >= 400:
             hint = f"; {_HINTS[self.kind]}" if r.status_code in (404, 405) else ""
             raise BackendError(f"{what} answered {r.status_code}: {r.text[:200]}{hint}")
         return r
+
+
+@dataclass(frozen=True)
+class _Session:
+    client: httpx.AsyncClient
+    url: str
+    headers: dict[str, str]

@@ -56,6 +56,12 @@ class UpstreamBackend:
         self._log: deque[str] = deque(maxlen=200)
         self.napper = napper
         self._slept: int | None = None  # the level it sleeps at, if Corral put it to sleep
+        self._http: httpx.AsyncClient | None = None  # for the sleep API (a client per call costs)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        return self._http
 
     @property
     def running(self) -> bool:
@@ -85,7 +91,9 @@ class UpstreamBackend:
                 await self._call(client, self._unload, "unload")
         if self.napper is not None and self._slept != 2:
             if self._slept == 1:  # vLLM sleeps once: wake (fast, from host memory) to sleep deeper
-                await self.napper.wake(self.proxy_url, self.headers, 1, warm=False)
+                await self.napper.wake(
+                    self.proxy_url, self.headers, 1, warm=False, client=self._client()
+                )
                 self._slept = None
             await self.nap(2)  # the deepest sleep is as close to a stop as an upstream gets
         return time.monotonic() - started
@@ -96,7 +104,7 @@ class UpstreamBackend:
         depth = self.napper.level if level is None else level
         self._up = False
         try:
-            took = await self.napper.sleep(self.proxy_url, self.headers, depth)
+            took = await self.napper.sleep(self.proxy_url, self.headers, depth, self._client())
         except BackendError as exc:
             self._note(str(exc))
             raise
@@ -115,12 +123,13 @@ class UpstreamBackend:
         napper = self.napper
         assert napper is not None
         level = self._slept
-        if level is None and await napper.is_sleeping(self.proxy_url, self.headers):
+        http = self._client()
+        if level is None and await napper.is_sleeping(self.proxy_url, self.headers, http):
             level = 2  # asleep before this run: the wake that serves either level
         if level is None:
             return
         try:
-            took = await napper.wake(self.proxy_url, self.headers, level)
+            took = await napper.wake(self.proxy_url, self.headers, level, client=http)
         except BackendError as exc:
             self._note(str(exc))
             raise

@@ -10,6 +10,7 @@ import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 
+import httpx
 import psutil
 
 from corral.backends.base import Backend
@@ -40,6 +41,17 @@ class Naps:
         self._nappers: dict[str, Napper] = {}
         # (model, device) -> its server, and the level it sleeps at (None: its configured one)
         self._asleep: dict[tuple[str, str], tuple[Backend, int | None]] = {}
+        self._http: httpx.AsyncClient | None = None  # one client for every sleep API call
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     def configure(self, name: str, m: ModelConfig) -> None:
         """`name`'s sleep settings from now on (a server asleep keeps sleeping)."""
@@ -89,7 +101,7 @@ class Naps:
                 raise BackendError(f"model {name}: its sleep settings were removed")
             if isinstance(server, UpstreamBackend):
                 return await server.nap(level)
-            return await n.sleep(server.proxy_url, server.headers, level)
+            return await n.sleep(server.proxy_url, server.headers, level, self._client())
         except BackendError as exc:
             log.warning("%s; stopping its server instead (it starts afresh next time)", exc)
             with contextlib.suppress(BackendError):
@@ -107,7 +119,10 @@ class Naps:
                 if isinstance(server, UpstreamBackend):
                     return await server.wake(), True
                 if server.running:
-                    return await n.wake(server.proxy_url, server.headers, level), True
+                    took = await n.wake(
+                        server.proxy_url, server.headers, level, client=self._client()
+                    )
+                    return took, True
                 log.warning("model %s: its server died asleep; starting it afresh", model)
             except BackendError as exc:
                 log.warning("%s; starting its server afresh", exc)

@@ -130,6 +130,7 @@ class Gateway:
         for b in dict.fromkeys(every):  # a server whose model changed runs until it unloads
             with contextlib.suppress(BackendError):
                 await b.stop()
+        await self.naps.close()
         self.lock.release()
 
     # --- requests -----------------------------------------------------------------------------
