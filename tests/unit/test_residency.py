@@ -272,3 +272,74 @@ def test_the_default_host_memory_for_sleepers_is_the_machines_less_a_margin() ->
     got = host_memory_gb()
     assert 0 <= got <= total_gb - 4.0
     assert got >= min(total_gb * 0.9, total_gb - 4.0) - 1e-6
+
+
+TWO_DEVICES = """
+devices: [{name: gpu0, memory_gb: 24}, {name: gpu1, memory_gb: 24}]
+host: {memory_gb: 100}
+models:
+  a: {load_s: 50, memory_gb: 20, sleep: {wake_s: 2, sleep_s: 1}}
+  c: {load_s: 5, memory_gb: 20, devices: [gpu0]}
+scheduler: {max_wait_s: null}
+"""
+
+
+def test_a_sleeper_waits_for_its_own_device_as_long_as_a_load_elsewhere_would_cost() -> None:
+    h = Harness(TWO_DEVICES)
+    serve(h, "a1", 0)  # a on gpu0
+    h.at(10).arrive("c1")  # c may only use gpu0: a falls asleep there
+    h.loaded("c")
+    a = h.s.models["a"]
+    assert a.asleep
+    assert a.device is not None
+    assert a.device.name == "gpu0"
+    h.take()
+    h.at(20).arrive("a2")  # gpu0 is busy with c1; gpu1 is free, but a load there costs 50 s
+    assert h.take() == []
+    h.at(67).timers_due()  # waited 47 s: still cheaper to wait for its wake
+    assert not [c for c in h.take() if c[0] == "load"]
+    h.at(68).timers_due()  # waited the load less the wake (48 s): it loads afresh on gpu1
+    assert h.take() == [("unload", "a"), ("load", "a", ())]
+    assert a.device is not None
+    assert a.device.name == "gpu1"
+    assert h.s.decisions[-2].reason == "asleep, loads on another device"
+
+
+def test_a_sleeper_whose_device_frees_in_time_wakes_there() -> None:
+    h = Harness(TWO_DEVICES)
+    serve(h, "a1", 0)
+    h.at(10).arrive("c1")
+    h.loaded("c")
+    h.take()
+    h.at(20).arrive("a2")
+    h.at(30).finish("c1")  # gpu0 frees before the load elsewhere would pay off
+    assert h.take() == [("load", "a", ("c",), (), True)]
+
+
+def test_a_victim_worth_less_than_the_level_1_sleepers_sleeps_at_level_2_despite_room() -> None:
+    h = Harness(
+        """
+devices: [{name: gpu0, memory_gb: 24}]
+host: {memory_gb: 60}
+models:
+  a: {load_s: 50, memory_gb: 20, sleep: {wake_s: 3, sleep_s: 1}}
+  b: {load_s: 50, memory_gb: 20, sleep: {wake_s: 3, sleep_s: 1}}
+  rare: {load_s: 50, memory_gb: 20, sleep: {wake_s: 1, sleep_s: 1}}
+  d: {load_s: 50, memory_gb: 20, sleep: {wake_s: 3, sleep_s: 1}}
+scheduler: {max_wait_s: null}
+"""
+    )
+    t = 0.0
+    for _ in range(6):  # a and b come back every 20 s; rare came twice, 200 s apart
+        for rid in ("a", "b"):
+            serve(h, f"{rid}{int(t)}", t)
+            t += 10
+    serve(h, "rare1", 200)
+    serve(h, "rare2", 400)
+    h.take()
+    serve(h, "d1", 401)  # rare leaves with room for it at level 1 (a asleep, b asleep)...
+    rare = h.s.models["rare"]
+    assert rare.asleep
+    assert rare.deep  # ...but a and b are worth that room more: it sleeps at level 2
+    assert not h.s.models["a"].deep
+    assert not h.s.models["b"].deep

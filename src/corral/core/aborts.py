@@ -78,9 +78,9 @@ class Aborts:
 
 
 def _may_use(m: ModelRecord, d: DeviceRecord) -> bool:
-    """Non-resident `m` could be brought in on `d` (its devices, its size, where it sleeps)."""
+    """Non-resident `m` could be brought in on `d` (its devices, its size)."""
     allowed = not m.spec.devices or d.name in m.spec.devices
-    return allowed and d.size_of(m) <= d.capacity and (not m.asleep or m.device is d)
+    return allowed and d.size_of(m) <= d.capacity
 
 
 def _only_use(m: ModelRecord, d: DeviceRecord, devices: Sequence[DeviceRecord]) -> bool:

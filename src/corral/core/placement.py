@@ -31,6 +31,7 @@ class DeviceView:
     target_size: float  # room the model to place would take on this device
     residents: tuple[ResidentView, ...]
     busy: bool  # a swap is under way on this device: it takes no other until it ends
+    home: bool = False  # the model sleeps here: it would wake, not load
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +49,11 @@ def _eviction_order(r: ResidentView) -> tuple[bool, bool, bool, bool, float, str
 def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
     """The cheapest place for a model: free room if any, else the device whose evictions hurt
     least (fewest soft pins, then victims with work, then in flight, then lingering, then least
-    value); held residents never go. None if it fits nowhere now (every device that could hold
-    it is mid-swap, or held residents leave too little room)."""
-    best: tuple[tuple[int, int, int, int, int, float, int], Plan] | None = None
+    value); held residents never go. The device where it sleeps (it wakes there in seconds)
+    goes before free room elsewhere unless waking there would evict work. None if it fits
+    nowhere now (every device that could hold it is mid-swap, or held residents leave too
+    little room)."""
+    best: tuple[tuple[int, int, int, bool, int, int, float, int], Plan] | None = None
     for index, d in enumerate(devices):
         if d.busy or d.target_size > d.capacity + _EPS:
             continue
@@ -69,6 +72,7 @@ def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
             sum(1 for v in victims if v.soft_pin),
             sum(1 for v in victims if v.pending),
             sum(1 for v in victims if v.in_flight),
+            not d.home,
             # A lingering victim usually refuses to go (the policy's should_yield), so a plan
             # over one blocked every challenger while idle devices stood by (issue 24).
             sum(1 for v in victims if v.lingering),

@@ -65,6 +65,29 @@ class Sleepers:
     def used_gb(self) -> float:
         return sum(s.held_gb for d in self._devices for s in d.sleepers)
 
+    def _admitted(self, v: ModelRecord, incoming: ModelRecord, now: float) -> bool:
+        """Whether level-1 `v` ranks, among itself and the models asleep at level 1 once
+        `incoming` is awake, within host memory less `incoming`'s room (when it is evicted in
+        turn, it falls asleep before the next model wakes, so for a moment one more sleeps),
+        ranked by what their level-1 sleep is worth: the seconds a level-1 wake saves over a
+        level-2 one per second until the next use (GreedyDual's rule). Nobody asleep is moved:
+        `v` only declines room that models worth more hold."""
+        rivals = [
+            s
+            for s in self.all()
+            if s is not incoming and not s.deep and _level(s) == 1 and s.spec.host_gb > 0
+        ]
+        rivals.append(v)
+        reserve = incoming.spec.host_gb if incoming.sleeps and _level(incoming) == 1 else 0.0
+        room = self.host_gb - reserve
+        for m in sorted(rivals, key=lambda m: (-_l1_value(m, now), m.name)):
+            if m.spec.host_gb > room + _EPS:
+                continue
+            room -= m.spec.host_gb
+            if m is v:
+                return True
+        return False
+
     def plan(self, victims: Sequence[ModelRecord], incoming: ModelRecord, now: float) -> Plan:
         """For the swap that brings `incoming` in: which victims stop, which fall asleep (and
         of those, which at level 2 below their level 1), and which sleepers stop first to leave
@@ -87,9 +110,14 @@ class Sleepers:
                     free = room
             if need <= free + _EPS:
                 # It sleeps while there is room, even with no return in sight (fewer than two
-                # arrivals): such a sleeper is the first to stop when room is needed.
+                # arrivals): such a sleeper is the first to stop when room is needed. Room it
+                # holds at level 1 that models worth more will want at the next swaps goes to
+                # them: it sleeps at level 2 instead.
                 plan.sleep.append(v)
-                free -= need
+                if self._lru or self._admitted(v, incoming, now):
+                    free -= need
+                else:
+                    plan.deep.append(v)
                 continue
             if not self._lru and next_use_s(v, now) == math.inf:
                 plan.stop.append(v)  # not expected back, and no room: not held at all
@@ -119,6 +147,15 @@ class Sleepers:
             plan.sleep.append(v)
             free = room - need
         return plan
+
+
+def _level(m: ModelRecord) -> int:
+    return m.spec.sleep.level if m.spec.sleep is not None else 0
+
+
+def _l1_value(m: ModelRecord, now: float) -> float:
+    """Seconds a level-1 wake saves over a level-2 one, per second until `m`'s next use."""
+    return max(m.wake2_est - m.wake_est, _EPS) / max(next_use_s(m, now), _EPS)
 
 
 def _make_room(

@@ -80,6 +80,7 @@ class ModelRecord:
         "quantum_timer_at",
         "ready_at",
         "recheck",
+        "rent_timer_at",
         "restarting",
         "served",
         "service_avg",
@@ -137,6 +138,7 @@ class ModelRecord:
         self.load_started_at = 0.0
         self.load_reason = ""  # why its current (or last) load began (Decision.reason)
         self.quantum_timer_at: float | None = None
+        self.rent_timer_at: float | None = None  # a sleeper may load elsewhere from then
         self.ready_at = 0.0
         self.linger_until: float | None = None
         self.linger_timer_at: float | None = None

@@ -21,6 +21,7 @@ from corral.core.types import Lifecycle, Request
 
 _QUANTUM = "quantum:"  # timer keys; the scheduler's on_timer reads them
 LINGER_TIMER = "linger:"
+_RENT = "rent:"  # a sleeping model may load on another device from then
 
 
 class Swaps:
@@ -124,7 +125,9 @@ class Swaps:
         keep = self.policy.keep_value
         allowed = target.spec.devices
         name = target.name
-        asleep_on = target.device if target.asleep else None  # it wakes only there
+        # Where it sleeps, it wakes; elsewhere it loads afresh (its sleeping server stops).
+        home = target.device if target.asleep else None
+        anywhere = home is None or self._rented_out(target, now)
         return [
             DeviceView(
                 name=d.name,
@@ -133,7 +136,7 @@ class Swaps:
                 target_size=(
                     d.size_of(target)
                     if (not allowed or d.name in allowed)
-                    and (asleep_on is None or asleep_on is d)
+                    and (anywhere or d is home)
                     and all(m.name != name for m in d.residents)
                     else math.inf
                 ),
@@ -158,9 +161,26 @@ class Swaps:
                     for m in d.residents
                 ),
                 busy=d.loading is not None,
+                home=d is home,
             )
             for d in self.devices
         ]
+
+    def _rented_out(self, m: ModelRecord, now: float) -> bool:
+        """Sleeping `m` may load afresh on another device once its oldest request has waited
+        what that load costs over its wake (ski rental: waiting for its own device, then
+        buying the load, is never worse than twice the better choice made knowing when the
+        device frees). Until then it wakes only where it sleeps; a timer decides again then."""
+        oldest = m.oldest()
+        if oldest is None:
+            return False
+        at = oldest.arrived_at + max(0.0, m.load_est - m.return_s)
+        if at <= now:
+            return True
+        if m.rent_timer_at != at:
+            m.rent_timer_at = at
+            self._fx.set_timer(at, _RENT + m.name)
+        return False
 
     def _yield_to(
         self, victims: list[ModelRecord], c: ModelRecord, forced: ModelRecord | None, now: float

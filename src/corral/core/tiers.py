@@ -64,6 +64,8 @@ class Tiers:
     ) -> None:
         """Bring `c` in on `dev` (a load, or a wake if it sleeps there), `victims` leaving:
         each falls asleep or stops (core/sleep.py)."""
+        if c.asleep and c.device is not dev:
+            self.stop_sleeper(c, now, "loads on another device")
         plan = self.sleepers.plan(victims, c, now) if victims else None
         stop, asleep, deep = (plan.stop, plan.sleep, plan.deep) if plan else ([], [], [])
         for s in plan.drop if plan else ():
