@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.backends.process import free_port
+from corral.config import parse_config
 from tests.e2e.test_gateway import CORRAL
 from tests.helpers import wait_http_ok
 
@@ -88,3 +89,12 @@ def test_the_configuration_error_shown_is_the_one_corral_prints(tmp_path: Path) 
     assert done.returncode == 2
     (shown,) = [b for b in blocks("") if b.startswith("error: invalid configuration")]
     assert done.stderr.split() == shown.split()  # the same words (the terminal may wrap lines)
+
+
+def test_the_sleeping_models_example_is_a_valid_configuration() -> None:
+    (text,) = [b for b in blocks("yaml") if "sleep:" in b]
+    config = parse_config(text, "README.md")
+    nap = config.models["qwen-7b"].sleep
+    assert nap is not None
+    assert (nap.level, nap.wake_s, nap.api) == (1, 2, "vllm")
+    assert config.host.memory_gb == 96
