@@ -101,7 +101,7 @@ def admin_routes(
     @router.get("/api/events", response_class=EventStream)
     async def events(request: Request) -> Response:
         """Server-sent events: the current status first, then every state change."""
-        q = gateway.listen()
+        q = gateway.events.listen()
 
         async def stream() -> AsyncIterator[bytes]:
             try:
@@ -114,7 +114,7 @@ def admin_routes(
                         continue
                     yield _sse(event["event"], event)
             finally:
-                gateway.unlisten(q)
+                gateway.events.unlisten(q)
 
         return StreamingResponse(
             stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

@@ -28,6 +28,7 @@ from corral.backends.process import BackendError, ProcessBackend, exit_reason
 from corral.config import Config, HostConfig, ModelConfig
 from corral.core import Request, RequestState, Scheduler
 from corral.gateway.activity import Activity
+from corral.gateway.events import Events
 from corral.gateway.metrics import Metrics
 from corral.gateway.naps import Naps, host_memory_gb
 from corral.gateway.servers import process_spec, runs_once, upstream_backend
@@ -68,7 +69,8 @@ class Gateway:
         self.activity = Activity()  # the recent requests (the dashboard's activity view)
         self.gpus = watch()  # NVML's GPUs, for /metrics and the dashboard (None without)
         self.metrics = Metrics(self.status, self.gpus)
-        self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.events = Events()  # GET /api/events (gateway/events.py)
+        self.publish = self.events.publish
         self.scheduler: Scheduler | None = None
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -320,24 +322,6 @@ class Gateway:
 
     def set_timer(self, at_s: float, key: str) -> None:
         self._loop_().call_at(at_s, self._sched().on_timer, key)
-
-    # --- events (GET /api/events) -------------------------------------------------------------
-    def listen(self) -> asyncio.Queue[dict[str, Any]]:
-        """A queue of state changes from now on; `unlisten` it when done. A listener that falls
-        1,000 events behind loses the oldest rather than slowing the gateway."""
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
-        self._listeners.add(q)
-        return q
-
-    def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
-        self._listeners.discard(q)
-
-    def publish(self, kind: str, **fields: Any) -> None:
-        event = {"event": kind, "at": time.time(), **fields}
-        for q in self._listeners:
-            if q.full():
-                q.get_nowait()
-            q.put_nowait(event)
 
     # --- swaps --------------------------------------------------------------------------------
     async def settled(self, model: str) -> None:

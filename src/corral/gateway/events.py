@@ -1,0 +1,33 @@
+"""The gateway's state changes as a stream (`Events`, a part the `Gateway` owns): loads, wakes,
+aborts, unloads, crashes and batch progress, for GET /api/events, the dashboard and `corral
+replay`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+
+class Events:
+    """Listeners' queues. Every method runs on the gateway's loop."""
+
+    def __init__(self) -> None:
+        self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
+
+    def listen(self) -> asyncio.Queue[dict[str, Any]]:
+        """A queue of state changes from now on; `unlisten` it when done. A listener that falls
+        1,000 events behind loses the oldest rather than slowing the gateway."""
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+        self._listeners.add(q)
+        return q
+
+    def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+        self._listeners.discard(q)
+
+    def publish(self, kind: str, **fields: Any) -> None:
+        event = {"event": kind, "at": time.time(), **fields}
+        for q in self._listeners:
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(event)
