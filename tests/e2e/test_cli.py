@@ -150,6 +150,8 @@ def test_scenarios_list_run_and_save(tmp_path: Path) -> None:
         "chat-batch",
         "devices-4",
         "devices-8",
+        "sleepers",
+        "beside-batch",
     ]
     p = corral(
         "simulate",
