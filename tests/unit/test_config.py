@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from corral.config import load_config, parse_config
 from corral.errors import ConfigError
@@ -175,3 +176,22 @@ def test_a_yaml_alias_inside_its_own_anchor_is_a_config_error() -> None:
     # Found by tests/unit/test_fuzz_parsers.py: it was a RecursionError and a traceback.
     with pytest.raises(ConfigError, match="refers to itself"):
         parse_config("models:\n  m: {load_s: 1}\nx: &a [*a]\n", "c.yaml")
+
+
+def test_a_dumped_configuration_reads_back_with_the_keys_as_written() -> None:
+    """Keys whose code name differs (a model's `batch:` is coalescing, `coalesce` in code; a
+    hook's `json`) are dumped as a file spells them, so `corral config check`'s resolved
+    configuration and a saved scenario read back."""
+    text = """
+models:
+  e:
+    batch: {max_size: 8}
+    upstream: http://127.0.0.1:9
+    load_hook: {path: /wake_up, json: {tags: [weights]}}
+"""
+    config = parse_config(text, "c.yaml")
+    assert config.models["e"].coalesce is not None
+    dumped = config.model_dump(mode="json", exclude_none=True)
+    assert dumped["models"]["e"]["batch"]["max_size"] == 8
+    assert dumped["models"]["e"]["load_hook"]["json"] == {"tags": ["weights"]}
+    assert parse_config(yaml.safe_dump(dumped), "again.yaml") == config

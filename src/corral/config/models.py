@@ -15,7 +15,11 @@ NonNegGB = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # Dumps use the keys as a configuration file spells them (`batch`, `json`), so a dumped
+    # configuration reads back as it was.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, serialize_by_alias=True
+    )
 
 
 class DeviceConfig(Strict):
@@ -259,8 +263,9 @@ class ModelConfig(Strict):
     max_queue: int = Field(
         default=512, ge=1, description="Requests waiting for this model beyond this get 429."
     )
-    batch: CoalesceConfig | None = Field(
+    coalesce: CoalesceConfig | None = Field(
         default=None,
+        alias="batch",  # the key's spelling; in code, "batch" is the Batch API and its class
         description="Coalesce concurrent /v1/embeddings requests into one upstream request "
         "(max_size, max_wait_ms, max_queued). Unset: each request goes alone.",
     )

@@ -81,7 +81,7 @@ class Proxy:
                 rewrite(data, m.filters, str(name))
             data["model"] = served
             body = json.dumps(data).encode()
-        if m.batch is not None and path in ("/v1/embeddings", "/embeddings"):
+        if m.coalesce is not None and path in ("/v1/embeddings", "/embeddings"):
             coalescer = self.coalescer(model)
             if coalescer.takes(data):
                 return await coalescer.submit(request, data, priority, path)
@@ -128,7 +128,7 @@ class Proxy:
         """The model's request coalescer (its `batch:` config), made on first use."""
         c = self._coalescers.get(model)
         if c is None:
-            batching = self.config.models[model].batch
+            batching = self.config.models[model].coalesce
             assert batching is not None
             c = self._coalescers[model] = Coalescer(
                 self.gateway, self.turns, self.upstream, model, batching
