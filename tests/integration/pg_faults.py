@@ -14,8 +14,8 @@ from tests.pgserver import PrivatePostgres, free_port
 __all__ = ["PrivatePostgres", "TcpProxy", "free_port"]
 
 
-# PostgreSQL's ReadyForQuery message: the server has finished what it was sent (and, outside
-# a transaction block, committed it).
+# PostgreSQL's ReadyForQuery message, less its status byte: the server has finished what it
+# was sent; the byte after says whether a transaction is left open ('T') or not ('I').
 _READY = b"Z\x00\x00\x00\x05"
 
 
@@ -35,7 +35,7 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self.cuts = 0
         self.drops = 0
-        self.answered = 0  # dropped answers the server finished (ReadyForQuery seen)
+        self.answered = 0  # dropped answers whose statement the server committed
         self._marker: bytes | None = None
         self._hold_until = 0.0  # monotonic time before which new connections wait
         self._listen()
@@ -84,10 +84,18 @@ class TcpProxy:
                     # committed: the client's connection is cut then. (Cut at once, as before,
                     # the rest of the client's message, its Sync, could be lost on a loaded
                     # machine, and the statement rolled back: another, equally correct, path.)
-                    if _READY in tail + data:
-                        self.answered += 1  # it ran (and, outside a block, committed)
+                    # Its status byte says whether that committed: 'I' (idle) means no
+                    # transaction is left open; 'T' means the statement ran inside one whose
+                    # COMMIT the client never got to send, so it rolls back when cut (a loaded
+                    # run took that path: the worker's retry then commits, and there is no
+                    # "committed" to report).
+                    buf = tail + data
+                    at = buf.find(_READY)
+                    if at >= 0 and at + len(_READY) < len(buf):
+                        if buf[at + len(_READY)] == ord("I"):
+                            self.answered += 1
                         return
-                    tail = data[-len(_READY) :]
+                    tail = buf[at:] if at >= 0 else buf[-len(_READY) :]
                     continue
                 dst.sendall(data)
                 marker = self._marker
