@@ -472,10 +472,14 @@ class Executor:
         without a heartbeat landing, and another worker may run it). But when the connection
         dropped during the commit, the store tried again and the first try may have landed:
         the task is then ours, succeeded, with this result, and nothing was dropped."""
-        try:
-            t = self.store.get(task_id)
-        except StoreError:
-            t = None
+        t = None
+        for wait_s in (0.0, 0.5, 1.0, 2.0):  # the store may still be reconnecting
+            time.sleep(wait_s)
+            try:
+                t = self.store.get(task_id)
+                break
+            except StoreError:
+                continue
         if (
             t is not None
             and t.status is TaskStatus.SUCCEEDED
