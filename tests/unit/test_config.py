@@ -61,6 +61,16 @@ def test_unknown_key_names_path_line_and_allowed_keys() -> None:
     assert "unload_delay_s" in p
 
 
+def test_allowed_keys_are_the_keys_a_file_uses_not_the_code_names() -> None:
+    (p,) = problems("models:\n  m:\n    laod_s: 4\n")
+    assert "batch" in p.split("allowed:")[1]
+    assert "coalesce" not in p
+    (p,) = problems("models:\n  m:\n    batch:\n      max_sise: 4\n")
+    assert p.startswith("c.yaml:4: models.m.batch.max_sise: unknown key")
+    assert "max_size" in p
+    assert "max_wait_ms" in p
+
+
 def test_unknown_top_level_and_scheduler_keys() -> None:
     ps = problems("models: {m: {}}\nschedular: {}\nscheduler: {polcy: cost}\n")
     assert any(p.startswith("c.yaml:2: schedular: unknown key") for p in ps)

@@ -4,10 +4,11 @@ path and line (`ConfigError`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from corral.config.models import DeviceConfig, ModelConfig
 from corral.config.schema import Config
@@ -49,20 +50,32 @@ def _allowed_keys(loc: _Path) -> list[str]:
     i = 0
     while i < len(parent):
         part = parent[i]
-        field = model.model_fields.get(str(part))
+        field = _fields_as_written(model).get(str(part))
         if field is None:
             return []
         if model is Config and part in ("models", "devices"):
             model = ModelConfig if part == "models" else DeviceConfig
             i += 2  # skip the model name / list index
             continue
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
+        inner = _section_model(field.annotation)
+        if inner is None:
             return []
+        model = inner
         i += 1
-    return list(model.model_fields)
+    return list(_fields_as_written(model))
+
+
+def _section_model(ann: Any) -> type[BaseModel] | None:
+    """The model a key's value is read as: `X` or an optional `X | None`; else None."""
+    for candidate in (ann, *get_args(ann)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _fields_as_written(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields under the keys a configuration file uses (a field's alias if it has one)."""
+    return {field.alias or name: field for name, field in model.model_fields.items()}
 
 
 def _describe(err: Any) -> str:
