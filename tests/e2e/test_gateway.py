@@ -482,6 +482,24 @@ def test_a_client_that_leaves_mid_stream_frees_the_slot_and_stops_the_server(
     assert "corral: starting" in logs
 
 
+def test_sigterm_stops_the_server_while_a_dashboard_listens_to_its_events(tmp_path: Path) -> None:
+    opened, ended = threading.Event(), threading.Event()
+
+    def listen(url: str) -> None:
+        with httpx.stream("GET", f"{url}/api/events", timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: status"):
+                    opened.set()
+        ended.set()  # the server ended the stream (a read timeout would raise instead)
+
+    with serve(tmp_path, CONFIG) as gw:  # its exit stops the server and waits for it (30 s)
+        t = threading.Thread(target=listen, args=(gw.url,), daemon=True)
+        t.start()
+        assert opened.wait(30)
+    t.join(30)
+    assert ended.is_set()
+
+
 def test_events_stream_state_changes_and_the_status_page_uses_them(gateway: Gateway) -> None:
     seen: list[tuple[str, dict[str, Any]]] = []
     got_loaded = threading.Event()
@@ -494,16 +512,20 @@ def test_events_stream_state_changes_and_the_status_page_uses_them(gateway: Gate
                     kind = line[7:]
                 elif line.startswith("data: "):
                     seen.append((kind, json.loads(line[6:])))
-                    if kind == "loaded" and seen[-1][1]["model"] == "gamma":
+                    if kind == "loaded" and seen[-1][1]["model"] == model:
                         got_loaded.set()
                         return
 
+    # a model not loaded now (gamma's 0.5 s request timeout is shorter than a load on a busy
+    # machine); one device, so alpha and beta are never both loaded
+    states = {m: gateway.status()["models"][m]["state"] for m in ("alpha", "beta")}
+    model = min(states, key=lambda m: states[m] != "unloaded")
     t = threading.Thread(target=listen, daemon=True)
     t.start()
     deadline = time.monotonic() + 5
     while not seen and time.monotonic() < deadline:
         time.sleep(0.02)
-    gateway.client().completions.create(model="gamma", prompt="x", max_tokens=1)
+    gateway.client().completions.create(model=model, prompt="x", max_tokens=1)
     assert got_loaded.wait(10)
     kinds = [k for k, _ in seen]
     assert kinds[0] == "status"

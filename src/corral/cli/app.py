@@ -374,8 +374,6 @@ def serve_cmd(
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
     import logging
 
-    import uvicorn
-
     from corral.config import Config
     from corral.gateway.app import create_app
     from corral.gateway.demo import data_dir, demo_config
@@ -473,11 +471,12 @@ def serve_cmd(
         ),
         highlight=False,
     )
-    from corral.gateway.connections import with_header_timeout
+    from corral.gateway.connections import run_server, with_header_timeout
 
     srv = config.server
-    uvicorn.run(
+    run_server(
         app,
+        app.state.gateway.events.close,
         host=host,
         port=int(port),
         log_level="warning",

@@ -112,6 +112,8 @@ def admin_routes(
                     except TimeoutError:
                         yield b": keep-alive\n\n"
                         continue
+                    if event is None:  # the server is stopping
+                        return
                     yield _sse(event["event"], event)
             finally:
                 gateway.events.unlisten(q)

@@ -12,9 +12,15 @@ request's headers are complete; at the deadline the client gets 408 and the conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import sys
+from collections.abc import Callable
 from typing import Any
 
+import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("corral.gateway")
@@ -84,3 +90,27 @@ class GuardedHttp(HttpToolsProtocol):
 def with_header_timeout(seconds: float) -> type[GuardedHttp]:
     """The protocol class to give uvicorn (`http=`), with its deadline set."""
     return type("GuardedHttp", (GuardedHttp,), {"header_timeout_s": seconds})
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server that calls `on_stop` as soon as it begins to shut down, before it waits
+    for the responses still open: streams that never end by themselves (GET /api/events) end
+    there, so a SIGTERM stops `corral serve` while a dashboard is open."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_stop = on_stop
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_stop()
+        await super().shutdown(sockets)
+
+
+def run_server(app: Any, on_stop: Callable[[], None], **config: Any) -> None:
+    """`uvicorn.run(app, **config)` with `StoppingServer`; exits with uvicorn's status 3 when
+    the server could not start (a port in use), as uvicorn.run does."""
+    server = StoppingServer(uvicorn.Config(app, **config), on_stop)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

@@ -13,19 +13,35 @@ class Events:
     """Listeners' queues. Every method runs on the gateway's loop."""
 
     def __init__(self) -> None:
-        self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self.closed = False
 
-    def listen(self) -> asyncio.Queue[dict[str, Any]]:
-        """A queue of state changes from now on; `unlisten` it when done. A listener that falls
-        1,000 events behind loses the oldest rather than slowing the gateway."""
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+    def listen(self) -> asyncio.Queue[dict[str, Any] | None]:
+        """A queue of state changes from now on; `unlisten` it when done. None in it means the
+        server is stopping: end the stream. A listener that falls 1,000 events behind loses the
+        oldest rather than slowing the gateway."""
+        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=1000)
+        if self.closed:
+            q.put_nowait(None)
         self._listeners.add(q)
         return q
 
-    def unlisten(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+    def close(self) -> None:
+        """End every stream, now and from now on: an open dashboard must not hold a server
+        that is shutting down (uvicorn waits for every response to finish, and these never
+        do)."""
+        self.closed = True
+        for q in self._listeners:
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(None)
+
+    def unlisten(self, q: asyncio.Queue[dict[str, Any] | None]) -> None:
         self._listeners.discard(q)
 
     def publish(self, kind: str, **fields: Any) -> None:
+        if self.closed:
+            return
         event = {"event": kind, "at": time.time(), **fields}
         for q in self._listeners:
             if q.full():
