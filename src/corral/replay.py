@@ -144,6 +144,7 @@ class _Swap:
     at: float  # epoch seconds
     model: str
     device: str | None
+    load_s: float | None = None  # at the end of a cold load that succeeded: as measured live
 
 
 def _free_port() -> int:
@@ -217,7 +218,13 @@ class _Events:
                 event = json.loads(line[5:])
                 kind = event.get("event")
                 if kind in ("load_started", "loaded", "load_failed", "load_aborted"):
-                    swap = _Swap(event["at"], event["model"], event.get("device"))
+                    cold = kind == "loaded" and not event.get("woke")
+                    swap = _Swap(
+                        event["at"],
+                        event["model"],
+                        event.get("device"),
+                        event.get("load_s") if cold else None,
+                    )
                     (self.started if kind == "load_started" else self.loaded).append(swap)
 
     def close(self) -> None:
@@ -421,7 +428,34 @@ def _run(
         swap_s={where: s * speed for where, s in _swap_s(starts, ends, first_device).items()},
         rejected=rejected,
     )
-    return run, summarize(run)
+    figures = summarize(run)
+    measured: dict[str, list[float]] = defaultdict(list)
+    for swap in ends:
+        if swap.load_s is not None:
+            measured[swap.model].append(swap.load_s * speed)
+    figures["load_s_live"] = {m: sum(v) / len(v) for m, v in sorted(measured.items())}
+    return run, figures
+
+
+def at_live_load_times(config: Config, live: dict[str, Any]) -> Config:
+    """`config` with each model's `load_s` as the live run measured it (its mean, in the trace's
+    seconds): on a busy machine a sim backend starts later than its `load_s`, and the scheduler,
+    which learns load times, decides on the longer ones. The simulator given the same durations
+    must make the same decisions; given the configured ones, it answers another question."""
+    models = {
+        name: m.model_copy(update={"load_s": live["load_s_live"].get(name, m.load_s)})
+        for name, m in config.models.items()
+    }
+    return config.model_copy(update={"models": models})
+
+
+def slow_loads(config: Config, live: dict[str, Any], margin: float = 0.05) -> list[str]:
+    """The models whose live loads took more than `margin` longer than their `load_s`."""
+    return [
+        f"{name} {got:.2f} s (configured {config.models[name].load_s:g} s)"
+        for name, got in live["load_s_live"].items()
+        if got > config.models[name].load_s * (1 + margin)
+    ]
 
 
 def _covered_s(requests: list[SimRequest]) -> float:

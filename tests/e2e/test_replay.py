@@ -1,5 +1,7 @@
 """The simulator held to account: the built-in scenarios, shortened, run live through `corral serve`
-(`corral replay`) and in the simulator; loads and each class's p95 wait must agree.
+(`corral replay`) and in the simulator; loads and each class's p95 wait must agree. The simulator
+gets the load times the live run measured (`at_live_load_times`): on a busy machine a sim backend
+starts later than its `load_s`, and the live scheduler learns and decides on the longer loads.
 
 Tolerances (issue 9): loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
 seconds. A divergence is a bug in the simulator or in the live system: fix it, do not widen these.
@@ -17,7 +19,7 @@ import sys
 
 import pytest
 
-from corral.replay import ReplayError, compare, replay, too_fast
+from corral.replay import ReplayError, at_live_load_times, compare, replay, too_fast
 from corral.sim.engine import simulate
 from corral.sim.metrics import summarize
 from corral.sim.scenarios import Scenario, get_scenario
@@ -45,8 +47,8 @@ def shortened(name: str) -> Scenario:
             per[x.t] = per.get(x.t, 0) + 1
             if per[x.t] <= 60:
                 lines.append(x)
-    elif name == "poisson":  # the first five minutes
-        lines = [x for x in sc.trace.lines if (x.t or 0) < 300]
+    elif name == "poisson":  # the first ten minutes (five left its p95 to its 4 slowest)
+        lines = [x for x in sc.trace.lines if (x.t or 0) < 600]
     elif name == "chat-batch":  # 150 batch lines and the first 4 chat messages
         batch = [x for x in sc.trace.lines if x.background][:150]
         chat = [x for x in sc.trace.lines if not x.background][:4]
@@ -81,10 +83,12 @@ def test_live_and_simulated_runs_agree(name: str) -> None:
     sc = shortened(name)
     speed = SPEEDS[name]
     assert not too_fast(sc.config, speed / 1.5), "keep loads well above a backend's start-up"
-    simulated = summarize(simulate(sc.config, sc.trace, check=True))
     _, live = replay(sc.config, sc.trace, speed)
     assert live["rejected"] == 0
     assert live["requests"] == len(sc.trace.lines)
+    # The simulator given the load times this machine had (a loaded CI machine starts a sim
+    # backend late, and the live scheduler learns the longer loads): the same decisions.
+    simulated = summarize(simulate(at_live_load_times(sc.config, live), sc.trace, check=True))
     diffs = compare(simulated, live)
     report = "\n".join(
         f"  {d.figure}: simulated {d.simulated:.2f}, live {d.live:.2f} (±{d.tolerance:.2f})"

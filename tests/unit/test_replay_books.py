@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral.config import parse_config
-from corral.replay import _run, _Swap, _Timing
+from corral.replay import _run, _Swap, _Timing, at_live_load_times, slow_loads
 from corral.sim.trace import parse_trace
 
 CONFIG = parse_config(
@@ -58,3 +58,20 @@ def test_lines_without_a_device_count_on_their_model_and_a_failed_load_ends_a_sw
     assert run.busy_s == pytest.approx({"model a": 8.0})
     assert run.swap_s == pytest.approx({"gpu0": 3.0, "gpu1": 2.0})
     assert summary["loads"] == 2
+
+
+def test_live_load_times_are_kept_and_the_simulation_can_use_them() -> None:
+    trace = parse_trace(['{"t": 0, "model": "a", "service_s": 2}'], "a")
+    (x,) = trace.lines
+    timings = {x.line: _Timing(arrived=T0, dispatched=T0 + 6, finished=T0 + 7, device="gpu0")}
+    starts = [_Swap(T0, "a", "gpu0"), _Swap(T0 + 8, "a", "gpu0")]
+    # two cold loads measured at 5 and 7 live seconds; a wake or a failure carries no load_s
+    ends = [_Swap(T0 + 5, "a", "gpu0", 5.0), _Swap(T0 + 15, "a", "gpu0", 7.0)]
+    _, live = _run(CONFIG, trace, SPEED, T0, timings, starts, ends)
+    assert live["load_s_live"] == {"a": pytest.approx(12.0)}  # trace seconds: 6 x 2
+    assert slow_loads(CONFIG, live) == ["a 12.00 s (configured 10 s)"]
+    measured = at_live_load_times(CONFIG, live)
+    assert measured.models["a"].load_s == pytest.approx(12.0)
+    assert measured.models["b"].load_s == 10  # never loaded live: as configured
+    assert CONFIG.models["a"].load_s == 10  # the caller's configuration is left as it was
+    assert slow_loads(measured, live) == []

@@ -297,7 +297,7 @@ def replay_cmd(
 ) -> None:
     """Send a trace live through `corral serve` (sim backends with the configuration's times) and
     report the same figures as `corral simulate`, in the trace's seconds."""
-    from corral.replay import compare, replay
+    from corral.replay import at_live_load_times, compare, replay, slow_loads
     from corral.sim.report import per_class_table, per_model_table, results_table
 
     config, trace, title = _inputs(scenario, config_path, trace_path)
@@ -314,6 +314,14 @@ def replay_cmd(
             from corral.sim.engine import simulate
             from corral.sim.metrics import summarize
 
+            slow = slow_loads(cfg, live)
+            if slow:
+                err_console.print(
+                    f"loads took longer live than configured on this machine: {', '.join(slow)}; "
+                    "the simulation uses the live load times",
+                    highlight=False,
+                )
+                cfg = at_live_load_times(cfg, live)
             sim = summarize(simulate(cfg, trace))
             sim["mode"] = "simulated"
             results.append(sim)
