@@ -150,6 +150,9 @@ def tasks_list(
     out.print(summary or "no tasks")
 
 
+SHOWN_CHARS = 10_000  # of a payload, result or error in `show`'s table; --json prints it all
+
+
 @tasks_app.command("show")
 def tasks_show(
     task_id: str,
@@ -175,7 +178,13 @@ def tasks_show(
             value = _when(value)
         elif isinstance(value, dict | list):
             value = json.dumps(value)
-        table.add_row(key, "" if value is None else str(value))
+        text = "" if value is None else str(value)
+        if len(text) > SHOWN_CHARS:  # rich lays out every character: 10 MB took 35 s
+            text = (
+                f"{text[:SHOWN_CHARS]}... ({len(text) - SHOWN_CHARS:,} more characters; "
+                f"`corral tasks show {t.id} --json` prints it all)"
+            )
+        table.add_row(key, text)
     out.print(table)
 
 
