@@ -31,10 +31,7 @@ class Events:
         that is shutting down (uvicorn waits for every response to finish, and these never
         do)."""
         self.closed = True
-        for q in self._listeners:
-            if q.full():
-                q.get_nowait()
-            q.put_nowait(None)
+        self._put(None)
 
     def unlisten(self, q: asyncio.Queue[dict[str, Any] | None]) -> None:
         self._listeners.discard(q)
@@ -42,8 +39,11 @@ class Events:
     def publish(self, kind: str, **fields: Any) -> None:
         if self.closed:
             return
-        event = {"event": kind, "at": time.time(), **fields}
+        self._put({"event": kind, "at": time.time(), **fields})
+
+    def _put(self, item: dict[str, Any] | None) -> None:
+        """To every listener, the oldest dropped from a full queue."""
         for q in self._listeners:
             if q.full():
                 q.get_nowait()
-            q.put_nowait(event)
+            q.put_nowait(item)
