@@ -86,9 +86,7 @@ class TcpProxy:
                     # machine, and the statement rolled back: another, equally correct, path.)
                     # Its status byte says whether that committed: 'I' (idle) means no
                     # transaction is left open; 'T' means the statement ran inside one whose
-                    # COMMIT the client never got to send, so it rolls back when cut (a loaded
-                    # run took that path: the worker's retry then commits, and there is no
-                    # "committed" to report).
+                    # COMMIT the client never got to send, so it rolls back when cut.
                     buf = tail + data
                     at = buf.find(_READY)
                     if at >= 0 and at + len(_READY) < len(buf):
@@ -97,13 +95,17 @@ class TcpProxy:
                         return
                     tail = buf[at:] if at >= 0 else buf[-len(_READY) :]
                     continue
-                dst.sendall(data)
                 marker = self._marker
                 if up and marker is not None and marker in data:
+                    # Marked before the bytes go on, not after: once they are sent, the
+                    # server's answer can reach the other pump first on a loaded machine; it
+                    # was then relayed, and the next statement's answer on this connection
+                    # (another transaction's BEGIN: 'T'; an autocommit: 'I') was lost instead.
                     self._marker = None
                     self.drops += 1
                     self._hold_until = time.monotonic() + 2.5
                     dropped.set()  # the client's bytes still go on; the answers no more
+                dst.sendall(data)
         except OSError:
             pass
         finally:
