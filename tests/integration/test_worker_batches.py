@@ -4,6 +4,7 @@ SQLite and PostgreSQL stores."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -115,7 +116,9 @@ def test_a_batch_waits_up_to_batch_wait_ms_for_more_tasks(url: str) -> None:
     q = corral.Queue(url)
     sizes: list[int] = []
 
-    @q.handler("embed", model="m", batch_size=8, batch_wait_ms=1500)
+    # A 6 s window: a full batch runs at once, seconds before the window ends, so a busy
+    # machine that slows the submissions down cannot blur the two (1.5 s left 0.1 s).
+    @q.handler("embed", model="m", batch_size=8, batch_wait_ms=6000)
     def embed(items: list[int]) -> list[int]:
         sizes.append(len(items))
         return items
@@ -130,15 +133,45 @@ def test_a_batch_waits_up_to_batch_wait_ms_for_more_tasks(url: str) -> None:
         assert [q.result(t, timeout=10) for t in ids] == list(range(8))
         full_s = time.monotonic() - first
         assert sizes == [8]  # collected into one call, which ran once it was full ...
-        assert full_s < 1.4  # ... not at the end of the wait
+        assert full_s < 5.0  # ... not at the end of the wait
         lone = q.submit("embed", 99)
         started = time.monotonic()
-        assert q.result(lone, timeout=10) == 99
-        assert time.monotonic() - started >= 1.4  # alone: it waited the whole window
+        assert q.result(lone, timeout=30) == 99
+        assert time.monotonic() - started >= 5.9  # alone: it waited the whole window
         assert sizes == [8, 1]
     finally:
         w.stop()
         runner.join(10)
+    q.close()
+
+
+def test_a_batch_window_longer_than_the_lease_keeps_its_tasks_leases(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first task of a batch is started when the window opens; a window three leases long
+    # once let its lease lapse, the worker claim it again into the same batch ([99, 99]), and
+    # drop both results as "lease lost". Its lease is renewed while the batch fills.
+    q = corral.Queue(url)
+    ran: list[list[int]] = []
+
+    @q.handler("embed", model="m", batch_size=8, batch_wait_ms=3000)
+    def embed(items: list[int]) -> list[int]:
+        ran.append(list(items))
+        return items
+
+    w = q.worker(dataclasses.replace(FAST, lease_s=1.0))
+    runner = threading.Thread(target=lambda: asyncio.run(w.run()))
+    runner.start()
+    try:
+        lone = q.submit("embed", 99)
+        assert q.result(lone, timeout=30) == 99
+    finally:
+        w.stop()
+        runner.join(10)
+    assert ran == [[99]]  # once, alone, after the whole window
+    task = q.get(lone)
+    assert (task.status, task.attempts) == (TaskStatus.SUCCEEDED, 1)
+    assert "lease lost" not in caplog.text
     q.close()
 
 

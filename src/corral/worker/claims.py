@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from corral.core import Scheduler
-from corral.store import Store, Task
+from corral.store import Lease, Store, Task
 from corral.worker.buffer import ClaimBuffer, Mark, counted, give_back
 from corral.worker.execute import TRANSIENT
+from corral.worker.heartbeats import beat_every_s
 from corral.worker.settings import WorkerSettings
+
+log = logging.getLogger("corral.worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,20 +62,53 @@ class Claims:
         self._task_s: dict[str, float] = {}  # a task's measured seconds in a run, per model
         self._runs_measured: dict[str, int] = {}  # runs measured per model (slow start)
 
-    async def fill(self, model: str, n: int, fill_s: float) -> list[Task]:
+    async def fill(self, model: str, held: list[Task], n: int, fill_s: float) -> list[Task]:
         """A batch waits up to `fill_s` after its first task for `n` more: claimed as the store
-        announces arrivals (and every 5 ms, for arrivals it does not announce)."""
-        got: list[Task] = []
+        announces arrivals (and every 5 ms, for arrivals it does not announce). Returns the
+        batch, `held` first. Its tasks are started, so their leases are renewed meanwhile as a
+        running task's are: a window longer than the lease let them lapse, be claimed again and
+        sit twice in one batch, and their results be dropped as "lease lost". A task whose
+        lease was lost all the same (the store was out that long) leaves the batch."""
+        tasks, wanted = list(held), n
         deadline = time.monotonic() + fill_s
-        while len(got) < n and not self._stop.is_set():
-            left_s = deadline - time.monotonic()
+        every_s = beat_every_s(self.settings.lease_s)
+        renew_at = time.monotonic() + every_s
+        while wanted > 0 and not self._stop.is_set():
+            now = time.monotonic()
+            left_s = deadline - now
             if left_s <= 0:
                 break
+            if now >= renew_at:
+                tasks = await asyncio.to_thread(self._renew, tasks)
+                renew_at = time.monotonic() + every_s
+                continue
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(left_s, 0.005))
-            got += await self.take(model, n - len(got), joins=True)
-        return got
+            try:
+                got = await self.take(model, wanted, joins=True)
+            except TRANSIENT:  # run those it has: they are started, and would expire unrun
+                break
+            tasks += got
+            wanted -= len(got)
+        return tasks
+
+    def _renew(self, tasks: list[Task]) -> list[Task]:
+        """Extend the leases of a filling batch's tasks (blocking: run it in a thread); the
+        ones still this worker's. A store that cannot answer now keeps them all: the next
+        round tries again, as `Heartbeats` does."""
+        kept: list[Task] = []
+        for i, t in enumerate(tasks):
+            try:
+                state = self.store.heartbeat(t.id, t.lease_token or "", self.settings.lease_s)
+            except Exception as exc:  # an outage or a blip: the next round tries again
+                log.warning("task %s: lease renewal failed while its batch filled: %s", t.id, exc)
+                return kept + tasks[i:]
+            if state is Lease.LOST:
+                log.warning("task %s: lease lost while its batch filled", t.id)
+                continue
+            kept.append(t)  # a cancel is seen by the run's own heartbeats, within a second
+        return kept
 
     async def take(self, model: str, n: int, claim: bool = True, joins: bool = False) -> list[Task]:
         """Up to `n` started tasks of `model`: claimed ahead first, then (if `claim`) claimed

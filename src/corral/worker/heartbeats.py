@@ -32,16 +32,21 @@ class _Beat:
     lost: bool = False
 
 
+def beat_every_s(lease_s: float) -> float:
+    """How often a held lease is renewed: thrice a lease, and at least every second (so a
+    cancellation reaches a handler within a second)."""
+    return min(lease_s / 3, 1.0)
+
+
 class Heartbeats:
-    """Extends the lease of every task `add`ed until it is `remove`d, every
-    `min(lease_s / 3, 1 s)` (so a cancellation reaches a handler within a second): a
+    """Extends the lease of every task `add`ed until it is `remove`d, every `beat_every_s`: a
     cancellation sets the task's context (sync handlers poll it) and cancels an async handler's
     work; a lost lease is logged. `stop()` ends the thread."""
 
     def __init__(self, store: Store, lease_s: float, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.lease_s = lease_s
-        self.every_s = min(lease_s / 3, 1.0)
+        self.every_s = beat_every_s(lease_s)
         self.loop = loop
         self._beats: dict[str, _Beat] = {}
         self._lock = threading.Lock()

@@ -501,7 +501,7 @@ class Worker:
                     )
                 if tasks and len(tasks) < want and fill_s > 0:
                     with contextlib.suppress(*TRANSIENT):  # run those it has
-                        tasks += await self._claims.fill(model, want - len(tasks), fill_s)
+                        tasks = await self._claims.fill(model, tasks, want - len(tasks), fill_s)
             finally:
                 self._unclaimed[model] -= len(stand_ins)
         # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
