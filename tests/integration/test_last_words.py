@@ -87,6 +87,11 @@ def test_a_killed_worker_charges_only_the_task_it_was_running(
     kill_mid_run(folder, env, store_url, n)
     words = list((folder / "run").glob("*.words"))
     assert len(words) == 1  # the dead worker's file, left behind
+    # What it had started and not committed: the task it was running and the rest of its run
+    # (claimed-ahead tasks it had not started have no start mark).
+    started = {
+        t.id for t in tasks_of(store_url, n) if t.status is TaskStatus.RUNNING and t.started_at
+    }
     log = drain(folder, env)
     assert "died while running" in log
     assert not list((folder / "run").glob("*.words"))  # read, then removed (and its own too)
@@ -98,7 +103,9 @@ def test_a_killed_worker_charges_only_the_task_it_was_running(
     assert all(t.attempts == 1 for t in tasks if t not in charged)
     assert not any(t.run_alone for t in tasks)  # its group was cleared: groups go on
     refunded = [t for t in tasks if any(e.get("counted") is False for e in t.errors)]
-    assert refunded  # the rest of its group got their attempt back ...
+    assert {t.id for t in refunded} <= started - {t.id for t in charged}
+    if len(started) > 1:  # killed in a run of several (a busy machine can make runs of one)
+        assert refunded  # the rest of its group got their attempt back ...
     assert all("not running" in t.errors[0]["error"] for t in refunded)  # ... being idle
     for t in charged:
         assert [e.get("counted", True) for e in t.errors] == [True]

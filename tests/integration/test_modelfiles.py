@@ -88,6 +88,7 @@ def llama_server(gguf: Path) -> Iterator[object]:
                     break
             except httpx.HTTPError:
                 pass
+            assert proc.poll() is None, f"llama-server exited ({proc.returncode}) while loading"
             assert time.monotonic() < deadline, "llama-server did not load"
             time.sleep(0.2)
         return int(psutil.Process(proc.pid).memory_info().rss)
