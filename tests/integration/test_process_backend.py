@@ -16,7 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.backends.process import BackendError, ProcessBackend, ProcessSpec, substitute
+from corral.backends.process import (
+    BackendError,
+    ProcessBackend,
+    ProcessSpec,
+    cpu_flags,
+    exit_reason,
+    sigill_hint,
+    substitute,
+)
 from tests.helpers import alive
 
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
@@ -134,6 +142,21 @@ def test_a_server_killed_by_a_signal_while_loading_is_named_with_a_hint(tmp_path
             await b.start()
 
     asyncio.run(main())
+
+
+def test_the_sigill_hint_names_amx_and_its_fixes_where_the_cpu_has_it() -> None:
+    # A llama.cpp server built -march=native on a CPU with AMX traps at its first AMX tile
+    # (release 11434): the hint says so there, and names both ways out.
+    amx = sigill_hint(frozenset({"avx512f", "amx_tile", "amx_int8"}))
+    assert "This CPU has AMX" in amx
+    assert "--no-repack" in amx
+    assert "-mno-amx-tile" in amx
+    assert "another machine" in sigill_hint(frozenset({"avx2", "fma"}))
+    assert "another machine" in sigill_hint(frozenset())  # no /proc/cpuinfo (macOS)
+    # exit_reason reads this machine's own flags
+    said = exit_reason(-signal.SIGILL)
+    assert said.startswith("was killed by SIGILL (an instruction this CPU cannot run")
+    assert ("--no-repack" in said) == ("amx_tile" in cpu_flags())
 
 
 def test_a_crash_of_a_loaded_server_is_reported(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -71,15 +72,41 @@ def exit_reason(code: int) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         return f"was killed by signal {-code}"
-    hint = _SIGNAL_HINTS.get(name, "")
+    hint = sigill_hint(cpu_flags()) if name == "SIGILL" else _SIGNAL_HINTS.get(name, "")
     return f"was killed by {name}{hint}"
 
 
 _SIGNAL_HINTS = {
-    "SIGILL": " (an instruction this CPU cannot run: a binary built for another machine?)",
     "SIGKILL": " (out of memory, or killed by someone)",
     "SIGSEGV": " (it crashed)",
 }
+
+
+def sigill_hint(flags: frozenset[str]) -> str:
+    """Why a server died of SIGILL, given the CPU's flags. On a CPU with AMX the likely cause is
+    llama.cpp built with -march=native: it runs AMX tiles without asking Linux for them
+    (arch_prctl ARCH_REQ_XCOMP_PERM), and the first one traps (release 11434, 2026-11-26)."""
+    if "amx_tile" in flags:
+        return (
+            " (an instruction this CPU cannot run. This CPU has AMX: a llama.cpp server built "
+            "for it runs AMX tiles that Linux has not been asked for. Pass --no-repack to "
+            "llama-server, or build it with -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)"
+        )
+    return " (an instruction this CPU cannot run: a binary built for another machine?)"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them; empty where /proc/cpuinfo has none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
 
 
 def substitute(text: str, values: Mapping[str, str], what: str) -> str:
