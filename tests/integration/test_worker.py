@@ -465,6 +465,53 @@ def test_prefetch_under_concurrency_keeps_each_model_to_one_load(url: str) -> No
     q.close()
 
 
+def test_a_claim_that_returns_late_with_the_last_tasks_keeps_its_model_loaded(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy machine (stop 34's CI): the claim that took a model's last queued tasks, some to
+    # run and the rest ahead into the buffer, came back a second and a half late. The model's
+    # other slots ended meanwhile; the one slot of the late claim then ended before a reconcile
+    # had mirrored the buffered tasks, the model looked idle with work in the worker's hands,
+    # and it was swapped out, its buffer given back, and loaded again: ['a', 'b', 'a'].
+    config = corral.Config.model_validate(
+        {"models": {m: {"load_s": 0, "concurrency": 4} for m in ("a", "b")}}
+    )
+    q = corral.Queue(url, config=config)
+    loads: list[str] = []
+    for m in ("a", "b"):
+        q.model(m, load=functools.partial(loads.append, m))
+
+    @q.handler("ta", model="a")
+    async def ta(p: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    @q.handler("tb", model="b")
+    async def tb(p: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    for i in range(150):
+        q.submit("ta", i)
+        q.submit("tb", i)
+    store = q.store
+    claim = store.claim
+    stalled: list[int] = []
+
+    def late_claim(model: str, *args: Any, **kwargs: Any) -> Any:
+        got = claim(model, *args, **kwargs)
+        if got and not stalled and model == loads[0]:
+            if not store.counts()[model].get(TaskStatus.QUEUED):  # it took the last ones
+                stalled.append(len(got))
+                time.sleep(1.5)
+        return got
+
+    monkeypatch.setattr(store, "claim", late_claim)
+    q.run_worker(until_idle=True, settings=FAST)
+    assert stalled  # the late claim happened
+    assert loads in (["a", "b"], ["b", "a"])
+    assert q.store.counts() == {"a": {TaskStatus.SUCCEEDED: 150}, "b": {TaskStatus.SUCCEEDED: 150}}
+    q.close()
+
+
 def test_interactive_tasks_run_before_batch_tasks_of_any_model(url: str) -> None:
     log: list[Any] = []
     q = two_model_queue(url, log)

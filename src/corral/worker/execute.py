@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from corral.core import Request, RequestState, Scheduler
+from corral.core import Request, RequestState
 from corral.store import (
     Finished,
     Store,
@@ -53,7 +53,7 @@ TRANSIENT = (StoreUnavailable, StoreBusy)
 class Hooks:
     """What the executor asks of its worker."""
 
-    sched: Callable[[], Scheduler]
+    finished: Callable[[Request], None]  # a slot's stand-in ends (the worker tells the scheduler)
     loop: Callable[[], asyncio.AbstractEventLoop]
     per: Callable[[str], int]  # tasks per scheduling slot of a model
     measured: Callable[[str, float], None]  # a run measured its tasks' time
@@ -89,7 +89,7 @@ class Executor:
         self._groupable = groupable
         self._stop = stop
         self._wake = wake  # the worker's loop looks again (a retry is due)
-        self._sched = hooks.sched
+        self._finished = hooks.finished
         self._loop_ = hooks.loop
         self._per = hooks.per
         self._measured = hooks.measured
@@ -154,7 +154,7 @@ class Executor:
                 self._running.pop(t.id, None)
                 self._beats.remove(t.id)
             if stand_in.state is RequestState.RUNNING:
-                self._sched().on_request_finished(stand_in)
+                self._finished(stand_in)
 
     def _no_handler(self, task: Task) -> NoHandler:
         return NoHandler(

@@ -276,7 +276,7 @@ class Worker:
             self._groupable,
             self._stop,
             self._wake,
-            Hooks(self._sched, self._loop_, self._claims.per, self._claims.measured),
+            Hooks(self._finished, self._loop_, self._claims.per, self._claims.measured),
         )
         poll_s = (
             self.settings.idle_poll_s if self.store.wakes_other_processes else self.settings.poll_s
@@ -474,7 +474,6 @@ class Worker:
             self._spawn(self._claim_and_run(model, stand_ins))
 
     async def _claim_and_run(self, model: str, stand_ins: list[StandIn]) -> None:
-        sched = self._sched()
         tasks: list[Task] = []
         per, fill_s = self._claims.per(model), self._slot[model][1]
         want = len(stand_ins) * per
@@ -518,7 +517,35 @@ class Worker:
                 for task in call:
                     self._running[task.id] = run
         for stand_in in stand_ins[len(slots) :]:
-            sched.on_request_finished(stand_in)  # another worker was faster: nothing to do
+            self._finished(stand_in)  # another worker was faster: nothing to do
+
+    def _finished(self, stand_in: Request) -> None:
+        """A stand-in's slot ended. Its model's tasks claimed ahead get stand-ins first, so
+        the scheduler never sees the model idle with work in this worker's hands: a claim
+        that returned late (a busy machine, a slow database) filled the buffer after the
+        last reconcile, and the model's last slot ending before the next one swapped it out
+        with those tasks left, to be given back and loaded for again."""
+        self._cover_buffer(stand_in.model)
+        self._sched().on_request_finished(stand_in)
+
+    def _cover_buffer(self, model: str) -> None:
+        """Add stand-ins until `model`'s pending ones and the claims in flight (which take from
+        the buffer first) cover its buffered tasks, best level first. Never too many for long:
+        the next reconcile trims to what the store and buffer hold."""
+        levels = self._buffer.levels(model)
+        if not levels or time.monotonic() < self._cooldown_until.get(model, 0.0):
+            return
+        per = self._claims.per(model)
+        pending = sum(len(v) for (m, _), v in self._pending.items() if m == model)
+        covered = (pending + self._unclaimed[model]) * per  # tasks they will take
+        sched = self._sched()
+        for level in sorted(levels, reverse=True):
+            short = max(0, levels[level] - covered)
+            covered = max(0, covered - levels[level])
+            for _ in range(-(-short // per)):
+                p = StandIn(None, model, level[1], not level[0])
+                self._pending[(model, level)].append(p)
+                sched.on_request(p)
 
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
