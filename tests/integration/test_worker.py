@@ -498,10 +498,10 @@ def test_a_claim_that_returns_late_with_the_last_tasks_keeps_its_model_loaded(
 
     def late_claim(model: str, *args: Any, **kwargs: Any) -> Any:
         got = claim(model, *args, **kwargs)
-        if got and not stalled and model == loads[0]:
-            if not store.counts()[model].get(TaskStatus.QUEUED):  # it took the last ones
-                stalled.append(len(got))
-                time.sleep(1.5)
+        last = got and not stalled and model == loads[0]
+        if last and not store.counts()[model].get(TaskStatus.QUEUED):  # it took the last ones
+            stalled.append(len(got))
+            time.sleep(1.5)
         return got
 
     monkeypatch.setattr(store, "claim", late_claim)
@@ -509,6 +509,58 @@ def test_a_claim_that_returns_late_with_the_last_tasks_keeps_its_model_loaded(
     assert stalled  # the late claim happened
     assert loads in (["a", "b"], ["b", "a"])
     assert q.store.counts() == {"a": {TaskStatus.SUCCEEDED: 150}, "b": {TaskStatus.SUCCEEDED: 150}}
+    q.close()
+
+
+def test_a_model_whose_tasks_came_back_while_its_last_claim_ran_stays_loaded(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tasks of a model can come back to the queue while a claim is under way and the worker's
+    # mirror of the store is held still (a give-back, a lapsed lease reclaimed, another worker
+    # releasing them). Here another worker holds five tasks of "a" and releases them while this
+    # worker's claim of the last queued ones stalls. The model's last slot ended before the
+    # next reconcile, so the model looked idle with five tasks queued and was swapped out and
+    # back (a 3.5 s stall beside a 3 s lease did so, by hand).
+    config = corral.Config.model_validate(
+        {"models": {m: {"load_s": 0, "concurrency": 4} for m in ("a", "b")}}
+    )
+    q = corral.Queue(url, config=config)
+    loads: list[str] = []
+    for m in ("a", "b"):
+        q.model(m, load=functools.partial(loads.append, m))
+
+    @q.handler("ta", model="a")
+    async def ta(p: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    @q.handler("tb", model="b")
+    async def tb(p: Any) -> None:
+        await asyncio.sleep(0.001)
+
+    for i in range(40):
+        q.submit("ta", i)
+    for i in range(40):
+        q.submit("tb", i)
+    store = q.store
+    held = store.claim("a", "another-worker", 5, 60.0, start=0)
+    assert len(held) == 5
+    claim = store.claim
+    released: list[int] = []
+    once = threading.Lock()
+
+    def stalled_claim(model: str, *args: Any, **kwargs: Any) -> Any:
+        got = claim(model, *args, **kwargs)
+        emptied = model == "a" and not store.counts()["a"].get(TaskStatus.QUEUED)
+        if emptied and once.acquire(blocking=False):  # it took the last queued ones
+            released.append(sum(store.release(t.id, t.lease_token or "") for t in held))
+            time.sleep(0.5)  # the other slots of "a" end meanwhile
+        return got
+
+    monkeypatch.setattr(store, "claim", stalled_claim)
+    q.run_worker(until_idle=True, settings=FAST)
+    assert released == [5]
+    assert loads == ["a", "b"]
+    assert q.store.counts() == {"a": {TaskStatus.SUCCEEDED: 40}, "b": {TaskStatus.SUCCEEDED: 40}}
     q.close()
 
 

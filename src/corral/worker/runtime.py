@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 
 from corral.config import Config
-from corral.core import Request, Scheduler
+from corral.core import Request, RequestState, Scheduler
 from corral.errors import CorralError
 from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
@@ -127,6 +127,8 @@ class Worker:
         self._moving: dict[str, int] = defaultdict(int)  # claims/releases under way
         self._moved: dict[str, int] = defaultdict(int)  # ... and finished
         self._stale: set[str] = set()  # models whose last reconcile was skipped
+        self._synced: dict[str, int] = {}  # per model, `_moved` at its last reconcile
+        self._ending: dict[str, list[Request]] = defaultdict(list)  # see `_finished`
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler | None = None
         self._attached = False
@@ -304,6 +306,7 @@ class Worker:
                     seen = self._moves_seen()
                     ready, scan_s = await asyncio.to_thread(self._timed_ready_counts)
                     self._reconcile(ready, seen)
+                    self._end_deferred()
                     if until_idle and self._idle(ready) and await self._drained():
                         self._report_unserved(await asyncio.to_thread(self._presence))
                         return
@@ -435,6 +438,7 @@ class Worker:
                 self._stale.add(model)
                 self._trim(model, sum(waiting.values()), per)
                 continue
+            self._synced[model] = self._moved[model]
             in_flight = self._unclaimed[model] * per
             for level in sorted(
                 set(waiting) | {lv for (m, lv) in self._pending if m == model}, reverse=True
@@ -520,13 +524,41 @@ class Worker:
             self._finished(stand_in)  # another worker was faster: nothing to do
 
     def _finished(self, stand_in: Request) -> None:
-        """A stand-in's slot ended. Its model's tasks claimed ahead get stand-ins first, so
-        the scheduler never sees the model idle with work in this worker's hands: a claim
-        that returned late (a busy machine, a slow database) filled the buffer after the
-        last reconcile, and the model's last slot ending before the next one swapped it out
-        with those tasks left, to be given back and loaded for again."""
-        self._cover_buffer(stand_in.model)
+        """A stand-in's slot ended. The scheduler must not see its model idle while this
+        worker knows of work it has not mirrored yet:
+        - the model's tasks claimed ahead get stand-ins first (`_cover_buffer`): a claim that
+          came back late (a busy machine, a slow database) filled the buffer after the last
+          reconcile, and the model's last slot ending before the next one swapped the model out
+          with those tasks in hand, to be given back and loaded for again;
+        - the model's last slot waits for the next reconcile when tasks moved since the last
+          one (a claim, a give-back, a lapsed lease reclaimed): it ends in `_end_deferred`."""
+        model = stand_in.model
+        self._cover_buffer(model)
+        rec = self._sched().models.get(model)
+        last = rec is not None and rec.queue.count == 0 and rec.in_flight <= 1
+        if last and self._out_of_date(model):
+            self._ending[model].append(stand_in)
+            self._wake.set()
+            return
         self._sched().on_request_finished(stand_in)
+
+    def _out_of_date(self, model: str) -> bool:
+        """Tasks of `model` moved since its last reconcile (or are moving), and it is not
+        resting after a failed load (no reconcile comes then)."""
+        if time.monotonic() < self._cooldown_until.get(model, 0.0):
+            return False
+        return bool(self._moving[model]) or self._moved[model] != self._synced.get(model)
+
+    def _end_deferred(self) -> None:
+        """End the stand-ins `_finished` held for a reconcile, once their model's has run."""
+        for model in [m for m, held in self._ending.items() if held]:
+            if self._out_of_date(model):
+                continue  # moving again: the reconcile after the move ends them
+            held, self._ending[model] = self._ending[model], []
+            self._cover_buffer(model)
+            for stand_in in held:
+                if stand_in.state is RequestState.RUNNING:
+                    self._sched().on_request_finished(stand_in)
 
     def _cover_buffer(self, model: str) -> None:
         """Add stand-ins until `model`'s pending ones and the claims in flight (which take from
