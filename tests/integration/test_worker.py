@@ -436,10 +436,9 @@ def test_fail_ends_a_task_without_its_retries(url: str) -> None:
     q.close()
 
 
-def test_prefetch_under_concurrency_keeps_each_model_to_one_load(url: str) -> None:
-    # Concurrent claims of one model race: one takes the last tasks into its buffer while the
-    # other finds the queue empty. Its proxy must take them from the buffer rather than end
-    # empty, or the model looks idle with work left and is swapped out and back.
+def short_tasks_queue(url: str) -> tuple[corral.Queue, list[str]]:
+    """Two models "a" and "b" (no load time, four slots each) whose kinds "ta" and "tb" take
+    about a millisecond; the list of loads, in order."""
     config = corral.Config.model_validate(
         {"models": {m: {"load_s": 0, "concurrency": 4} for m in ("a", "b")}}
     )
@@ -456,6 +455,14 @@ def test_prefetch_under_concurrency_keeps_each_model_to_one_load(url: str) -> No
     async def tb(p: Any) -> None:
         await asyncio.sleep(0.001)
 
+    return q, loads
+
+
+def test_prefetch_under_concurrency_keeps_each_model_to_one_load(url: str) -> None:
+    # Concurrent claims of one model race: one takes the last tasks into its buffer while the
+    # other finds the queue empty. Its proxy must take them from the buffer rather than end
+    # empty, or the model looks idle with work left and is swapped out and back.
+    q, loads = short_tasks_queue(url)
     for i in range(150):
         q.submit("ta", i)
         q.submit("tb", i)
@@ -473,22 +480,7 @@ def test_a_claim_that_returns_late_with_the_last_tasks_keeps_its_model_loaded(
     # other slots ended meanwhile; the one slot of the late claim then ended before a reconcile
     # had mirrored the buffered tasks, the model looked idle with work in the worker's hands,
     # and it was swapped out, its buffer given back, and loaded again: ['a', 'b', 'a'].
-    config = corral.Config.model_validate(
-        {"models": {m: {"load_s": 0, "concurrency": 4} for m in ("a", "b")}}
-    )
-    q = corral.Queue(url, config=config)
-    loads: list[str] = []
-    for m in ("a", "b"):
-        q.model(m, load=functools.partial(loads.append, m))
-
-    @q.handler("ta", model="a")
-    async def ta(p: Any) -> None:
-        await asyncio.sleep(0.001)
-
-    @q.handler("tb", model="b")
-    async def tb(p: Any) -> None:
-        await asyncio.sleep(0.001)
-
+    q, loads = short_tasks_queue(url)
     for i in range(150):
         q.submit("ta", i)
         q.submit("tb", i)
@@ -521,22 +513,7 @@ def test_a_model_whose_tasks_came_back_while_its_last_claim_ran_stays_loaded(
     # worker's claim of the last queued ones stalls. The model's last slot ended before the
     # next reconcile, so the model looked idle with five tasks queued and was swapped out and
     # back (a 3.5 s stall beside a 3 s lease did so, by hand).
-    config = corral.Config.model_validate(
-        {"models": {m: {"load_s": 0, "concurrency": 4} for m in ("a", "b")}}
-    )
-    q = corral.Queue(url, config=config)
-    loads: list[str] = []
-    for m in ("a", "b"):
-        q.model(m, load=functools.partial(loads.append, m))
-
-    @q.handler("ta", model="a")
-    async def ta(p: Any) -> None:
-        await asyncio.sleep(0.001)
-
-    @q.handler("tb", model="b")
-    async def tb(p: Any) -> None:
-        await asyncio.sleep(0.001)
-
+    q, loads = short_tasks_queue(url)
     for i in range(40):
         q.submit("ta", i)
     for i in range(40):
