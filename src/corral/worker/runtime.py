@@ -452,11 +452,8 @@ class Worker:
         # New stand-ins in level order across models: the scheduler sees every model's
         # interactive work before any batch work (an arrival can start a load at once).
         for level, model, target in sorted(wanted, key=lambda x: x[0], reverse=True):
-            have = self._pending[(model, level)]
-            while len(have) < target:
-                p = StandIn(None, model, level[1], not level[0])
-                have.append(p)
-                sched.on_request(p)
+            while len(self._pending[(model, level)]) < target:
+                self._add_stand_in(model, level)
 
     def _trim(self, model: str, waiting: int, per: int) -> None:
         """A model busy moving tasks (its count may be off by the tasks in flight) still loses
@@ -554,8 +551,7 @@ class Worker:
         for model in [m for m, held in self._ending.items() if held]:
             if self._out_of_date(model):
                 continue  # moving again: the reconcile after the move ends them
-            held, self._ending[model] = self._ending[model], []
-            self._cover_buffer(model)
+            held, self._ending[model] = self._ending[model], []  # the reconcile mirrored all
             for stand_in in held:
                 if stand_in.state is RequestState.RUNNING:
                     self._sched().on_request_finished(stand_in)
@@ -570,14 +566,17 @@ class Worker:
         per = self._claims.per(model)
         pending = sum(len(v) for (m, _), v in self._pending.items() if m == model)
         covered = (pending + self._unclaimed[model]) * per  # tasks they will take
-        sched = self._sched()
         for level in sorted(levels, reverse=True):
             short = max(0, levels[level] - covered)
             covered = max(0, covered - levels[level])
             for _ in range(-(-short // per)):
-                p = StandIn(None, model, level[1], not level[0])
-                self._pending[(model, level)].append(p)
-                sched.on_request(p)
+                self._add_stand_in(model, level)
+
+    def _add_stand_in(self, model: str, level: Level) -> None:
+        """One more pending stand-in of `model` at `level`, announced to the scheduler."""
+        p = StandIn(None, model, level[1], not level[0])
+        self._pending[(model, level)].append(p)
+        self._sched().on_request(p)
 
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
