@@ -243,3 +243,33 @@ def test_whole_answers_chat_completion_and_embeddings() -> None:
     assert out == {"embedding": [1.0]}
     with pytest.raises(json.JSONDecodeError):
         OllamaAnswer("m", "chat").whole(b"<html>", 0.0)
+
+
+@pytest.mark.parametrize(
+    "raw", [1e308, 1e12, 10**400, "99999999999999999h", "1" * 400, "inf", float("inf")]
+)
+def test_a_keep_alive_past_gos_largest_duration_is_forever(raw: Any) -> None:
+    """Past 292 years (issue 36: 1e308 once made /api/ps answer 500 for every client, and 400
+    digits a plain-text 500)."""
+    assert keep_alive_s(raw) == math.inf
+
+
+def test_options_set_generation_fields_only() -> None:
+    """`options` never names the model, the messages or the stream (issue 36: `options:
+    {"model": ...}` chose the upstream model, past `upstream_model`)."""
+    hostile = {
+        "model": "gpt-4o", "messages": [], "stream": False, "tools": [1], "prompt": "x",
+        "id_slot": 3, "n_probs": 5, "max_tokens": 1, "response_format": {"type": "text"},
+    }  # fmt: skip
+    options = {**hostile, "temperature": 0.5, "num_keep": 4, "repeat_last_n": 64}
+    chat = chat_request(
+        {"messages": [{"role": "user", "content": "hi"}], "options": options}, "served"
+    )
+    _, generated = generate_request({"prompt": "hi", "options": options}, "served")
+    for out in (chat, generated):
+        assert out["model"] == "served"
+        assert out["stream"] is True
+        assert (out["temperature"], out["n_keep"], out["repeat_last_n"]) == (0.5, 4, 64)
+        assert not {"tools", "prompt", "id_slot", "n_probs", "max_tokens"} & set(out)
+        assert "response_format" not in out
+    assert chat["messages"] == [{"role": "user", "content": "hi"}]

@@ -31,7 +31,9 @@ from corral.secrets import Redactor, flag_values
 
 logger = logging.getLogger("corral.backends")
 
-_MACRO = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+# `$${` is a literal `${`: how data (a file's name or path) is written into a command without
+# being read as a macro (`escape_macros`).
+_MACRO = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 
 
 class BackendError(CorralError):
@@ -110,10 +112,13 @@ def cpu_flags() -> frozenset[str]:
 
 
 def substitute(text: str, values: Mapping[str, str], what: str) -> str:
-    """Replace ${NAME} macros; an unknown one is an error naming it and `what` it was in."""
+    """Replace ${NAME} macros; an unknown one is an error naming it and `what` it was in.
+    `$${` stands for a literal `${` (`escape_macros`)."""
 
     def one(m: re.Match[str]) -> str:
         name = m.group(1)
+        if name is None:
+            return "${"
         if name.startswith("env."):
             value = os.environ.get(name[4:])
             if value is None:
@@ -125,6 +130,11 @@ def substitute(text: str, values: Mapping[str, str], what: str) -> str:
         return values[name]
 
     return _MACRO.sub(one, text)
+
+
+def escape_macros(text: str) -> str:
+    """`text` as data in a command `substitute` reads: no macro in it is expanded."""
+    return text.replace("${", "$${")
 
 
 class ProcessBackend:
@@ -194,7 +204,8 @@ class ProcessBackend:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             shown = Redactor(flag_values(self.spec.cmd))(shlex.join(argv))
-            log.write(f"--- corral: starting {shown}\n".encode())
+            # A path that is not UTF-8 is written as its own bytes.
+            log.write(f"--- corral: starting {shown}\n".encode(errors="surrogateescape"))
             log.flush()
             try:
                 self._proc = await asyncio.create_subprocess_exec(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -409,8 +410,8 @@ def serve_cmd(
         folders = [Path(x) for x in config.models_dir] + folders_given
         if folders:
             config, notes = with_folders(config, folders, llama_server)
-            for note in notes if not quiet else ():
-                err_console.print(f"models: {note}", highlight=False)
+            for note in notes if not quiet else ():  # names from files: text, never markup
+                err_console.print(f"models: {escape(note)}", highlight=False)
         if listen is not None:
             server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
             config = config.model_copy(update={"server": server})
@@ -471,11 +472,13 @@ def serve_cmd(
     except CorralError as exc:
         raise _fail(exc) from None
     err_console.print(
-        app.state.gateway.redact(
-            f"corral serve: {title} on http://{config.server.listen}/v1 "
-            f"(policy {config.scheduler.policy}; models: {', '.join(served)}; logs: {log_dir}; "
-            f"batches: {batches}; dashboard: "
-            f"http://{config.server.listen}/ui)"
+        escape(
+            app.state.gateway.redact(
+                f"corral serve: {title} on http://{config.server.listen}/v1 "
+                f"(policy {config.scheduler.policy}; models: {', '.join(served)}; "
+                f"logs: {log_dir}; batches: {batches}; dashboard: "
+                f"http://{config.server.listen}/ui)"
+            )
         ),
         highlight=False,
     )

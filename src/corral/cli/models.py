@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from corral.console import err_console, fail, out_console
@@ -19,10 +20,13 @@ def models_cmd(
     ] = None,
 ) -> None:
     """List the models in FOLDERS: name, file, architecture, parameters, quantization, context,
-    memory estimate and the command that serves each."""
-    from corral.modelfiles.folder import find_llama_server, scan
+    memory estimate and the command that serves each; and, one line each, the files that
+    `corral serve --models` would skip (unreadable, implausible, or too big for every device)."""
+    from corral.modelfiles.folder import find_llama_server, scan, shown
+    from corral.modelfiles.serving import fitting, machine_devices
 
     server = find_llama_server(llama_server) or "llama-server"
+    devices, _ = machine_devices()
     table = Table(title=None, show_lines=False)
     for column in ("model", "file", "arch", "params", "quant", "context", "memory", "command"):
         table.add_column(column, overflow="fold")
@@ -32,20 +36,22 @@ def models_cmd(
             found, bad = scan(folder)
         except ValueError as exc:
             raise fail(str(exc)) from None
-        for u in bad:
-            err_console.print(f"[yellow]skipped[/yellow] {u.why}", highlight=False)
+        found, too_big = fitting(found, devices)
+        for u in [*bad, *too_big]:
+            err_console.print(f"[yellow]skipped[/yellow] {escape(u.why)}", highlight=False)
         for m in found:
             count += 1
-            table.add_row(
+            row = (
                 m.name,
-                str(m.info.path),
+                shown(m.info.path),
                 m.info.architecture,
                 m.info.size_label,
                 m.info.quantization,
                 f"{m.context:,} of {m.info.context_length:,}",
                 f"{m.estimate.total_gb:.2f} GB",
-                m.command(server),
+                shown(m.command(server)),
             )
+            table.add_row(*map(escape, row))  # names from files are text, never markup
     if not count:
         raise fail(f"no GGUF models in {', '.join(map(str, folders))}")
     out_console.print(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from corral.config.models import DeviceConfig, HostConfig, ModelConfig, SchedulerConfig, Strict
 from corral.config.server import BatchConfig, ServerConfig
@@ -34,6 +34,13 @@ class Config(Strict):
     host: HostConfig = HostConfig()
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
+    # Models a folder offered but Corral does not serve, by name, with why (filled by
+    # modelfiles/serving.py, never read from a file): a request for one is told why.
+    _skipped: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return self._skipped
 
     @field_validator("models")
     @classmethod

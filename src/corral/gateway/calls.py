@@ -66,13 +66,25 @@ def rewrite(data: dict[str, Any], filters: FiltersConfig, name: str) -> None:
 
 
 def unknown_model(name: str, config: Config) -> ModelNotFound:
-    """The error for a model name nothing serves, listing the valid ids (raise it)."""
+    """The error for a model name nothing serves, listing the valid ids (raise it); for a model
+    a folder offered but Corral skipped, why it is not served."""
+    why = skipped_why(name, config)
+    if why is not None:
+        return ModelNotFound(
+            f"model {name!r} is not served: {why}", param="model", code="model_not_served"
+        )
     valid = sorted(n for n, m in config.models.items() if (m.cmd or m.upstream) and not m.unlisted)
     return ModelNotFound(
         f"model {name!r} not found; valid ids: {', '.join(valid)}",
         param="model",
         code="model_not_found",
     )
+
+
+def skipped_why(name: str, config: Config) -> str | None:
+    """Why the models folder skipped `name` (or `name` without Ollama's `:latest`), if it did."""
+    skipped = config.skipped
+    return skipped.get(name) or skipped.get(name.removesuffix(":latest"))
 
 
 async def read_body(request: Request, max_body: int) -> bytes:

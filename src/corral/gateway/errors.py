@@ -87,6 +87,10 @@ class ClientLeft(GatewayError):
         return Response(status_code=499)
 
 
+class Forbidden(GatewayError):
+    status, kind = 403, "permission_error"
+
+
 class Conflict(GatewayError):
     status, kind = 409, "conflict"
 

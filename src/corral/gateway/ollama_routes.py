@@ -30,7 +30,7 @@ from fastapi.routing import APIRoute
 
 from corral.config import Config, ModelConfig
 from corral.gateway.admission import disconnected
-from corral.gateway.calls import json_object, priority_of, read_body
+from corral.gateway.calls import json_object, priority_of, read_body, skipped_why
 from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
@@ -46,7 +46,10 @@ from corral.gateway.runtime import Gateway
 
 log = logging.getLogger("corral.gateway")
 _STORE_COMMANDS = ("/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}")
-_FOREVER = "2318-11-23T00:00:00Z"  # what Ollama shows for a model kept loaded (keep_alive -1)
+_FOREVER = "2318-11-23T00:00:00Z"
+_LAST_EPOCH_S = datetime(
+    9999, 1, 1, tzinfo=UTC
+).timestamp()  # what Ollama shows for a model kept loaded (keep_alive -1)
 
 
 def ollama_error(status: int, message: str) -> JSONResponse:
@@ -139,6 +142,9 @@ class OllamaDoor:
         """Why `lookup(name)` found nothing."""
         if not isinstance(name, str) or not name:
             return "missing `model`: say which model should answer"
+        why = skipped_why(name, self.config)
+        if why is not None:
+            return f"model '{name}' is not served: {why}"
         listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway)))
         return f"model '{name}' not found; Corral serves: {listed}"
 
@@ -396,6 +402,6 @@ def _entry(name: str, m: ModelConfig) -> dict[str, Any]:
 
 
 def _iso(epoch_s: float) -> str:
-    if not math.isfinite(epoch_s):
+    if not math.isfinite(epoch_s) or epoch_s >= _LAST_EPOCH_S:  # past what a date can say
         return _FOREVER
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")

@@ -19,8 +19,11 @@ from typing import Any, Literal
 
 Kind = Literal["chat", "generate", "embed", "embeddings"]
 
-# Ollama's options and the OpenAI (or llama-server) field each maps to. `num_ctx` has no
-# counterpart: the server's context is fixed when it starts (the models folder sizes it).
+# Ollama's options and the OpenAI (or llama-server) field each maps to: generation fields
+# only. `options` never sets the model, the messages or anything else of the request (issue
+# 36: `options: {"model": ...}` once chose the upstream model); an option not here is ignored,
+# as Ollama ignores one it does not know. The runner's options (`num_ctx`, `num_gpu`, ...) have
+# no counterpart: the server's are fixed when it starts (the models folder sizes them).
 _OPTIONS = {
     "num_predict": "max_tokens",
     "temperature": "temperature",
@@ -32,11 +35,15 @@ _OPTIONS = {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
     "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n",
     "typical_p": "typical_p",
+    "num_keep": "n_keep",
+    "mirostat": "mirostat",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
 }
-_IGNORED_OPTIONS = frozenset(
-    {"num_ctx", "num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"}
-)
+# Go's largest time.Duration, what Ollama's keep_alive can hold: longer is forever.
+MAX_KEEP_ALIVE_S = (2**63 - 1) / 1e9
 _IMAGE_KINDS = (
     (b"\x89PNG", "image/png"),
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -54,15 +61,18 @@ class BadRequest(ValueError):
 def keep_alive_s(raw: Any) -> float | None:
     """`keep_alive` in seconds: None when absent, `math.inf` for a negative value (forever), 0
     to unload after the request. Takes what Ollama takes: a number of seconds, or a string of
-    one ("300", "-1") or a Go duration ("5m", "1h30m", "250ms")."""
+    one ("300", "-1") or a Go duration ("5m", "1h30m", "250ms"). Longer than Go's largest
+    duration (MAX_KEEP_ALIVE_S, 292 years) is forever too."""
     if raw is None:
         return None
     if isinstance(raw, bool):
         raise BadRequest(
             f"keep_alive must be a duration like '5m' or a number of seconds; got {raw}"
         )
-    if isinstance(raw, int | float):
-        value = float(raw)
+    if isinstance(raw, int):  # a JSON integer may be past what a float holds
+        value = float(raw) if abs(raw) <= MAX_KEEP_ALIVE_S else math.inf if raw > 0 else -math.inf
+    elif isinstance(raw, float):
+        value = raw
     elif isinstance(raw, str):
         text = raw.strip()
         try:
@@ -83,7 +93,7 @@ def keep_alive_s(raw: Any) -> float | None:
         )
     if math.isnan(value):
         raise BadRequest("keep_alive must be a number of seconds, not NaN")
-    return math.inf if value < 0 else value
+    return math.inf if value < 0 or value > MAX_KEEP_ALIVE_S else value
 
 
 def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
@@ -100,12 +110,11 @@ def _sampling(body: dict[str, Any], out: dict[str, Any]) -> None:
     options = _object(body, "options")
     for key, value in options.items():
         target = _OPTIONS.get(key)
-        if target is not None:
-            if key == "num_predict" and isinstance(value, int) and value < 0:
-                continue  # Ollama's -1: no limit, the server's default
-            out[target] = value
-        elif key not in _IGNORED_OPTIONS:
-            out[key] = value  # llama-server and vLLM take more sampling fields by their names
+        if target is None:
+            continue
+        if key == "num_predict" and isinstance(value, int) and value < 0:
+            continue  # Ollama's -1: no limit, the server's default
+        out[target] = value
     fmt = body.get("format")
     if fmt is None or fmt == "":
         return

@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
 from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, priority_of, read_body, unknown_model
+from corral.gateway.errors import Forbidden
+from corral.gateway.lifecycle import managed
 from corral.gateway.openapi import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -68,6 +70,9 @@ def openai_routes(px: Proxy) -> APIRouter:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
             raise unknown_model(model, config)
+        refused = managed(request.method, path, model)
+        if refused is not None:
+            raise Forbidden(refused, code="managed_by_corral")
         body = await read_body(request, px.max_body)
         priority = priority_of(request, {})
         if (sent := await px.elsewhere(request, resolved, body)) is not None:

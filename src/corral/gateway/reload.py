@@ -10,7 +10,9 @@
   unloads once idle (`Scheduler.on_model_removed`).
 - A bad edit changes nothing: the error (with its line, from the config's own checks) is
   logged and the previous configuration stays. Changes outside `models:` need a restart and
-  say so.
+  say so. A file in a models folder that cannot be served is skipped with a logged line naming
+  it and why; the other models are applied (issue 36), and an error no check foresaw is logged
+  without stopping the watch.
 
 The live `Config` object is changed in place (its `models`), so every part that holds it sees
 the same models.
@@ -55,7 +57,7 @@ class Reloader:
         settle = asyncio.ensure_future(self._settle())
         try:
             async for _ in watchfiles.awatch(*self.paths, debounce=300, step=50):
-                self.reload()
+                self.reload()  # never raises: a watcher that died would stop reloading silently
         finally:
             settle.cancel()
 
@@ -65,6 +67,14 @@ class Reloader:
             new = self.load()
         except (CorralError, ValueError) as exc:
             log.error("config not reloaded, the previous one stays: %s", exc)
+            return []
+        except Exception as exc:  # a bug reading some file: say so, keep watching
+            log.error(
+                "config not reloaded, the previous one stays: %s: %s",
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             return []
         # The new config's secrets are masked too (and the old ones still: their servers'
         # logs stay), before anything of it can reach a status page or a log.
@@ -78,7 +88,9 @@ class Reloader:
         old = self.config
         sched = self.gateway.scheduler
         assert sched is not None
-        lines = []
+        lines = [f"skipped {why}" for n, why in new.skipped.items() if old.skipped.get(n) != why]
+        old.skipped.clear()
+        old.skipped.update(new.skipped)
         for key in ("devices", "scheduler", "server", "batch"):
             if getattr(old, key) != getattr(new, key):
                 lines.append(f"`{key}` changed: it takes effect at the next start")

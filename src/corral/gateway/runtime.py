@@ -530,6 +530,8 @@ class Gateway:
                 for d in sched.devices
             ],
             "models": models,
+            # What a models folder offered that is not served, and why (modelfiles/serving.py).
+            "skipped": [{"model": n, "why": w} for n, w in sorted(self.config.skipped.items())],
             # Sleeping models' host memory (docs/design/sleep.md).
             "host": {
                 "memory_gb": (

@@ -1,9 +1,16 @@
 """A folder of GGUF files as models (issue 27): each model named by its file, split files
 (`-00001-of-00003`) as one model, projector files (`mmproj-*`) paired with the model beside
-them, and the llama-server command that serves each."""
+them, and the llama-server command that serves each.
+
+A folder is served model by model (issue 36): a file that cannot be read or is implausible is
+an `Unreadable` with the name it would have had and why, and the rest are served. Names and
+paths taken from files are data: `model_name` maps any file name to a usable model name, and
+`FoundModel.command` escapes them (`escape_macros`) so no `${...}` in them is expanded.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -11,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.backends.process import escape_macros
 from corral.modelfiles.gguf import GgufModel, MemoryEstimate, estimate_memory, read_gguf
 from corral.modelfiles.ollama_store import is_store, scan_store
 
@@ -33,7 +41,7 @@ class FoundModel:
         """The llama-server command that serves it (`${PORT}` filled in by Corral). The GGUF's
         own chat template when it carries one (--jinja), else llama.cpp's built-in one for its
         architecture where there is one (BUILTIN_TEMPLATES)."""
-        argv = [server, "-m", str(self.info.path), "--port", "${PORT}", "--alias", self.name]
+        argv = [server, "-m", str(self.info.path), "--port", PORT, "--alias", self.name]
         argv += ["--ctx-size", str(self.context)]
         if self.projector is not None:
             argv += ["--mmproj", str(self.projector)]
@@ -43,13 +51,43 @@ class FoundModel:
             # A named built-in template applies only with jinja off (llama-server's default is
             # on, and then it falls back to its generic template).
             argv += ["--no-jinja", "--chat-template", BUILTIN_TEMPLATES[self.info.architecture]]
-        return shlex.join(argv).replace("'${PORT}'", "${PORT}")
+        # Paths and names are data: quoted for the shell-like split, and their `${` escaped.
+        return " ".join(a if a is PORT else shlex.quote(escape_macros(a)) for a in argv)
+
+
+PORT = "${PORT}"  # the one macro in a command built from files
 
 
 @dataclass(frozen=True, slots=True)
 class Unreadable:
+    """A file that is not served, why (naming the file), and the model name it would have
+    had (None for what names no model: a manifest that could not be read)."""
+
     path: Path
     why: str
+    name: str | None = None
+
+
+def shown(path: Path | str) -> str:
+    """A path as text any JSON, log or terminal takes: bytes that are not UTF-8 as `\\xNN`."""
+    return os.fsencode(path).decode("utf-8", errors="backslashreplace")
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def model_name(stem: str) -> str:
+    """The model name a file's name gives (docs/models-folder.md): whitespace runs become `-`;
+    bytes that are not UTF-8, and characters that do not print, become `%XX` (their bytes in
+    hex); the rest is kept as it is. Never empty."""
+    raw = os.fsencode(stem).decode("utf-8", errors="surrogateescape")
+    out = []
+    for ch in _SPACE.sub("-", raw.strip()) or "-":
+        if ch.isprintable() and not 0xDC80 <= ord(ch) <= 0xDCFF:
+            out.append(ch)
+        else:
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape")))
+    return "".join(out)
 
 
 def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
@@ -60,24 +98,24 @@ def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
         raise ValueError(f"{folder}: no such folder")
     if is_store(folder):
         return _scan_store(folder)
-    files = sorted(folder.rglob("*.gguf"))
+    files = sorted(folder.rglob("*.gguf"), key=os.fsencode)
     projectors = {p.parent: p for p in files if p.name.lower().startswith("mmproj")}
     found: dict[str, FoundModel] = {}
     bad: list[Unreadable] = []
+    taken: set[str] = set()
     for path in files:
         if path.name.lower().startswith("mmproj"):
             continue
         split = SPLIT.match(path.stem)
         if split is not None and int(split["part"]) != 1:
             continue  # the first part stands for all of them (llama.cpp reads the rest)
-        name = split["stem"] if split is not None else path.stem
+        stem = split["stem"] if split is not None else path.stem
+        name = _unique(model_name(stem), path.parent.relative_to(folder), taken)
         try:
             info = read_gguf(path)
         except ValueError as exc:
-            bad.append(Unreadable(path, str(exc)))
+            bad.append(Unreadable(path, shown(str(exc)), name))
             continue
-        if name in found:  # the same file name in two subfolders: keep both, told apart
-            name = f"{path.parent.name}/{name}"
         context = min(info.context_length, DEFAULT_CONTEXT)
         found[name] = FoundModel(
             name, info, context, estimate_memory(info, context), projectors.get(path.parent)
@@ -85,18 +123,38 @@ def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
     return [found[k] for k in sorted(found)], bad
 
 
+def _unique(name: str, where: Path | None, taken: set[str]) -> str:
+    """`name`, or, when an earlier file (in byte order of paths) took it, `sub/folder/name`
+    (`where`, the file's folder under the one scanned), then `name-2`, `name-3`, ...: the same
+    folder always gives the same names."""
+    candidates = [name]
+    if where is not None and where.parts:
+        candidates.append("/".join([*map(model_name, where.parts), name]))
+    for candidate in candidates:
+        if candidate not in taken:
+            taken.add(candidate)
+            return candidate
+    n = 2
+    while f"{name}-{n}" in taken:
+        n += 1
+    taken.add(f"{name}-{n}")
+    return f"{name}-{n}"
+
+
 def _scan_store(store: Path) -> tuple[list[FoundModel], list[Unreadable]]:
     models, problems = scan_store(store)
     found: list[FoundModel] = []
-    bad = [Unreadable(path, f"{path}: {why}") for path, why in problems]
+    bad = [Unreadable(path, shown(f"{path}: {why}")) for path, why in problems]
+    taken: set[str] = set()
     for m in models:
+        name = _unique(model_name(m.name), None, taken)
         try:
             info = read_gguf(m.gguf)
         except ValueError as exc:
-            bad.append(Unreadable(m.gguf, f"{m.name}: {exc}"))
+            bad.append(Unreadable(m.gguf, shown(f"{name}: {exc}"), name))
             continue
         context = min(info.context_length, DEFAULT_CONTEXT)
-        found.append(FoundModel(m.name, info, context, estimate_memory(info, context), m.projector))
+        found.append(FoundModel(name, info, context, estimate_memory(info, context), m.projector))
     return sorted(found, key=lambda f: f.name), bad
 
 

@@ -75,60 +75,126 @@ class MemoryEstimate:
         return self.total_bytes / 1e9
 
 
+class GgufError(ValueError):
+    """A file that is not a GGUF llama.cpp can serve, or whose header is implausible; the
+    message names the file and what is wrong."""
+
+
+# Bounds on what a header may cost to read, whatever it claims (docs/security.md): real models
+# have under a thousand keys, a few thousand tensors and vocabularies under a million tokens.
+MAX_KEYS = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_DEPTH = 4  # arrays of arrays (llama.cpp reads none; gguf-py reads some)
+MAX_ITEMS = 2_000_000  # keys, tensors and array elements walked one by one (about 0.6 s)
+MAX_VALUES = 1 << 18  # array elements kept as Python values (per-layer settings: hundreds)
+MAX_KEY_BYTES = 1 << 16
+MAX_VALUE_BYTES = 8 << 20  # a longer string (no real chat template is) is passed over, not read
+MAX_TEXT_BYTES = 32 << 20  # all the strings read from one header together
+
+
 def read_gguf(path: Path) -> GgufModel:
     """The model facts of the GGUF file at `path` (its metadata and tensor table only).
-    Raises ValueError naming the file and the key for a file that is not a usable GGUF."""
+    Raises GgufError (a ValueError) naming the file and the key for a file that is not a usable
+    GGUF: unreadable, truncated, over the bounds above, or with implausible values."""
     from gguf import LlamaFileType
 
     try:
         fields, tensors = _header(path)
-    except (ValueError, OSError, struct.error, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not a GGUF file llama.cpp can read ({exc})") from None
-
-    def get(key: str, default: Any = None) -> Any:
-        return fields.get(key, default)
-
-    arch = str(get("general.architecture", ""))
-    if not arch:
-        raise ValueError(f"{path}: no general.architecture in its metadata")
-
-    def need(key: str) -> int:
-        value = get(f"{arch}.{key}")
-        if value is None:
-            raise ValueError(f"{path}: no {arch}.{key} in its metadata")
-        return int(_scalar(value))
-
-    heads = need("attention.head_count")
-    embedding = need("embedding_length")
-    kv_heads = int(_scalar(get(f"{arch}.attention.head_count_kv", heads)))
-    key_length = int(_scalar(get(f"{arch}.attention.key_length", embedding // heads)))
-    value_length = int(_scalar(get(f"{arch}.attention.value_length", key_length)))
-    tokens = get("tokenizer.ggml.tokens")
-    file_type = get("general.file_type")
+    except GgufError as exc:
+        raise GgufError(f"{path}: not a GGUF file llama.cpp can read ({exc})") from None
+    except (ValueError, OSError, struct.error) as exc:
+        raise GgufError(f"{path}: not a GGUF file llama.cpp can read ({exc})") from None
+    facts = _Facts(path, fields)
+    arch = facts.text("general.architecture")
+    if arch is None or not 0 < len(arch) <= 64 or not arch.isprintable():
+        raise GgufError(f"{path}: no usable general.architecture in its metadata")
+    heads = facts.count(f"{arch}.attention.head_count", 1, 1 << 16)
+    embedding = facts.count(f"{arch}.embedding_length", 1, 1 << 20)
+    key_length = facts.count(f"{arch}.attention.key_length", 1, 1 << 16, max(1, embedding // heads))
+    tokens = fields.get("tokenizer.ggml.tokens")
+    vocab = (
+        tokens.count
+        if isinstance(tokens, _Array)
+        else facts.count(f"{arch}.vocab_size", 0, 1 << 24, 0)
+    )
+    file_type = fields.get("general.file_type")
     try:
-        quant = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type else "?"
-    except ValueError:
-        quant = f"type {file_type}"
-    window = get(f"{arch}.attention.sliding_window")
+        quant = LlamaFileType(_integral(file_type)).name.removeprefix("MOSTLY_")
+    except (ValueError, TypeError):
+        quant = "?" if file_type is None else f"type {str(file_type)[:20]}"
+    window = facts.count(f"{arch}.attention.sliding_window", 0, 1 << 27, 0)
+    template = fields.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise GgufError(f"{path}: tokenizer.chat_template is not text")
+    weights_bytes = sum(b for _, b in tensors)
     return GgufModel(
         path=path,
         architecture=arch,
-        name=str(get("general.name", path.stem)),
+        name=facts.text("general.name") or path.stem,
         parameters=sum(n for n, _ in tensors),
         quantization=quant,
-        context_length=need("context_length"),
-        layers=need("block_count"),
+        context_length=facts.count(f"{arch}.context_length", 1, MAX_CONTEXT),
+        layers=facts.count(f"{arch}.block_count", 1, 1 << 14),
         embedding=embedding,
-        feed_forward=int(_scalar(get(f"{arch}.feed_forward_length", 4 * embedding))),
+        feed_forward=facts.count(f"{arch}.feed_forward_length", 0, 1 << 22, 4 * embedding),
         heads=heads,
-        kv_heads=kv_heads,
+        kv_heads=facts.count(f"{arch}.attention.head_count_kv", 1, 1 << 16, heads),
         key_length=key_length,
-        value_length=value_length,
-        vocab=tokens.count if isinstance(tokens, _Array) else int(get(f"{arch}.vocab_size", 0)),
-        sliding_window=int(_scalar(window)) if window else None,
-        chat_template=get("tokenizer.chat_template"),
-        weights_bytes=sum(b for _, b in tensors),
+        value_length=facts.count(f"{arch}.attention.value_length", 1, 1 << 16, key_length),
+        vocab=vocab,
+        sliding_window=window or None,
+        chat_template=template,
+        weights_bytes=weights_bytes,
     )
+
+
+MAX_CONTEXT = 1 << 27  # 134M tokens: past any model's training context
+
+
+def _integral(value: Any) -> int:
+    """`value` as an int when it is one (or a whole finite float); else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a number: {str(value)[:40]!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"not a whole number: {value!r}")
+        return int(value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """Typed, bounded reads of a header's metadata: a value of the wrong type or out of its
+    range is a GgufError naming the file and the key, before any arithmetic uses it."""
+
+    path: Path
+    fields: dict[str, Any]
+
+    def text(self, key: str) -> str | None:
+        value = self.fields.get(key)
+        return value if isinstance(value, str) else None
+
+    def count(self, key: str, lo: int, hi: int, default: int | None = None) -> int:
+        """The key's whole number in [lo, hi]; per-layer arrays give their largest. Absent:
+        `default`, or an error when there is none."""
+        value = self.fields.get(key)
+        if value is None:
+            if default is None:
+                raise GgufError(f"{self.path}: no {key} in its metadata")
+            return default
+        try:
+            if isinstance(value, _Array):
+                if not value.values:
+                    raise ValueError(f"an array of {value.count} values, none read")
+                n = max(_integral(v) for v in value.values)
+            else:
+                n = _integral(value)
+        except (ValueError, TypeError) as exc:
+            raise GgufError(f"{self.path}: {key} is not a count ({exc})") from None
+        if not lo <= n <= hi:
+            raise GgufError(f"{self.path}: {key} is {n}, outside {lo}..{hi}")
+        return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +205,88 @@ class _Array:
     values: list[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class _Unread:
+    """A string value longer than MAX_VALUE_BYTES: its length, passed over."""
+
+    size: int
+
+
 _SHORT = 1024  # arrays longer than this (a vocabulary) are counted, not read
+_U64 = struct.Struct("<Q")
+
+
+class _Walk:
+    """A bounded cursor over a GGUF header: every length and count is checked against the
+    bytes left before anything is read or allocated, and the work is capped (MAX_*)."""
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data = data
+        self.at = 0
+        self.end = len(data)
+        self.items = 0
+        self.kept = 0
+        self.text_bytes = 0
+
+    def take(self, fmt: str) -> tuple[Any, ...]:
+        size = struct.calcsize(fmt)
+        if size > self.end - self.at:
+            raise GgufError(f"truncated at byte {self.at}")
+        values = struct.unpack_from(fmt, self.data, self.at)
+        self.at += size
+        return values
+
+    def tick(self, n: int = 1) -> None:
+        self.items += n
+        if self.items > MAX_ITEMS:
+            raise GgufError(f"more than {MAX_ITEMS:,} keys, tensors and array elements")
+
+    def keep(self, n: int) -> None:
+        self.kept += n
+        if self.kept > MAX_VALUES:
+            raise GgufError(f"more than {MAX_VALUES:,} array values in its metadata")
+
+    def skip_strings(self, n: int) -> None:
+        """Pass over `n` strings by their lengths (a vocabulary), reading none."""
+        at, end, data, unpack = self.at, self.end, self.data, _U64.unpack_from
+        for _ in range(n):
+            if at + 8 > end:
+                raise GgufError(f"truncated at byte {at}")
+            at += 8 + unpack(data, at)[0]
+            if at > end:
+                raise GgufError(f"a string at byte {at} runs past the end")
+        self.at = at
+
+    def skip(self, size: int) -> None:
+        if size > self.end - self.at:
+            raise GgufError(f"a length of {size:,} bytes at byte {self.at} runs past the end")
+        self.at += size
+
+    def string(self, limit: int | None = None) -> str | _Unread:
+        limit = MAX_VALUE_BYTES if limit is None else limit
+        (n,) = self.take("<Q")
+        if n > self.end - self.at:
+            raise GgufError(f"a string of {n:,} bytes at byte {self.at} runs past the end")
+        if n > limit:
+            self.at += n
+            return _Unread(n)
+        self.text_bytes += n
+        if self.text_bytes > MAX_TEXT_BYTES:
+            raise GgufError(f"more than {MAX_TEXT_BYTES >> 20} MiB of text in its metadata")
+        text = self.data[self.at : self.at + n].decode("utf-8", errors="replace")
+        self.at += n
+        return text
+
+    def key(self) -> str:
+        (n,) = self.take("<Q")
+        if n > min(MAX_KEY_BYTES, self.end - self.at):
+            raise GgufError(f"a key of {n:,} bytes at byte {self.at}")
+        raw = self.data[self.at : self.at + n]
+        self.at += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GgufError(f"a key at byte {self.at - n} is not UTF-8") from None
 
 
 def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
@@ -147,7 +294,8 @@ def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
 
     `gguf.GGUFReader` builds an object per array element: 20 s for a 262,144-token vocabulary
     on this VM, for facts that take 0.2 s. This walks the same layout (`gguf.constants`'
-    types and block sizes), skipping long arrays by their lengths."""
+    types and block sizes), skipping long arrays by their lengths, within the bounds above
+    (GgufError past them)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
     fixed = {
@@ -156,73 +304,91 @@ def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
         GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
         GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
     }  # fmt: skip
+    if not path.is_file():  # a FIFO or device named *.gguf would block the open
+        raise GgufError("not a regular file")
     with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise GgufError("no GGUF magic")
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        if data[:4] != b"GGUF":
-            raise ValueError("no GGUF magic")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+        w = _Walk(data)
+        w.at = 4
+        version, n_tensors, n_kv = w.take("<IQQ")
         if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        at = 24
+            raise GgufError(f"GGUF version {version} is too old")
+        if n_kv > MAX_KEYS or n_tensors > MAX_TENSORS:
+            raise GgufError(f"it claims {n_kv:,} keys and {n_tensors:,} tensors")
 
-        def string() -> str:
-            nonlocal at
-            (n,) = struct.unpack_from("<Q", data, at)
-            text = data[at + 8 : at + 8 + n].decode("utf-8")
-            at += 8 + n
-            return text
+        def kind_of(raw: int) -> GGUFValueType:
+            try:
+                return GGUFValueType(raw)
+            except ValueError:
+                raise GgufError(f"unknown value type {raw} at byte {w.at}") from None
 
-        def value(kind: int) -> Any:
-            nonlocal at
-            t = GGUFValueType(kind)
+        def value(t: GGUFValueType, depth: int) -> Any:
             if t == GGUFValueType.STRING:
-                return string()
+                return w.string()
             if t == GGUFValueType.ARRAY:
-                inner, n = struct.unpack_from("<IQ", data, at)
-                at += 12
-                it = GGUFValueType(inner)
-                if it in fixed and n > _SHORT:
-                    at += n * struct.calcsize("<" + fixed[it])
+                if depth >= MAX_DEPTH:
+                    raise GgufError(f"arrays nested more than {MAX_DEPTH} deep")
+                inner_raw, n = w.take("<IQ")
+                inner = kind_of(inner_raw)
+                if inner in fixed:
+                    size = struct.calcsize("<" + fixed[inner])
+                    if n > (w.end - w.at) // size:
+                        raise GgufError(f"an array of {n:,} values runs past the end")
+                    if n > _SHORT:
+                        w.skip(n * size)
+                        return _Array(n, [])
+                elif n > (w.end - w.at) // 8:  # a string or an array takes 8 bytes at least
+                    raise GgufError(f"an array of {n:,} values runs past the end")
+                w.tick(n)
+                if inner == GGUFValueType.STRING and n > _SHORT:
+                    w.skip_strings(n)
                     return _Array(n, [])
-                if it == GGUFValueType.STRING and n > _SHORT:
-                    for _ in range(n):  # lengths only
-                        (size,) = struct.unpack_from("<Q", data, at)
-                        at += 8 + size
-                    return _Array(n, [])
-                items = [value(inner) for _ in range(n)]
-                return _Array(n, items)
-            fmt = "<" + fixed[t]
-            (v,) = struct.unpack_from(fmt, data, at)
-            at += struct.calcsize(fmt)
+                w.keep(n)
+                return _Array(n, [value(inner, depth + 1) for _ in range(n)])
+            (v,) = w.take("<" + fixed[t])
             return v
 
         fields: dict[str, Any] = {}
         for _ in range(n_kv):
-            key = string()
-            (kind,) = struct.unpack_from("<I", data, at)
-            at += 4
-            fields[key] = value(kind)
+            w.tick()
+            key = w.key()
+            (raw,) = w.take("<I")
+            fields[key] = value(kind_of(raw), 0)
         tensors = []
         for _ in range(n_tensors):
-            string()
-            (dims,) = struct.unpack_from("<I", data, at)
-            shape = struct.unpack_from(f"<{dims}Q", data, at + 4)
-            kind, _offset = struct.unpack_from("<IQ", data, at + 4 + 8 * dims)
-            at += 4 + 8 * dims + 12
+            w.tick()
+            w.string(limit=MAX_KEY_BYTES)
+            (dims,) = w.take("<I")
+            if not 0 < dims <= MAX_DIMS:
+                raise GgufError(f"a tensor of {dims} dimensions")
+            shape = w.take(f"<{dims}Q")
+            raw_kind, offset = w.take("<IQ")
             elements = math.prod(shape)
-            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-            tensors.append((elements, elements // block * size))
-        return fields, tensors
+            if elements > 1 << 50:
+                raise GgufError(f"a tensor of {elements:,} elements")
+            try:
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_kind)]
+            except (ValueError, KeyError):
+                raise GgufError(f"a tensor of unknown type {raw_kind}") from None
+            tensors.append((elements, elements // block * size, offset))
+        # Every tensor's data lies in the file: a file cut short (an unfinished download)
+        # or one that claims more than it holds is found here, not by llama-server.
+        alignment = fields.get("general.alignment", 32)
+        if not isinstance(alignment, int) or not 0 < alignment <= 1 << 16:
+            raise GgufError(f"general.alignment is {str(alignment)[:20]}")
+        data_bytes = w.end - (w.at + -w.at % alignment)
+        needed = max((offset + n for _, n, offset in tensors), default=0)
+        if needed > data_bytes:
+            raise GgufError(
+                f"truncated: its tensors need {needed:,} bytes of data, the file holds "
+                f"{max(0, data_bytes):,} (an unfinished download?)"
+            )
+        return fields, [(elements, n) for elements, n, _ in tensors]
     finally:
         data.close()
-
-
-def _scalar(value: Any) -> Any:
-    """Per-layer arrays (some architectures vary heads by layer): the largest."""
-    if isinstance(value, _Array):
-        return max(value.values) if value.values else 0
-    return value
 
 
 def _pad(n: int, to: int = 256) -> int:
