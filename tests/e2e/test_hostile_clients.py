@@ -114,7 +114,7 @@ def test_options_cannot_choose_the_upstream_model(gw: Gateway) -> None:
         model="paid",
         messages=[{"role": "user", "content": "hi"}],
         stream=False,
-        options={"model": "gpt-expensive", "temperature": 0.2, "stream": True},  # type: ignore[typeddict-unknown-key]
+        options={"model": "gpt-expensive", "temperature": 0.2, "stream": True},
     )
     assert out.message.content == "ok"
     (sent,) = Recording.bodies
