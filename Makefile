@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,11 @@ bench-first-answer: $(LLAMA_STAMP)
 # llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
 bench-page-cache: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_page_cache.py
+
+# A 5,000-file folder and 1 GB hostile GGUF headers: time and peak memory, the walker before
+# issue 36 in the same run (~2 min).
+bench-folder-scan: $(STAMP)
+	$(BIN)/python benchmarks/bench_folder_scan.py
 
 # Sleeping models and aborted loads, simulated and replayed live on sim backends (~25 min).
 bench-sleep: $(STAMP)
