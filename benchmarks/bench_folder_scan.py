@@ -54,7 +54,8 @@ def hostile_files(folder: Path) -> dict[str, Path]:
             "string900", with_keys(text("x.s") + struct.pack("<IQ", T.STRING, 900 << 20), 1)
         ),
         "130M empty strings": sparse(
-            "strings", with_keys(text("x.a") + struct.pack("<IIQ", T.ARRAY, T.STRING, GB // 8 - 64), 1)
+            "strings",
+            with_keys(text("x.a") + struct.pack("<IIQ", T.ARRAY, T.STRING, GB // 8 - 64), 1),
         ),
         "2^40 u8 array": sparse(
             "array", with_keys(text("x.a") + struct.pack("<IIQ", T.ARRAY, T.UINT8, 1 << 40), 1)
@@ -94,7 +95,8 @@ try:
     walker.read_gguf(Path(sys.argv[2])); out = "read"
 except Exception as exc:
     out = type(exc).__name__ + ": " + str(exc).split("(", 1)[-1][:70]
-print(f"{time.perf_counter() - started:.3f}\\t{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\t{out}")
+peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(f"{time.perf_counter() - started:.3f}\\t{peak_kib}\\t{out}")
 """
 
 
@@ -123,14 +125,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-folder-"))
     try:
         old = work / "gguf_before.py"
-        old.write_text(
-            subprocess.run(
-                ["git", "-C", str(ROOT), "show", f"{BEFORE}:src/corral/modelfiles/gguf.py"],
-                capture_output=True, text=True, check=True,
-            ).stdout  # fmt: skip
-        )
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{BEFORE}:src/corral/modelfiles/gguf.py"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        old.write_text(shown.stdout)
         new = ROOT / "src" / "corral" / "modelfiles" / "gguf.py"
-        print(f"machine: {os.cpu_count()} cores; load {open('/proc/loadavg').read().split()[:3]}")
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        print(f"machine: {os.cpu_count()} cores; load {load}")
         folder = work / "folder"
         junk_folder(folder, args.files)
         corral = Path(sys.executable).parent / "corral"

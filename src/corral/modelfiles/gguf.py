@@ -89,8 +89,8 @@ MAX_DEPTH = 4  # arrays of arrays (llama.cpp reads none; gguf-py reads some)
 MAX_ITEMS = 2_000_000  # keys, tensors and array elements walked one by one (about 0.6 s)
 MAX_VALUES = 1 << 18  # array elements kept as Python values (per-layer settings: hundreds)
 MAX_KEY_BYTES = 1 << 16
-MAX_VALUE_BYTES = 8 << 20  # a longer string (no real chat template is) is passed over, not read
-MAX_TEXT_BYTES = 32 << 20  # all the strings read from one header together
+MAX_VALUE_BYTES = 4 << 20  # a longer string (no real chat template is) is passed over, not read
+MAX_TEXT_BYTES = 16 << 20  # all the strings read from one header together
 
 
 def read_gguf(path: Path) -> GgufModel:
