@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import os
 import re
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from corral.batch.jsonl import TooLong, bounded_lines, check
@@ -24,6 +25,7 @@ from corral.config import parse_config
 from corral.errors import ConfigError
 from corral.gateway.guard import Guard
 from corral.gateway.ollama_shapes import (
+    MAX_KEEP_ALIVE_S,
     BadRequest,
     chat_request,
     embed_request,
@@ -224,19 +226,40 @@ OLLAMA_BODIES = st.dictionaries(
 
 @SETTINGS
 @given(OLLAMA_BODIES)
+@example({"prompt": "hi", "messages": [], "input": "x", "options": {"model": "other"}})
 def test_ollama_requests_are_taken_or_refused_by_name(body: dict[str, object]) -> None:
     """Any JSON object an Ollama client (or an attacker) sends becomes an OpenAI request or a
     BadRequest naming the field; nothing else escapes (it would be a 500)."""
     for convert in (
         lambda b: chat_request(b, "m"),
-        lambda b: generate_request(b, "m"),
+        lambda b: generate_request(b, "m")[1],
         lambda b: embed_request(b, "m", "embed"),
         lambda b: embed_request(b, "m", "embeddings"),
-        lambda b: keep_alive_s(b.get("keep_alive")),
     ):
         why = ""
         try:
-            convert(body)
+            out = convert(body)
         except BadRequest as exc:
             why = str(exc) or "(empty)"
+        else:
+            assert out["model"] == "m"  # nothing a client sends picks another (issue 36)
         assert why != "(empty)"  # a refusal says why
+
+
+@SETTINGS
+@given(
+    st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats()
+    | st.text(alphabet="0123456789.-+hmsun e", max_size=30)
+    | JSON_VALUES
+)
+def test_any_keep_alive_is_refused_or_a_time_ps_can_show(raw: object) -> None:
+    """`keep_alive: 1e308` once passed here and made /api/ps answer 500 for every client."""
+    try:
+        seconds = keep_alive_s(raw)
+    except BadRequest as exc:
+        seconds, why = None, str(exc)
+    else:
+        why = "keep_alive"
+    assert "keep_alive" in why
+    assert seconds is None or seconds == math.inf or 0 <= seconds <= MAX_KEEP_ALIVE_S
