@@ -14,7 +14,9 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -225,17 +227,18 @@ OLLAMA_BODIES = st.dictionaries(
 
 
 @SETTINGS
-@given(OLLAMA_BODIES)
 @example({"prompt": "hi", "messages": [], "input": "x", "options": {"model": "other"}})
+@given(OLLAMA_BODIES)
 def test_ollama_requests_are_taken_or_refused_by_name(body: dict[str, object]) -> None:
     """Any JSON object an Ollama client (or an attacker) sends becomes an OpenAI request or a
     BadRequest naming the field; nothing else escapes (it would be a 500)."""
-    for convert in (
+    converts: list[Callable[[dict[str, Any]], dict[str, Any]]] = [
         lambda b: chat_request(b, "m"),
         lambda b: generate_request(b, "m")[1],
         lambda b: embed_request(b, "m", "embed"),
         lambda b: embed_request(b, "m", "embeddings"),
-    ):
+    ]
+    for convert in converts:
         why = ""
         try:
             out = convert(body)
