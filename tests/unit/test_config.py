@@ -205,3 +205,16 @@ models:
     assert dumped["models"]["e"]["batch"]["max_size"] == 8
     assert dumped["models"]["e"]["load_hook"]["json"] == {"tags": ["weights"]}
     assert parse_config(yaml.safe_dump(dumped), "again.yaml") == config
+
+
+def test_a_name_without_a_tag_finds_its_latest_as_ollama_does() -> None:
+    """In an Ollama store only `good:latest` was found for `good` (issue 39)."""
+    config = parse_config(
+        "models:\n  'good:latest': {}\n  'other:7b': {}\n  plain: {aliases: [alias]}\n"
+    )
+    assert config.resolve("good") == "good:latest"
+    assert config.resolve("good:latest") == "good:latest"
+    assert config.resolve("other") is None  # only `latest` is implied, as in Ollama
+    assert config.resolve("plain") == "plain"
+    assert config.resolve("alias") == "plain"
+    assert config.resolve("hf.co/org/good") is None

@@ -273,3 +273,13 @@ def test_options_set_generation_fields_only() -> None:
         assert not {"tools", "prompt", "id_slot", "n_probs", "max_tokens"} & set(out)
         assert "response_format" not in out
     assert chat["messages"] == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("think", "effort"), [("low", "low"), ("medium", "medium"), ("high", "high"), ("max", "high")]
+)
+def test_every_thinking_level_ollama_documents_is_taken(think: str, effort: str) -> None:
+    """`think: "max"` got a 400 (issue 39)."""
+    out = chat_request({"messages": [{"role": "user", "content": "hi"}], "think": think}, "m")
+    assert out["chat_template_kwargs"] == {"enable_thinking": True}
+    assert out["reasoning_effort"] == effort

@@ -266,12 +266,17 @@ def _thinking(body: dict[str, Any], out: dict[str, Any]) -> None:
     if think is False:
         # llama-server passes these to the chat template (Qwen3, DeepSeek and the like).
         out["chat_template_kwargs"] = {"enable_thinking": False}
-    elif think is True or think in ("low", "medium", "high"):
+    elif think is True or (isinstance(think, str) and think in _EFFORT):
         out["chat_template_kwargs"] = {"enable_thinking": True}
         if isinstance(think, str):
-            out["reasoning_effort"] = think
+            out["reasoning_effort"] = _EFFORT[think]
     else:
-        raise BadRequest(f"`think` must be true, false, or low/medium/high; got {think!r:.40}")
+        raise BadRequest(f"`think` must be true, false, or low/medium/high/max; got {think!r:.40}")
+
+
+# Ollama's thinking levels and OpenAI's `reasoning_effort` for each: "max" is Ollama's most,
+# "high" the most OpenAI-compatible servers (vLLM, llama-server) take.
+_EFFORT = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 
 
 def _streaming(body: dict[str, Any], out: dict[str, Any]) -> None:
