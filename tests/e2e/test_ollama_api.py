@@ -332,3 +332,21 @@ def test_a_client_that_leaves_mid_stream_frees_the_slot_at_once(gw: Gateway) -> 
             break
         time.sleep(0.05)
     assert status["in_flight"] == 0
+
+
+def test_embed_with_dimensions_cuts_and_renormalises_as_ollama_does(gw: Gateway) -> None:
+    """llama-server ignores `dimensions`, so Corral cuts each vector and scales it back to unit
+    length (issue 39: full-length vectors came back)."""
+    c = client(gw)
+    full = c.embed(model="beta", input=["hello world", "goodbye"]).embeddings
+    short = c.embed(model="beta", input=["hello world", "goodbye"], dimensions=5).embeddings
+    for whole, cut in zip(full, short, strict=True):
+        assert len(cut) == 5
+        assert sum(x * x for x in cut) == pytest.approx(1.0)
+        scale = cut[0] / whole[0]
+        assert cut == pytest.approx([x * scale for x in whole[:5]])
+    assert len(c.embed(model="beta", input="x", dimensions=999).embeddings[0]) == len(full[0])
+    with pytest.raises(ollama.ResponseError) as caught:
+        c.embed(model="beta", input="x", dimensions=0)
+    assert caught.value.status_code == 400
+    assert "dimensions" in caught.value.error

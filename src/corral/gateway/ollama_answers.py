@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from corral.gateway.ollama_shapes import Kind
+from corral.gateway.ollama_shapes import Kind, shorten
 
 _DONE_REASON = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
 
@@ -57,6 +57,7 @@ class OllamaAnswer:
         self.model = model
         self.kind = kind
         self.arrived = time.monotonic()
+        self.dimensions: int | None = None  # /api/embed's `dimensions`: vectors cut to it
 
     # --- whole answers ------------------------------------------------------------------------
     def whole(self, content: bytes, wait_s: float) -> bytes:
@@ -64,7 +65,10 @@ class OllamaAnswer:
         data = json.loads(content)
         usage = data.get("usage") or {}
         if self.kind in ("embed", "embeddings"):
-            vectors = [d.get("embedding", []) for d in sorted(data.get("data", []), key=_index)]
+            vectors = [
+                shorten(d.get("embedding", []), self.dimensions)
+                for d in sorted(data.get("data", []), key=_index)
+            ]
             if self.kind == "embeddings":
                 return json.dumps({"embedding": vectors[0] if vectors else []}).encode()
             return json.dumps(

@@ -185,6 +185,7 @@ class OllamaDoor:
                 path, body = generate_request({**data, "prompt": data.get("prompt", "")}, served)
             else:
                 path, body = "/v1/embeddings", embed_request(data, served, kind)
+                reply.dimensions = body.get("dimensions")
         except BadRequest as exc:
             raise InvalidRequest(str(exc)) from None
         if keep is not None:

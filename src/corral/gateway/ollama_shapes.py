@@ -254,9 +254,23 @@ def embed_request(body: dict[str, Any], served: str, kind: Kind) -> dict[str, An
             f"`{key}` must be a string" + (" or a list of strings" if kind == "embed" else "")
         )
     out: dict[str, Any] = {"model": served, "input": value}
-    if isinstance(body.get("dimensions"), int):
-        out["dimensions"] = body["dimensions"]
+    dimensions = body.get("dimensions")
+    if dimensions is not None and kind == "embed":
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+            raise BadRequest(f"`dimensions` must be a positive integer; got {dimensions!r:.40}")
+        out["dimensions"] = dimensions  # a server that takes it; the answer is cut here too
     return out
+
+
+def shorten(vector: list[float], dimensions: int | None) -> list[float]:
+    """An embedding cut to its first `dimensions` values and scaled back to unit length, as
+    Ollama answers `dimensions` (llama-server ignores the field; a server that honours it
+    already sent a vector this leaves as it is)."""
+    if dimensions is None or dimensions >= len(vector):
+        return vector
+    cut = vector[:dimensions]
+    norm = math.sqrt(sum(x * x for x in cut))
+    return [x / norm for x in cut] if norm > 0 else cut
 
 
 def _thinking(body: dict[str, Any], out: dict[str, Any]) -> None:
