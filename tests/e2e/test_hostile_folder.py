@@ -129,6 +129,13 @@ def test_every_good_model_answers(gw: tuple[str, list[str]], model: str) -> None
     oc = ollama.Client(host=url, timeout=300)
     answer = oc.chat(model=model, messages=CAPITALS, options={"num_predict": 4, "temperature": 0})
     assert (answer.message.content or "").strip().startswith("Paris")
+    # Loaded, it is listed by every route that lists loaded models (a path that is not
+    # UTF-8 in its command once made them answer 500).
+    assert f"{model}:latest" in [m.model for m in oc.ps().models]
+    running = httpx.get(f"{url}/running")
+    assert running.status_code == 200
+    assert model in [r["model"] for r in running.json()["running"]]
+    assert httpx.get(f"{url}/api/status").status_code == 200
 
 
 def test_a_macro_in_a_file_name_reads_no_secret(gw: tuple[str, list[str]], folder: Path) -> None:

@@ -27,6 +27,7 @@ from corral import __version__
 from corral.config import Config
 from corral.gateway.calls import unknown_model
 from corral.gateway.runtime import Gateway
+from corral.modelfiles.folder import shown
 
 log = logging.getLogger("corral.gateway")
 
@@ -56,7 +57,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
                 {
                     "model": name,
                     "state": state,
-                    "cmd": gateway.redact(m.cmd or ""),
+                    "cmd": shown(gateway.redact(m.cmd or "")),  # a path's bytes: text
                     "proxy": gateway.backends[name].proxy_url,
                     "ttl": int(m.ttl_s or 0),
                     "name": "",
