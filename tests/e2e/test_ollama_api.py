@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -350,3 +351,32 @@ def test_embed_with_dimensions_cuts_and_renormalises_as_ollama_does(gw: Gateway)
         c.embed(model="beta", input="x", dimensions=0)
     assert caught.value.status_code == 400
     assert "dimensions" in caught.value.error
+
+
+def test_every_answer_has_one_date_one_server_and_a_request_id(gw: Gateway) -> None:
+    """The model server's `Date` and `Server` came back beside uvicorn's, and there was no
+    `x-request-id`, so the openai client's `request_id` was None (issue 39)."""
+    oai = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
+    raw = oai.chat.completions.with_raw_response.create(
+        model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert raw.parse()._request_id == raw.headers["x-request-id"]
+    answers: list[Any] = [raw.http_response]  # the openai client's httpx and ours
+    with oai.chat.completions.with_streaming_response.create(
+        model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
+    ) as streamed:
+        answers.append(streamed.http_response)
+    for path, body in [
+        ("/api/chat", {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]}),
+        ("/api/generate", {"model": "beta", "prompt": "hi", "stream": False}),
+        ("/api/chat", {"model": "nope", "messages": []}),  # a refusal too
+    ]:
+        answers.append(httpx.post(f"{gw.url}{path}", json=body, headers=AUTH, timeout=60))
+    answers.append(httpx.get(f"{gw.url}/api/tags", headers=AUTH))
+    for r in answers:
+        assert len(r.headers.get_list("date")) == 1, r.request.url
+        assert len(r.headers.get_list("server")) == 1, r.request.url
+        assert r.headers["x-request-id"].startswith("req_")
+    assert len({r.headers["x-request-id"] for r in answers}) == len(answers)
+    mine = httpx.get(f"{gw.url}/api/tags", headers={**AUTH, "x-request-id": "trace-42"})
+    assert mine.headers["x-request-id"] == "trace-42"

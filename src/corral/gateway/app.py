@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import tempfile
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.batch.service import BatchError
@@ -88,6 +90,33 @@ class ApiKeys:
         await self.app(scope, receive, send)
 
 
+class RequestIds:
+    """Pure ASGI middleware: every answer carries an `x-request-id` (OpenAI's clients read it
+    as `request_id`, issue 39): the model server's when it sent one, else the client's own when
+    it sent a plain one, else a new `req_<hex>`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        asked = dict(scope["headers"]).get(b"x-request-id", b"")
+        given = asked if 0 < len(asked) <= 128 and _PLAIN_ID.fullmatch(asked) else None
+
+        async def with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"x-request-id" for k, _ in headers):
+                    rid = given or b"req_" + uuid.uuid4().hex.encode()
+                    message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
+            await send(message)
+
+        await self.app(scope, receive, with_id)
+
+
+_PLAIN_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _MODEL_ROUTES = frozenset(JSON_ROUTES)
 # Model and management routes outside /v1/ and /api/ that need the API key too.
 _GUARDED = frozenset(
@@ -219,7 +248,7 @@ def create_app(
     front: ASGIApp = ModelRoutes(app.asgi, handle=px.handle, ollama=door.handle)
     if keys:
         front = ApiKeys(front, keys=keys)
-    app.front = Guard(front, allowed_hosts=config.server.allowed_hosts)
+    app.front = RequestIds(Guard(front, allowed_hosts=config.server.allowed_hosts))
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))

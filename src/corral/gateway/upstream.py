@@ -25,7 +25,9 @@ DROP = {
     "x-corral-priority",
 }
 DROP_RAW = frozenset(h.encode() for h in DROP)  # the same, as ASGI's raw names
-DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding"}
+# Never passed back: framing, and the headers Corral's own server writes once (uvicorn's
+# `date` and `server`: a model server's beside them made two of each, issue 39).
+DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 
 
 class Upstream:
