@@ -224,3 +224,34 @@ def test_a_watched_folder_picks_up_files_added_and_removed(folder: Path, tmp_pat
     finally:
         for _ in gen:
             pass
+
+
+def test_logprobs_from_a_real_llama_server_through_ollamas_client(
+    folder: Path, tmp_path: Path
+) -> None:
+    """llama-server's own log probabilities, asked through Ollama's fields (issue 39), whole
+    and streamed, in the shape the official client reads."""
+    gen = serving(["--models", str(folder)], tmp_path)
+    g, _ = next(gen)
+    try:
+        oc = ollama.Client(host=g.url, timeout=240)
+        options = {"num_predict": 4, "temperature": 0}
+        whole = oc.chat(
+            model="gemma-a", messages=CAPITALS, logprobs=True, top_logprobs=2, options=options
+        )
+        assert whole.logprobs
+        assert "".join(p.token for p in whole.logprobs) == whole.message.content
+        for p in whole.logprobs:
+            assert p.logprob <= 0
+            assert p.top_logprobs is not None
+            assert len(p.top_logprobs) == 2
+            assert p.top_logprobs[0].logprob >= p.top_logprobs[1].logprob
+        parts = list(
+            oc.chat(model="gemma-a", messages=CAPITALS, logprobs=True, stream=True, options=options)
+        )
+        tokens = [p.token for part in parts for p in part.logprobs or []]
+        assert "".join(tokens) == "".join(part.message.content or "" for part in parts)
+        assert [p.token for p in whole.logprobs] == tokens  # temperature 0: the same answer
+    finally:
+        for _ in gen:
+            pass

@@ -380,3 +380,47 @@ def test_every_answer_has_one_date_one_server_and_a_request_id(gw: Gateway) -> N
     assert len({r.headers["x-request-id"] for r in answers}) == len(answers)
     mine = httpx.get(f"{gw.url}/api/tags", headers={**AUTH, "x-request-id": "trace-42"})
     assert mine.headers["x-request-id"] == "trace-42"
+
+
+def test_logprobs_through_the_official_client_whole_and_streamed(gw: Gateway) -> None:
+    """The client's own logprobs examples crashed: the fields were dropped and never asked of
+    the model server (issue 39)."""
+    c = client(gw)
+    hi = [{"role": "user", "content": "hi! be concise."}]
+    chat = c.chat(
+        model="alpha", messages=hi, logprobs=True, top_logprobs=3, options={"num_predict": 4}
+    )
+    assert chat.logprobs is not None
+    assert "".join(p.token for p in chat.logprobs) == chat.message.content
+    for p in chat.logprobs:
+        assert p.top_logprobs is not None
+        assert len(p.top_logprobs) == 3
+        assert p.top_logprobs[0].token == p.token
+        assert all(a.logprob <= p.logprob for a in p.top_logprobs)
+    gen = c.generate(model="beta", prompt="hi", logprobs=True, options={"num_predict": 4})
+    assert gen.logprobs is not None
+    assert "".join(p.token for p in gen.logprobs) == gen.response
+    assert all(not p.top_logprobs for p in gen.logprobs)  # none asked for
+    raw = c.generate(
+        model="beta",
+        prompt="hi",
+        raw=True,
+        logprobs=True,
+        top_logprobs=2,
+        options={"num_predict": 3},
+    )
+    assert raw.logprobs is not None
+    assert [len(p.top_logprobs or []) for p in raw.logprobs] == [2] * len(raw.logprobs)
+    parts = list(
+        c.chat(model="alpha", messages=hi, logprobs=True, stream=True, options={"num_predict": 4})
+    )
+    streamed = [p for part in parts for p in part.logprobs or []]
+    assert "".join(p.token for p in streamed) == "".join(
+        part.message.content or "" for part in parts
+    )
+    plain = c.chat(model="alpha", messages=hi, options={"num_predict": 2})
+    assert plain.logprobs is None  # not asked, not sent
+    with pytest.raises(ollama.ResponseError) as caught:
+        c.chat(model="alpha", messages=hi, logprobs=True, top_logprobs=21)
+    assert caught.value.status_code == 400
+    assert "top_logprobs" in caught.value.error

@@ -192,6 +192,7 @@ def build_app(settings: SimSettings) -> Starlette:
         shaped = _formatted(body, words)
         if shaped is not None:
             words = [shaped]
+        probs = _logprobs_asked(body, chat)
         if not body.get("stream"):
             served[0] += 1
             async with slots:
@@ -205,6 +206,9 @@ def build_app(settings: SimSettings) -> Starlette:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
+            if probs is not None and call is None:
+                pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+                choice["logprobs"] = _logprobs(pieces, probs, chat)
             return JSONResponse(
                 {
                     "id": rid,
@@ -229,7 +233,10 @@ def build_app(settings: SimSettings) -> Starlette:
                     for i, word in enumerate(words):
                         await asyncio.sleep(per_token_s)
                         piece = word if i == 0 else " " + word
-                        yield _chunk(rid, chat, settings.model, piece, None, first=i == 0)
+                        logprobs = None if probs is None else _logprobs([piece], probs, chat)
+                        yield _chunk(
+                            rid, chat, settings.model, piece, None, first=i == 0, logprobs=logprobs
+                        )
                     finish = "stop" if shaped is not None else "length"
                     yield _chunk(rid, chat, settings.model, None, finish, first=not words)
                 if include_usage:
@@ -431,10 +438,58 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
+def _logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives a request asks for with each token's log probability (chat:
+    `logprobs: true` and `top_logprobs`; completions: `logprobs: N`), or None."""
+    if chat:
+        if body.get("logprobs") is not True:
+            return None
+        top = body.get("top_logprobs")
+        return top if isinstance(top, int) and not isinstance(top, bool) else 0
+    n = body.get("logprobs")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _logprobs(pieces: list[str], top: int, chat: bool) -> dict[str, Any]:
+    """Log probabilities for `pieces`, OpenAI's shape (chat's `content` list; completions'
+    parallel lists): made up but fixed, each alternative less likely than the token."""
+    rows = []
+    for piece in pieces:
+        logprob = -0.05 * (1 + len(piece) % 7)
+        alts = [(piece, logprob)] + [(f"{piece.strip()}~{k}", logprob - k) for k in range(1, top)]
+        rows.append((piece, logprob, alts[: max(top, 0)]))
+    if not chat:
+        return {
+            "tokens": [p for p, _, _ in rows],
+            "token_logprobs": [lp for _, lp, _ in rows],
+            "top_logprobs": [dict(alts) for _, _, alts in rows],
+            "text_offset": [sum(len(p) for p, _, _ in rows[:k]) for k in range(len(rows))],
+        }
+    return {
+        "content": [
+            {
+                "token": p,
+                "logprob": lp,
+                "bytes": list(p.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in alts
+                ],
+            }
+            for p, lp, alts in rows
+        ]
+    }
+
+
 def _chunk(
-    rid: str, chat: bool, model: str, text: str | None, finish: str | None, first: bool
+    rid: str,
+    chat: bool,
+    model: str,
+    text: str | None,
+    finish: str | None,
+    first: bool,
+    logprobs: dict[str, Any] | None = None,
 ) -> bytes:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if chat:
         delta: dict[str, Any] = {} if text is None else {"content": text}
         if first:

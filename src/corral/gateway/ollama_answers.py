@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from corral.gateway.ollama_shapes import Kind, shorten
+from corral.gateway.ollama_shapes import Kind, logprobs_of, shorten
 
 _DONE_REASON = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
 
@@ -58,6 +58,7 @@ class OllamaAnswer:
         self.kind = kind
         self.arrived = time.monotonic()
         self.dimensions: int | None = None  # /api/embed's `dimensions`: vectors cut to it
+        self.top_logprobs: int | None = None  # asked for log probabilities: how many others
 
     # --- whole answers ------------------------------------------------------------------------
     def whole(self, content: bytes, wait_s: float) -> bytes:
@@ -84,6 +85,8 @@ class OllamaAnswer:
         message = choice.get("message") or {}
         text = message.get("content") if "message" in choice else choice.get("text")
         out = self._line(text or "", message.get("reasoning_content"))
+        if self.top_logprobs is not None:
+            out["logprobs"] = logprobs_of(choice.get("logprobs"), self.top_logprobs)
         calls = [
             {
                 "function": {
@@ -162,9 +165,17 @@ class OllamaAnswer:
                         fn = call.get("function") or {}
                         slot["name"] += fn.get("name") or ""
                         slot["arguments"] += fn.get("arguments") or ""
-                    if text or thinking:
+                    probs = (
+                        logprobs_of(choice.get("logprobs"), self.top_logprobs)
+                        if self.top_logprobs is not None
+                        else []
+                    )
+                    if text or thinking or probs:
                         first_at = first_at or time.monotonic()
-                        out.append(json.dumps(self._line(text or "", thinking)).encode() + b"\n")
+                        piece = self._line(text or "", thinking)
+                        if probs:
+                            piece["logprobs"] = probs
+                        out.append(json.dumps(piece).encode() + b"\n")
             if done:
                 out += self._tail(calls, finish, usage, timings, wait_s, first_at)
             if out:

@@ -40,6 +40,7 @@ from corral.gateway.ollama_shapes import (
     embed_request,
     generate_request,
     keep_alive_s,
+    top_logprobs,
 )
 from corral.gateway.proxy import Proxy
 from corral.gateway.runtime import Gateway
@@ -173,6 +174,7 @@ class OllamaDoor:
         served = self.gateway.backends[model].served_name
         try:
             keep = keep_alive_s(data.get("keep_alive"))
+            reply.top_logprobs = top_logprobs(data) if kind in ("chat", "generate") else None
             if kind == "chat":
                 if not data.get("messages"):
                     return await self.bare(request, model, keep, priority, reply)

@@ -212,6 +212,7 @@ def chat_request(body: dict[str, Any], served: str) -> dict[str, Any]:
     _thinking(body, out)
     _sampling(body, out)
     _streaming(body, out)
+    ask_logprobs(body, out, completion=False)
     return out
 
 
@@ -239,7 +240,84 @@ def generate_request(body: dict[str, Any], served: str) -> tuple[str, dict[str, 
         out["suffix"] = body["suffix"]
     _sampling(body, out)
     _streaming(body, out)
+    ask_logprobs(body, out, completion=path == "/v1/completions")
     return path, out
+
+
+MAX_TOP_LOGPROBS = 20  # Ollama's, and OpenAI's
+
+
+def top_logprobs(body: dict[str, Any]) -> int | None:
+    """How many alternatives an Ollama request asks for beside each token's log probability
+    (`logprobs: true`, `top_logprobs: N`); None when it asks for none."""
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise BadRequest(f"`logprobs` must be true or false; got {want!r:.40}")
+    if top is not None and (
+        isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS
+    ):
+        raise BadRequest(f"`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+    return (top or 0) if want else None
+
+
+def ask_logprobs(body: dict[str, Any], out: dict[str, Any], completion: bool) -> None:
+    """Ollama's `logprobs` and `top_logprobs` as the OpenAI request asks for them: chat's
+    `logprobs: true` and `top_logprobs`; a completion's `logprobs: N` (at least 1: the
+    answer keeps the N the client asked for, `logprobs_of`)."""
+    top = top_logprobs(body)
+    if top is None:
+        return
+    if completion:
+        out["logprobs"] = max(top, 1)
+    else:
+        out["logprobs"] = True
+        if top:
+            out["top_logprobs"] = top
+
+
+def logprobs_of(raw: Any, top: int) -> list[dict[str, Any]]:
+    """A choice's OpenAI `logprobs` (chat's `content` list, or a completion's parallel lists)
+    as Ollama's list: `token`, `logprob`, `bytes` where given, and the `top` most likely."""
+    if not isinstance(raw, dict):
+        return []
+    out: list[dict[str, Any]] = []
+    if isinstance(raw.get("content"), list):
+        for entry in raw["content"]:
+            if not isinstance(entry, dict) or "token" not in entry:
+                continue
+            row = _token(entry.get("token"), entry.get("logprob"), entry.get("bytes"))
+            if top:
+                alts = entry.get("top_logprobs") or []
+                row["top_logprobs"] = [
+                    _token(a.get("token"), a.get("logprob"), a.get("bytes"))
+                    for a in alts[:top]
+                    if isinstance(a, dict)
+                ]
+            out.append(row)
+        return out
+    tokens, values = raw.get("tokens") or [], raw.get("token_logprobs") or []
+    tops = raw.get("top_logprobs") or []
+    for i, (token, value) in enumerate(zip(tokens, values, strict=False)):
+        row = _token(token, value, None)
+        if top:
+            alts = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+            ranked = sorted(alts.items(), key=lambda kv: -_finite(kv[1]))[:top]
+            row["top_logprobs"] = [_token(t, v, None) for t, v in ranked]
+        out.append(row)
+    return out
+
+
+def _finite(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else -math.inf
+
+
+def _token(token: Any, logprob: Any, raw_bytes: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"token": str(token), "logprob": _finite(logprob)}
+    if row["logprob"] == -math.inf:
+        row["logprob"] = -9999.0  # JSON has no -inf; a server may send null for "never"
+    if isinstance(raw_bytes, list):
+        row["bytes"] = raw_bytes
+    return row
 
 
 def embed_request(body: dict[str, Any], served: str, kind: Kind) -> dict[str, Any]:
