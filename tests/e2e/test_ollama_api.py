@@ -70,6 +70,8 @@ def test_the_root_and_version_answer_as_ollama_does(gw: Gateway) -> None:
     assert httpx.head(f"{gw.url}/").status_code == 200
     version = httpx.get(f"{gw.url}/api/version", headers=AUTH).json()["version"]
     assert all(part.isdigit() for part in version.split("."))  # Open WebUI parses it with int()
+    # Clients refuse a server older than the features they use (issue 39: 0.1.0 was refused).
+    assert tuple(map(int, version.split("."))) >= (0, 13, 5)
 
 
 def test_list_show_and_ps_with_the_official_client(gw: Gateway) -> None:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from corral import __version__
 from corral.config import Config
 from corral.gateway.calls import unknown_model
+from corral.gateway.ollama_shapes import OLLAMA_API_VERSION
 from corral.gateway.runtime import Gateway
 from corral.modelfiles.folder import shown
 
@@ -128,7 +129,12 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
 
     @router.api_route("/api/version", methods=["GET", "HEAD"])  # Ollama's clients ask too
     async def version() -> Response:
-        return JSONResponse({"version": __version__, "commit": "", "build_date": ""})
+        """Ollama's clients compare `version` with the least one they need (0.1.0, Corral's
+        own, was refused, issue 39): it is the Ollama release whose API Corral's door speaks;
+        llama-swap's `commit` names Corral's own version."""
+        return JSONResponse(
+            {"version": OLLAMA_API_VERSION, "commit": f"corral {__version__}", "build_date": ""}
+        )
 
     return router
 

@@ -54,6 +54,11 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# The Ollama release whose API the door speaks (logprobs came in 0.12.11, `dimensions` in
+# 0.13.x): what /api/version answers, for clients that check a least version.
+OLLAMA_API_VERSION = "0.13.5"
+
+
 class BadRequest(ValueError):
     """An Ollama request Corral cannot take; the message names the field and the fix."""
 
