@@ -213,3 +213,18 @@ def test_a_watched_folder_survives_a_crafted_file_and_keeps_serving(
         for _ in gen:
             pass
     assert any("skipped" in line and "crafted.gguf" in line for line in logged)
+
+
+def test_a_folder_with_nothing_servable_names_every_file_and_why(tmp_path: Path) -> None:
+    for name, fields in HOSTILE.items():
+        write(tmp_path / "models" / f"[bold]{name}.gguf", gguf_bytes(fields))  # markup: text
+    for argv in (
+        [CORRAL, "serve", "--models", str(tmp_path / "models"), "--listen", "127.0.0.1:1"],
+        [CORRAL, "models", str(tmp_path / "models")],
+    ):
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr
+        assert "can be served" in out.stderr
+        for name in HOSTILE:
+            assert f"[bold]{name}.gguf" in out.stderr, (argv[1], name)

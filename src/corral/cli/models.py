@@ -30,7 +30,7 @@ def models_cmd(
     table = Table(title=None, show_lines=False)
     for column in ("model", "file", "arch", "params", "quant", "context", "memory", "command"):
         table.add_column(column, overflow="fold")
-    count = 0
+    count = skipped = 0
     for folder in folders:
         try:
             found, bad = scan(folder)
@@ -38,6 +38,7 @@ def models_cmd(
             raise fail(str(exc)) from None
         found, too_big = fitting(found, devices)
         for u in [*bad, *too_big]:
+            skipped += 1
             err_console.print(f"[yellow]skipped[/yellow] {escape(u.why)}", highlight=False)
         for m in found:
             count += 1
@@ -53,7 +54,12 @@ def models_cmd(
             )
             table.add_row(*map(escape, row))  # names from files are text, never markup
     if not count:
-        raise fail(f"no GGUF models in {', '.join(map(str, folders))}")
+        where = ", ".join(map(shown, folders))
+        raise fail(
+            f"no model in {where} can be served ({skipped} skipped, above)"
+            if skipped
+            else f"no GGUF models in {where}"
+        )
     out_console.print(table)
 
 

@@ -125,9 +125,11 @@ def with_folders(
     spec["devices"] = [d.model_dump(mode="json") for d in devices]
     spec["models_dir"] = []  # found and added: the config no longer needs them
     if not any(m.cmd or m.upstream for m in models.values()):
+        lines = [n for n in notes if n.startswith("skipped ")]
         raise CorralError(
             f"no model in {', '.join(shown(f) for f in folders)} can be served"
-            + (f" ({len(skipped)} skipped: see the lines above)" if skipped else "")
+            + "".join(f"\n  {line}" for line in lines[:20])
+            + (f"\n  ... and {len(lines) - 20} more" if len(lines) > 20 else "")
         )
     composed = Config.model_validate(spec)
     composed.skipped.update(skipped)
