@@ -24,6 +24,7 @@ from gguf import GGUFValueType as T
 from tests.e2e.test_gateway import CORRAL
 from tests.e2e.test_models_folder import CAPITALS, serving
 from tests.support.gguf_files import gguf_bytes, kv, llama_fields, nested_array, text, write
+from tests.support.listing import model_ids, wait_for_ids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -191,24 +192,14 @@ def test_a_watched_folder_survives_a_crafted_file_and_keeps_serving(
     gen = serving(["--models", str(mine), "--watch"], tmp_path)
     g, logged = next(gen)
     try:
-
-        def ids() -> list[str]:
-            return sorted(m["id"] for m in httpx.get(f"{g.url}/v1/models").json()["data"])
-
-        def until(want: list[str]) -> None:
-            deadline = time.monotonic() + 60
-            while ids() != want:
-                assert time.monotonic() < deadline, ids()
-                time.sleep(0.1)
-
-        assert ids() == ["first"]
+        assert model_ids(g.url) == ["first"]
         os.link(folder / "bad" / "nested.gguf", mine / "crafted.gguf")
         deadline = time.monotonic() + 60
         while "crafted" not in [s["model"] for s in g.status()["skipped"]]:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         os.link(folder / f"{SPACES}.gguf", mine / "second.gguf")
-        until(["first", "second"])
+        wait_for_ids(g.url, ["first", "second"], timeout_s=60)
     finally:
         for _ in gen:
             pass

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from corral.backends.process import free_port
 from tests.e2e.test_gateway import CORRAL, SIM, Gateway
 from tests.helpers import wait_http_ok
+from tests.support.listing import model_ids, wait_for_ids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -206,21 +206,11 @@ def test_a_watched_folder_picks_up_files_added_and_removed(folder: Path, tmp_pat
     gen = serving(["--models", str(mine), "--watch"], tmp_path)
     g, _ = next(gen)
     try:
-
-        def ids() -> list[str]:
-            return sorted(m["id"] for m in httpx.get(f"{g.url}/v1/models").json()["data"])
-
-        def until(want: list[str]) -> None:
-            deadline = time.monotonic() + 30
-            while ids() != want:
-                assert time.monotonic() < deadline, ids()
-                time.sleep(0.1)
-
-        assert ids() == ["gemma-a"]
+        assert model_ids(g.url) == ["gemma-a"]
         os.link(folder / "gemma-b.gguf", mine / "gemma-b.gguf")
-        until(["gemma-a", "gemma-b"])
+        wait_for_ids(g.url, ["gemma-a", "gemma-b"], timeout_s=30)
         (mine / "gemma-a.gguf").unlink()
-        until(["gemma-b"])
+        wait_for_ids(g.url, ["gemma-b"], timeout_s=30)
     finally:
         for _ in gen:
             pass
