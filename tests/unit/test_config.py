@@ -218,3 +218,18 @@ def test_a_name_without_a_tag_finds_its_latest_as_ollama_does() -> None:
     assert config.resolve("plain") == "plain"
     assert config.resolve("alias") == "plain"
     assert config.resolve("hf.co/org/good") is None
+
+
+def test_a_skipped_model_is_told_under_the_names_resolve_takes() -> None:
+    from corral.gateway.calls import unknown_model
+
+    config = parse_config("models:\n  served: {cmd: x}\n")
+    config.skipped.update({"good:latest": "a.gguf: why one", "plain": "b.gguf: why two"})
+    for asked, why in [
+        ("good", "why one"), ("good:latest", "why one"), ("plain", "why two"),
+        ("plain:latest", "why two"),
+    ]:  # fmt: skip
+        error = unknown_model(asked, config)
+        assert error.code == "model_not_served"
+        assert why in error.message
+    assert unknown_model("other", config).code == "model_not_found"

@@ -82,9 +82,11 @@ def unknown_model(name: str, config: Config) -> ModelNotFound:
 
 
 def skipped_why(name: str, config: Config) -> str | None:
-    """Why the models folder skipped `name` (or `name` without Ollama's `:latest`), if it did."""
+    """Why the models folder skipped `name`, if it did; as `Config.resolve` names models, with
+    or without Ollama's `:latest`."""
     skipped = config.skipped
-    return skipped.get(name) or skipped.get(name.removesuffix(":latest"))
+    bare = name.removesuffix(":latest")
+    return skipped.get(name) or skipped.get(bare) or skipped.get(f"{bare}:latest")
 
 
 async def read_body(request: Request, max_body: int) -> bytes:
