@@ -17,7 +17,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -27,6 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from corral.backends import sim_messages, sim_responses
+from corral.backends.sim_schema import fill
 from corral.backends.sim_sleep import SimSleep
 
 _WORDS = [
@@ -193,6 +195,7 @@ def build_app(settings: SimSettings) -> Starlette:
         if shaped is not None:
             words = [shaped]
         probs = _logprobs_asked(body, chat)
+        thought = _thought(body, words) if chat and call is None else []
         if not body.get("stream"):
             served[0] += 1
             async with slots:
@@ -204,6 +207,8 @@ def build_app(settings: SimSettings) -> Starlette:
                 choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
             elif chat:
                 choice["message"] = {"role": "assistant", "content": text}
+                if thought:  # as llama-server and vLLM return a thinking model's reasoning
+                    choice["message"]["reasoning_content"] = " ".join(thought)
             else:
                 choice["text"] = text
             if probs is not None and call is None:
@@ -230,12 +235,19 @@ def build_app(settings: SimSettings) -> Starlette:
                         yield _sse(_event(rid, settings.model, {"tool_calls": [delta]}, None))
                     yield _sse(_event(rid, settings.model, {}, "tool_calls"))
                 else:
+                    for i, word in enumerate(thought):
+                        await asyncio.sleep(per_token_s)
+                        delta = {"reasoning_content": word if i == 0 else " " + word}
+                        if i == 0:
+                            delta["role"] = "assistant"
+                        yield _sse(_event(rid, settings.model, delta, None))
                     for i, word in enumerate(words):
                         await asyncio.sleep(per_token_s)
                         piece = word if i == 0 else " " + word
                         logprobs = None if probs is None else _logprobs([piece], probs, chat)
+                        first = i == 0 and not thought
                         yield _chunk(
-                            rid, chat, settings.model, piece, None, first=i == 0, logprobs=logprobs
+                            rid, chat, settings.model, piece, None, first=first, logprobs=logprobs
                         )
                     finish = "stop" if shaped is not None else "length"
                     yield _chunk(rid, chat, settings.model, None, finish, first=not words)
@@ -268,8 +280,11 @@ def build_app(settings: SimSettings) -> Starlette:
         inputs = [raw] if isinstance(raw, str) else list(raw or [])
         if not inputs:
             return _error(400, "input must be a string or a non-empty list of strings")
+        dims = body.get("dimensions", settings.embedding_dim)
+        if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= MAX_DIMENSIONS:
+            return _error(400, f"dimensions must be an integer from 1 to {MAX_DIMENSIONS}")
         data = [
-            {"object": "embedding", "index": i, "embedding": _embedding(str(text), settings)}
+            {"object": "embedding", "index": i, "embedding": _embedding(str(text), settings, dims)}
             for i, text in enumerate(inputs)
         ]
         tokens = sum(len(str(t).split()) for t in inputs)
@@ -317,29 +332,99 @@ def build_app(settings: SimSettings) -> Starlette:
         results.sort(key=lambda r: -float(r["relevance_score"]))
         return JSONResponse({"model": settings.model, "results": results})
 
+    async def play(
+        events: list[tuple[dict[str, Any], bool]], write: Callable[[dict[str, Any]], bytes]
+    ) -> AsyncIterator[bytes]:
+        """An answer's stream of events, a token's time before each that is one."""
+        served[0] += 1
+        async with slots:
+            for event, tick in events:
+                if tick:
+                    await asyncio.sleep(per_token_s)
+                yield write(event)
+
+    per_token_s = 1.0 / settings.tokens_per_s
+
     async def messages(request: Request) -> Response:
-        """Anthropic's Messages API (llama-server speaks it too)."""
+        """Anthropic's Messages API (llama-server speaks it too): text, tools, thinking,
+        whole or streamed."""
         body = await parse(request)
         if isinstance(body, Response):
             return body
-        turns = body.get("messages") or []
-        prompt = " ".join(str(m.get("content", "")) for m in turns if isinstance(m, dict))
-        words = _words(prompt, int(body.get("max_tokens") or settings.max_tokens))
+        wrong = sim_messages.refusal(body)
+        if wrong is not None:
+            return JSONResponse(sim_messages.error(wrong), status_code=400)
+        prompt = sim_messages.prompt_text(body)
+        answer = sim_messages.Answer(body, settings.model, _words(prompt, body["max_tokens"]))
+        if body.get("stream"):
+            return StreamingResponse(
+                play(answer.events(), sim_messages.sse), media_type="text/event-stream"
+            )
         served[0] += 1
         async with slots:
-            await asyncio.sleep(len(words) / settings.tokens_per_s)
-        return JSONResponse(
-            {
-                "id": f"msg_{uuid.uuid4().hex[:24]}",
-                "type": "message",
-                "role": "assistant",
+            await asyncio.sleep(answer.pieces * per_token_s)
+        return JSONResponse(answer.whole())
+
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API: text, tools, structured output, whole or streamed."""
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        wrong = sim_responses.refusal(body)
+        if wrong is not None:
+            return _error(400, wrong)
+        limit = body.get("max_output_tokens")
+        n = limit if isinstance(limit, int) and not isinstance(limit, bool) else settings.max_tokens
+        words = _words(sim_responses.prompt_text(body), max(n, 0))
+        answer = sim_responses.Answer(body, settings.model, words)
+        if body.get("stream"):
+            return StreamingResponse(
+                play(answer.events(), sim_responses.sse), media_type="text/event-stream"
+            )
+        served[0] += 1
+        async with slots:
+            await asyncio.sleep(answer.pieces * per_token_s)
+        return JSONResponse(answer.whole())
+
+    async def infill(request: Request) -> Response:
+        """llama-server's fill-in-the-middle (`input_prefix`, `input_suffix`), in its native
+        shape: `content`, `stop`, `stop_type`, token counts, `timings`."""
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
+        if not isinstance(prefix, str) or not isinstance(suffix, str):
+            return _error(400, "input_prefix and input_suffix must be strings")
+        n = body.get("n_predict", body.get("max_tokens", settings.max_tokens))
+        n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else settings.max_tokens
+        words = _words(f"{prefix}\0{suffix}", n)
+        evaluated = len(prefix.split()) + len(suffix.split())
+
+        def native(content: str, i: int, stop: bool) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "index": 0,
+                "content": content,
+                "stop": stop,
                 "model": settings.model,
-                "content": [{"type": "text", "text": " ".join(words)}],
-                "stop_reason": "max_tokens",
-                "stop_sequence": None,
-                "usage": {"input_tokens": len(prompt.split()), "output_tokens": len(words)},
+                "tokens_predicted": i,
+                "tokens_evaluated": evaluated,
             }
-        )
+            if stop:
+                out["stop_type"] = "limit"
+                ms = 1000 * i / settings.tokens_per_s
+                out["timings"] = {"prompt_n": evaluated, "prompt_ms": 1.0, "predicted_n": i,
+                                  "predicted_ms": ms}  # fmt: skip
+            return out
+
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+        if body.get("stream"):
+            events = [(native(p, i + 1, False), True) for i, p in enumerate(pieces)]
+            events.append((native("", len(pieces), True), False))
+            return StreamingResponse(play(events, _sse), media_type="text/event-stream")
+        served[0] += 1
+        async with slots:
+            await asyncio.sleep(len(words) * per_token_s)
+        return JSONResponse(native("".join(pieces), len(pieces), True))
 
     async def props(_: Request) -> Response:
         return JSONResponse({"model_alias": settings.model, "total_slots": settings.parallel})
@@ -351,6 +436,8 @@ def build_app(settings: SimSettings) -> Starlette:
             Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
             Route("/v1/audio/speech", speech, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/infill", infill, methods=["POST"]),
             *(Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
             *(nap.routes() if settings.sleep_api else []),
             Route("/v1/models", models),
@@ -361,26 +448,19 @@ def build_app(settings: SimSettings) -> Starlette:
     )
 
 
-def _embedding(text: str, settings: SimSettings) -> list[float]:
-    digest = hashlib.sha256(f"{settings.model}\0{text}".encode()).digest()
-    raw = [(digest[i % len(digest)] - 127.5) / 127.5 for i in range(settings.embedding_dim)]
+MAX_DIMENSIONS = 8192
+
+
+def _embedding(text: str, settings: SimSettings, dims: int) -> list[float]:
+    """A unit vector of `dims` values, fixed by the model and the text; any length (an
+    embedding model trained to be cut, as Ollama's `dimensions` assumes)."""
+    seed = hashlib.sha256(f"{settings.model}\0{text}".encode()).digest()
+    digest = b"".join(
+        hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(dims // 32 + 1)
+    )
+    raw = [(digest[i] - 127.5) / 127.5 for i in range(dims)]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     return [x / norm for x in raw]
-
-
-def _example(schema: Any) -> Any:
-    """A value that fits a JSON schema's type (objects: every property filled)."""
-    if not isinstance(schema, dict):
-        return "x"
-    kind = schema.get("type")
-    if schema.get("enum"):
-        return schema["enum"][0]
-    if kind == "object" or "properties" in schema:
-        props = schema.get("properties") or {}
-        return {k: _example(v) for k, v in props.items()} if props else {"answer": "x"}
-    if kind == "array":
-        return [_example(schema.get("items"))]
-    return {"integer": 1, "number": 1.5, "boolean": True, "null": None}.get(str(kind), "x")
 
 
 def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -393,7 +473,7 @@ def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
         return None
     fn = (tools[0] or {}).get("function") or {}
-    args = _example(fn.get("parameters") or {"type": "object", "properties": {}})
+    args = fill(fn.get("parameters") or {"type": "object", "properties": {}})
     return {
         "id": f"call_{uuid.uuid4().hex[:12]}",
         "type": "function",
@@ -420,8 +500,20 @@ def _formatted(body: dict[str, Any], words: list[str]) -> str | None:
     if fmt.get("type") == "json_object":
         return json.dumps({"answer": " ".join(words)})
     if fmt.get("type") == "json_schema":
-        return json.dumps(_example((fmt.get("json_schema") or {}).get("schema")))
+        return json.dumps(fill((fmt.get("json_schema") or {}).get("schema"), words))
     return None
+
+
+def _thought(body: dict[str, Any], words: list[str]) -> list[str]:
+    """The reasoning a thinking model shows first, when a chat asks for it (`reasoning_effort`,
+    or `chat_template_kwargs.enable_thinking: true` as llama-server takes it); else none."""
+    kwargs = body.get("chat_template_kwargs")
+    enabled = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
+    if enabled is False or (enabled is None and not body.get("reasoning_effort")):
+        return []
+    effort = body.get("reasoning_effort")
+    n = {"low": 2, "medium": 4, "high": 8}.get(effort if isinstance(effort, str) else "", 4)
+    return ["Thinking:", *words[:n]]
 
 
 def _event(rid: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
