@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from corral.gateway.ollama_shapes import Kind, logprobs_of, shorten
+from corral.gateway.ollama_shapes import Kind, context_of, logprobs_of, shorten
 
 _DONE_REASON = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
 
@@ -59,11 +59,15 @@ class OllamaAnswer:
         self.arrived = time.monotonic()
         self.dimensions: int | None = None  # /api/embed's `dimensions`: vectors cut to it
         self.top_logprobs: int | None = None  # asked for log probabilities: how many others
+        # /api/generate: the conversation so far, to which the answer is added in its final
+        # line's `context`; None: no context (chat, raw prompts, fill-in-the-middle).
+        self.turns: list[tuple[str, str]] | None = None
+        self._said: list[str] = []  # the answer's text so far, for the context
 
     # --- whole answers ------------------------------------------------------------------------
     def whole(self, content: bytes, wait_s: float) -> bytes:
         """A complete OpenAI answer (chat, completion or embeddings) as Ollama's JSON."""
-        data = json.loads(content)
+        data = _as_openai(json.loads(content))
         usage = data.get("usage") or {}
         if self.kind in ("embed", "embeddings"):
             vectors = [
@@ -84,6 +88,7 @@ class OllamaAnswer:
         choice = (data.get("choices") or [{}])[0]
         message = choice.get("message") or {}
         text = message.get("content") if "message" in choice else choice.get("text")
+        self._said.append(text or "")
         out = self._line(text or "", message.get("reasoning_content"))
         if self.top_logprobs is not None:
             out["logprobs"] = logprobs_of(choice.get("logprobs"), self.top_logprobs)
@@ -143,7 +148,7 @@ class OllamaAnswer:
                     done = True
                     break
                 try:
-                    data = json.loads(payload)
+                    data = _as_openai(json.loads(payload))
                 except ValueError:
                     continue
                 if "error" in data:
@@ -172,6 +177,8 @@ class OllamaAnswer:
                     )
                     if text or thinking or probs:
                         first_at = first_at or time.monotonic()
+                        if text and self.turns is not None:
+                            self._said.append(text)
                         piece = self._line(text or "", thinking)
                         if probs:
                             piece["logprobs"] = probs
@@ -229,6 +236,9 @@ class OllamaAnswer:
         first_at: float | None,
     ) -> dict[str, Any]:
         end = time.monotonic()
+        context: dict[str, Any] = {}
+        if self.turns is not None:
+            context["context"] = context_of([*self.turns, ("assistant", "".join(self._said))])
         if timings and "prompt_ms" in timings and "predicted_ms" in timings:
             prompt_s = float(timings["prompt_ms"]) / 1000  # llama-server measures them
             eval_s = float(timings["predicted_ms"]) / 1000
@@ -245,6 +255,7 @@ class OllamaAnswer:
             "prompt_eval_duration": _ns(prompt_s),
             "eval_count": int(usage.get("completion_tokens") or 0),
             "eval_duration": _ns(eval_s),
+            **context,
         }
 
     def bare(self, reason: str, wait_s: float = 0.0) -> bytes:
@@ -256,6 +267,26 @@ class OllamaAnswer:
             out["load_duration"] = _ns(wait_s)
             out["total_duration"] = _ns(time.monotonic() - self.arrived)
         return json.dumps(out).encode()
+
+
+def _as_openai(data: Any) -> Any:
+    """llama-server's native answer (`/infill`: `content`, `stop`, `stop_type`, its counts) as
+    an OpenAI completion; an OpenAI answer as it is."""
+    if not isinstance(data, dict) or "choices" in data or "stop" not in data:
+        return data
+    finish = None
+    if data.get("stop"):
+        finish = "length" if data.get("stop_type") == "limit" else "stop"
+    out: dict[str, Any] = {
+        "choices": [{"index": 0, "text": str(data.get("content") or ""), "finish_reason": finish}]
+    }
+    if data.get("stop"):
+        out["usage"] = {
+            "prompt_tokens": data.get("tokens_evaluated") or 0,
+            "completion_tokens": data.get("tokens_predicted") or 0,
+        }
+        out["timings"] = data.get("timings")
+    return out
 
 
 def _index(d: dict[str, Any]) -> int:

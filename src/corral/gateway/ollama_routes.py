@@ -34,12 +34,14 @@ from corral.gateway.calls import json_object, priority_of, read_body, skipped_wh
 from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
+    FILL_PATH,
     BadRequest,
     Kind,
     chat_request,
     embed_request,
     generate_request,
     keep_alive_s,
+    text_of,
     top_logprobs,
 )
 from corral.gateway.proxy import Proxy
@@ -185,6 +187,8 @@ class OllamaDoor:
                 if not data.get("prompt") and not data.get("images"):
                     return await self.bare(request, model, keep, priority, reply)
                 path, body = generate_request({**data, "prompt": data.get("prompt", "")}, served)
+                if path == "/v1/chat/completions":  # the answer carries the conversation on
+                    reply.turns = [(m["role"], text_of(m["content"])) for m in body["messages"]]
             else:
                 path, body = "/v1/embeddings", embed_request(data, served, kind)
                 reply.dimensions = body.get("dimensions")
@@ -197,6 +201,8 @@ class OllamaDoor:
         response = await self.px.serve(
             request, model, path, sent_body, priority, stream=stream, dialect=reply
         )
+        if path == FILL_PATH and response.status_code in (404, 501):
+            return _no_insert(name, response)
         return as_ollama(response)
 
     def _takes_tools(self, model: str) -> bool:
@@ -334,6 +340,17 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     router.add_api_route("/api/delete", store_command, methods=["DELETE"])
 
     return router
+
+
+def _no_insert(name: str, response: Response) -> Response:
+    """A fill-in-the-middle request its model's server cannot serve, as Ollama refuses one for
+    a model without FIM: 400, `"<model>" does not support insert`, and the server's reason."""
+    said = json.loads(bytes(as_ollama(response).body)).get("error", "")
+    why = "its server has no /infill" if response.status_code == 404 else said
+    return ollama_error(
+        400,
+        f"{json.dumps(name)} does not support insert (fill-in-the-middle with `suffix`): {why}",
+    )
 
 
 def _keep_alive(gateway: Gateway, model: str, seconds: float) -> None:

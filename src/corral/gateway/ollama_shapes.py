@@ -227,11 +227,17 @@ def generate_request(body: dict[str, Any], served: str) -> tuple[str, dict[str, 
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise BadRequest("`prompt` must be a string")
-    if body.get("raw"):
-        out: dict[str, Any] = {"model": served, "prompt": prompt}
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise BadRequest("`suffix` must be a string (the text after the gap to fill)")
+    if suffix:
+        return FILL_PATH, fill_request(prompt, suffix, body, served)
+    before = turns_of(body.get("context"))
+    if body.get("raw"):  # as Ollama: the context's text, then the prompt as it is
+        out: dict[str, Any] = {"model": served, "prompt": "".join(t[1] for t in before) + prompt}
         path = "/v1/completions"
     else:
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, Any]] = [{"role": r, "content": c} for r, c in before]
         system = body.get("system")
         if system:
             if not isinstance(system, str):
@@ -241,12 +247,91 @@ def generate_request(body: dict[str, Any], served: str) -> tuple[str, dict[str, 
         out = {"model": served, "messages": messages}
         path = "/v1/chat/completions"
         _thinking(body, out)
-    if body.get("suffix"):
-        out["suffix"] = body["suffix"]
     _sampling(body, out)
     _streaming(body, out)
     ask_logprobs(body, out, completion=path == "/v1/completions")
     return path, out
+
+
+# Ollama's `context`: the token ids of the conversation so far, sent back with the next
+# /api/generate to continue it. Corral's servers speak text, so its `context` is the
+# conversation itself, packed in integers as a client holds token ids: a mark, the length in
+# bytes, then the UTF-8 JSON of [role, text] pairs three bytes an integer. The mark is past
+# any vocabulary (2**24 + 1), so a context from another server is told apart and refused.
+_CONTEXT_MARK = 2**24 + 1
+_ROLES = ("system", "user", "assistant")
+
+
+def context_of(turns: list[tuple[str, str]]) -> list[int]:
+    """The `context` that continues a conversation of (role, text) turns."""
+    data = json.dumps(turns, separators=(",", ":")).encode()
+    padded = data + b"\0" * (-len(data) % 3)
+    packed = [int.from_bytes(padded[i : i + 3], "big") for i in range(0, len(padded), 3)]
+    return [_CONTEXT_MARK, len(data), *packed]
+
+
+def turns_of(context: Any) -> list[tuple[str, str]]:
+    """The (role, text) turns a `context` of `context_of` holds; none for no context."""
+    if context is None or context == []:
+        return []
+    ours = (
+        isinstance(context, list)
+        and len(context) >= 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in context)
+        and context[0] == _CONTEXT_MARK
+    )
+    if not ours:
+        raise BadRequest(
+            "`context` is not one Corral returned (Corral's servers take text, not another "
+            "server's token ids): pass back the `context` of Corral's last /api/generate "
+            "answer, or send the conversation as `messages` to /api/chat"
+        )
+    size, packed = context[1], context[2:]
+    try:
+        data = b"".join(x.to_bytes(3, "big") for x in packed)
+        if not 0 <= size <= len(data) < size + 3:
+            raise ValueError
+        turns = json.loads(data[:size].decode())
+        if not isinstance(turns, list):
+            raise ValueError
+        out = []
+        for turn in turns:
+            role, text = turn
+            if role not in _ROLES or not isinstance(text, str):
+                raise ValueError
+            out.append((role, text))
+    except (ValueError, OverflowError, TypeError):
+        raise BadRequest(
+            "`context` is damaged: pass back the `context` of Corral's last /api/generate "
+            "answer as it came"
+        ) from None
+    return out
+
+
+def text_of(content: Any) -> str:
+    """A message's text (the text parts of one with images)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+# Fill-in-the-middle: llama-server's endpoint, which applies the model's FIM tokens (its
+# /v1/completions takes `suffix` and ignores it). A server without it answers 404, a model
+# without FIM tokens 501: the door says the model does not support insert, as Ollama does.
+FILL_PATH = "/infill"
+
+
+def fill_request(prompt: str, suffix: str, body: dict[str, Any], served: str) -> dict[str, Any]:
+    """An Ollama /api/generate with `suffix` as llama-server's /infill request: the prompt
+    before the gap, the suffix after it, Ollama's options as its sampling fields."""
+    out: dict[str, Any] = {"model": served, "input_prefix": prompt, "input_suffix": suffix}
+    _sampling(body, out)
+    out.pop("response_format", None)  # /infill takes no format: the code between is free
+    _streaming(body, out)
+    out.pop("stream_options", None)
+    return out
 
 
 MAX_TOP_LOGPROBS = 20  # Ollama's, and OpenAI's
