@@ -116,7 +116,7 @@ def response(
         "temperature": body.get("temperature", 1.0),
         "text": fmt or {"format": {"type": "text"}},
         "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools") or [],
+        "tools": [_flat(t) for t in body.get("tools") or [] if isinstance(t, dict)],
         "top_p": body.get("top_p", 1.0),
         "truncation": "disabled",
         "usage": usage,
@@ -130,7 +130,7 @@ def usage_of(prompt: str, output_tokens: int) -> dict[str, Any]:
     n = len(prompt.split())
     return {
         "input_tokens": n,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": n + output_tokens,
@@ -239,6 +239,15 @@ class Answer:
         out.append((done, False))
         out.append(({"type": "response.output_item.done", "output_index": 0, "item": call}, False))
         return out
+
+
+def _flat(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the Responses API lists it (name and parameters at the top; a
+    client may send chat's nested `function` shape)."""
+    fn = tool.get("function")
+    if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+        return tool
+    return {"type": "function", "strict": fn.get("strict"), **fn}
 
 
 def _text_part(text: str) -> dict[str, Any]:

@@ -67,6 +67,12 @@ class ModelNotFound(GatewayError):
     status, kind = 404, "invalid_request_error"
 
 
+class NotStored(GatewayError):
+    """A stored object (a response) the gateway does not keep: the model's server may."""
+
+    status, kind = 404, "invalid_request_error"
+
+
 class BodyTooLarge(GatewayError):
     status, kind = 413, "invalid_request_error"
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
 from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, priority_of, read_body, unknown_model
-from corral.gateway.errors import Forbidden
+from corral.gateway.errors import Forbidden, NotStored
 from corral.gateway.lifecycle import managed
 from corral.gateway.openapi import (
     ChatCompletionRequest,
@@ -78,6 +78,26 @@ def openai_routes(px: Proxy) -> APIRouter:
         if (sent := await px.elsewhere(request, resolved, body)) is not None:
             return sent  # another node holds it: the raw route goes there too
         return await px.serve(request, resolved, f"/{path}", body, priority)
+
+    # A stored response (read, cancel, delete, its input items) names no model, so the gateway
+    # cannot tell which server holds it; Corral keeps none itself. The model's server is asked
+    # directly through the raw route.
+    @router.api_route(
+        "/v1/responses/{response_id}/{rest:path}",
+        methods=["GET", "POST", "DELETE"],
+        include_in_schema=False,
+    )
+    @router.api_route(
+        "/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False
+    )
+    async def stored_response(response_id: str, rest: str = "") -> Response:
+        raise NotStored(
+            f"Corral keeps no responses, and response {response_id[:80]!r} names no model: "
+            "send the whole conversation in `input` (the model servers behind Corral are "
+            "stateless), or ask the server that made it: /upstream/{model}/v1/responses/"
+            f"{response_id[:80]}",
+            code="response_not_stored",
+        )
 
     for route in FORM_ROUTES:
         router.add_api_route(
