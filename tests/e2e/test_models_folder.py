@@ -15,11 +15,13 @@ from pathlib import Path
 
 import httpx
 import ollama
+import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from corral.backends.process import free_port
-from tests.e2e.test_gateway import CORRAL, SIM, Gateway
+from corral.modelfiles.folder import find_llama_server
+from tests.e2e.test_gateway import CORRAL, SIM, Gateway, serve
 from tests.helpers import wait_http_ok
 from tests.support.gemma import gemma_gguf
 from tests.support.listing import model_ids, wait_for_ids
@@ -242,3 +244,66 @@ def test_logprobs_from_a_real_llama_server_through_ollamas_client(
     finally:
         for _ in gen:
             pass
+
+
+def test_fill_in_the_middle_responses_and_embeddings_over_a_real_llama_server(
+    tmp_path: Path,
+) -> None:
+    """Issue 39 over the real server, where the model matters: gemma-3-270m has no FIM tokens,
+    so `suffix` gets Ollama's refusal with llama-server's reason (it was answered as a chat,
+    the suffix dropped); llama-server ignores `dimensions`, so Corral cuts and renormalises
+    (full-length vectors came back); its /v1/responses answers through Corral."""
+    gguf = gemma_gguf(tmp_path / "gemma.gguf")
+    server = find_llama_server()
+    assert server is not None
+    config = f"""
+models:
+  gemma:
+    cmd: {server} -m {gguf} --port ${{PORT}} --ctx-size 2048
+    load_s: 5
+  gemma-embed:
+    cmd: {server} -m {gguf} --port ${{PORT}} --ctx-size 2048 --embeddings --pooling mean
+    load_s: 5
+server:
+  log_dir: LOG_DIR
+"""
+    with serve(tmp_path / "gateway", config) as g:
+        oc = ollama.Client(host=g.url, timeout=240)
+        for stream in (False, True):
+            with pytest.raises(ollama.ResponseError) as refused:
+                _insert(oc, stream)
+            assert refused.value.status_code == 400
+            assert '"gemma" does not support insert' in refused.value.error
+            assert "prefix token is missing" in refused.value.error  # llama-server's reason
+        full = oc.embed(model="gemma-embed", input=["hello world", "goodbye"]).embeddings
+        assert len(full[0]) == 640  # gemma-3-270m's width: the server ignores `dimensions`
+        short = oc.embed(model="gemma-embed", input=["hello world", "goodbye"], dimensions=8)
+        for whole, cut in zip(full, short.embeddings, strict=True):
+            assert len(cut) == 8
+            assert sum(x * x for x in cut) == pytest.approx(1.0)
+            scale = cut[0] / whole[0]
+            assert cut == pytest.approx([x * scale for x in whole[:8]])
+        oa = openai.OpenAI(base_url=f"{g.url}/v1", api_key="unused", max_retries=0, timeout=240)
+        done = oa.responses.create(
+            model="gemma", input="The capital of France?", max_output_tokens=6
+        )
+        assert done.status == "completed"
+        assert done.output[0].type == "message"
+        assert done.usage is not None
+        assert done.usage.output_tokens == 6
+        events = list(
+            oa.responses.create(
+                model="gemma", input="The capital of France?", max_output_tokens=6, stream=True
+            )
+        )
+        assert events[0].type == "response.created"
+        assert events[-1].type == "response.completed"
+        assert any(e.type == "response.output_text.delta" for e in events)
+
+
+def _insert(oc: ollama.Client, stream: bool) -> None:
+    """A fill-in-the-middle request, its stream read to the end."""
+    if stream:
+        list(oc.generate(model="gemma", prompt="def f(", suffix="return x", stream=True))
+    else:
+        oc.generate(model="gemma", prompt="def f(", suffix="return x")
