@@ -327,3 +327,27 @@ def test_anthropic_messages_whole_streamed_tools_and_thinking(gw: Gateway) -> No
     ) as stream:
         thought = stream.get_final_message()
     assert [b.type for b in thought.content] == ["thinking", "text"]
+
+
+def test_token_counts_and_audio_translations_reach_the_model(gw: Gateway) -> None:
+    """openai-python's responses_input_tokens.py got a 405, audio.py a 404 on translations."""
+    c = client(gw)
+    counted = c.responses.input_tokens.count(model="gpt-sim", input="one two three")
+    assert counted.input_tokens == 3
+    a = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    tokens = a.messages.count_tokens(
+        model="gpt-sim", messages=[{"role": "user", "content": "one two"}]
+    )
+    assert tokens.input_tokens == 2
+    heard = c.audio.translations.create(model="gpt-sim", file=("a.mp3", b"ID3abc"))
+    assert "6 bytes" in heard.text
+
+
+def test_the_responses_websocket_is_refused_with_its_reason(gw: Gateway) -> None:
+    """The Responses API's WebSocket mode keeps responses: refused in its own error event and
+    the close's reason (it was a bare HTTP 403)."""
+    c = client(gw)
+    with c.responses.connect() as connection:
+        first = connection.recv()  # said at once, before any request
+        assert first.type == "error"
+        assert "over HTTP only" in first.error.message

@@ -318,6 +318,8 @@ def build_app(settings: SimSettings) -> Starlette:
         if isinstance(body, Response):
             return body
         text = str(body.get("input", ""))
+        if body.get("response_format") == "pcm":  # 24 kHz 16-bit samples: silence, 20 ms a char
+            return Response(b"\0\0" * 480 * min(len(text), 2000), media_type="audio/pcm")
         return Response(b"ID3" + text.encode()[:64], media_type="audio/mpeg")
 
     async def rerank(request: Request) -> Response:
@@ -386,6 +388,21 @@ def build_app(settings: SimSettings) -> Starlette:
             await asyncio.sleep(answer.pieces * per_token_s)
         return JSONResponse(answer.whole())
 
+    async def input_tokens(request: Request) -> Response:
+        """How many tokens a Responses request's input is (words, for the sim)."""
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        n = len(sim_responses.prompt_text(body).split())
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
+
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's token count of a Messages request (words, for the sim)."""
+        body = await parse(request)
+        if isinstance(body, Response):
+            return body
+        return JSONResponse({"input_tokens": len(sim_messages.prompt_text(body).split())})
+
     async def infill(request: Request) -> Response:
         """llama-server's fill-in-the-middle (`input_prefix`, `input_suffix`), in its native
         shape: `content`, `stop`, `stop_type`, token counts, `timings`."""
@@ -434,9 +451,12 @@ def build_app(settings: SimSettings) -> Starlette:
             Route("/health", health),
             Route("/props", props),
             Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
+            Route("/v1/audio/translations", transcriptions, methods=["POST"]),
             Route("/v1/audio/speech", speech, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
+            Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/infill", infill, methods=["POST"]),
             *(Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
             *(nap.routes() if settings.sleep_api else []),

@@ -22,6 +22,7 @@ JSON_ROUTES = (
     "/v1/completions",
     "/v1/embeddings",
     "/v1/responses",
+    "/v1/responses/input_tokens",
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/rerank",
@@ -44,7 +45,7 @@ JSON_ROUTES = (
     "/v/rerank",
     "/v/reranking",
 )
-FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/images/edits")
+FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/edits")
 GET_ROUTES = ("/v1/audio/voices", "/sdapi/v1/loras", "/props")
 
 

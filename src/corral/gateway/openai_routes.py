@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
@@ -98,6 +98,26 @@ def openai_routes(px: Proxy) -> APIRouter:
             f"{response_id[:80]}",
             code="response_not_stored",
         )
+
+    @router.websocket("/v1/responses")
+    async def responses_socket(socket: WebSocket) -> None:
+        """The Responses API over a WebSocket (a session that keeps its responses) is not
+        served: said in the API's own error event, then the socket closes (policy)."""
+        await socket.accept()
+        await socket.send_json(
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "websocket_not_supported",
+                    "message": "Corral serves the Responses API over HTTP only (POST "
+                    "/v1/responses, streamed with stream: true); its WebSocket mode keeps "
+                    "responses, which Corral and its model servers do not",
+                },
+            }
+        )
+        # The reason is what a client shows of a close (123 bytes at most).
+        await socket.close(code=1008, reason="Corral serves the Responses API over HTTP only")
 
     for route in FORM_ROUTES:
         router.add_api_route(
