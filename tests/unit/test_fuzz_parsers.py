@@ -215,7 +215,8 @@ JSON_VALUES = st.recursive(
 OLLAMA_KEYS = st.sampled_from(
     ["model", "messages", "prompt", "system", "images", "options", "format", "tools", "think",
      "stream", "keep_alive", "raw", "suffix", "input", "role", "content", "tool_calls",
-     "tool_name", "function", "arguments", "num_predict", "stop"]
+     "tool_name", "function", "arguments", "num_predict", "stop", "context", "dimensions",
+     "logprobs", "top_logprobs"]
 )  # fmt: skip
 OLLAMA_BODIES = st.dictionaries(
     OLLAMA_KEYS,
@@ -228,6 +229,8 @@ OLLAMA_BODIES = st.dictionaries(
 
 @SETTINGS
 @example({"prompt": "hi", "messages": [], "input": "x", "options": {"model": "other"}})
+@example({"prompt": "hi", "context": [2**24 + 1, 2**40, -1]})
+@example({"prompt": "hi", "suffix": "x", "context": [1.5]})
 @given(OLLAMA_BODIES)
 def test_ollama_requests_are_taken_or_refused_by_name(body: dict[str, object]) -> None:
     """Any JSON object an Ollama client (or an attacker) sends becomes an OpenAI request or a
