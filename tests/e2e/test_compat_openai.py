@@ -351,3 +351,27 @@ def test_the_responses_websocket_is_refused_with_its_reason(gw: Gateway) -> None
         first = connection.recv()  # said at once, before any request
         assert first.type == "error"
         assert "over HTTP only" in first.error.message
+
+
+def test_anthropic_errors_come_in_anthropics_shape(gw: Gateway) -> None:
+    """The gateway's own refusals on /v1/messages came in OpenAI's shape; the anthropic SDK
+    reads `error.type` and `error.message` of its own."""
+    a = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        a.messages.create(model="nope", max_tokens=3, messages=[{"role": "user", "content": "x"}])
+    body = missing.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "not_found_error"
+    assert "gpt-sim" in body["error"]["message"]  # names what is served
+    for path in ("/v1/messages", "/v/messages"):
+        bad = httpx.post(f"{gw.url}{path}", content=b"{not json", timeout=30)
+        assert bad.status_code == 400
+        assert bad.json()["error"]["type"] == "invalid_request_error"
+        assert bad.json()["type"] == "error"
+    server_said = httpx.post(f"{gw.url}/v1/messages", json={"model": "gpt-sim"}, timeout=30)
+    assert server_said.status_code == 400  # the server's own Anthropic error, as it came
+    assert (
+        "max_tokens" in server_said.json()["error"]["message"]
+        or "messages" in (server_said.json()["error"]["message"])
+    )

@@ -36,6 +36,7 @@ from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_
 from corral.gateway.cluster import Cluster
 from corral.gateway.errors import (
     GatewayError,
+    as_anthropic,
     error,
     gateway_error,
     http_error,
@@ -122,7 +123,10 @@ _MODEL_ROUTES = frozenset(JSON_ROUTES)
 _GUARDED = frozenset(
     {*JSON_ROUTES, *FORM_ROUTES, *GET_ROUTES, "/running", "/unload", "/logs", "/logs/stream"}
 )
-_ALSO_GET = frozenset(GET_ROUTES)  # a JSON route that is also a GET route (/v1/audio/voices)
+_ALSO_GET = frozenset(GET_ROUTES)
+_ANTHROPIC = frozenset(
+    f"/{v}/messages{end}" for v in ("v1", "v") for end in ("", "/count_tokens")
+)  # a JSON route that is also a GET route (/v1/audio/voices)
 
 
 Handler = Callable[[Request, str], Awaitable[Response]]
@@ -155,6 +159,8 @@ class ModelRoutes:
                     response = await handle(Request(scope, receive), path)
                 except GatewayError as exc:  # refused: answered here, once
                     response = exc.response()
+                if scope["path"] in _ANTHROPIC:  # Anthropic's clients read its error shape
+                    response = as_anthropic(response)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -185,6 +185,43 @@ def upstream_body(status: int, content: bytes, content_type: str) -> bytes | Non
     return json.dumps(wrapped).encode()
 
 
+# Anthropic's error types by status (its Messages API's errors page); 529 is its "overloaded".
+_ANTHROPIC_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def as_anthropic(response: Response) -> Response:
+    """An error answer of the gateway's or a server's, in OpenAI's shape, as Anthropic's
+    Messages API writes one: `{"type": "error", "error": {"type", "message"}}`, the same status
+    and Retry-After. An answer already in Anthropic's shape, or not an error, is as it came."""
+    body = getattr(response, "body", None)
+    if response.status_code < 400 or not isinstance(body, bytes):
+        return response
+    try:
+        parsed: Any = json.loads(body)
+    except ValueError:
+        return response
+    if not isinstance(parsed, dict) or parsed.get("type") == "error":
+        return response
+    err = parsed.get("error")
+    message = err.get("message") if isinstance(err, dict) else err
+    kind = _ANTHROPIC_KINDS.get(response.status_code, "api_error")
+    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
+    return JSONResponse(
+        {"type": "error", "error": {"type": kind, "message": str(message)}},
+        status_code=response.status_code,
+        headers=headers,
+    )
+
+
 def no_space_error(where: str) -> JSONResponse:
     """507: a write failed on a full disk; nothing of the request was kept."""
     return error(
