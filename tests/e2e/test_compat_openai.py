@@ -375,3 +375,11 @@ def test_anthropic_errors_come_in_anthropics_shape(gw: Gateway) -> None:
         "max_tokens" in server_said.json()["error"]["message"]
         or "messages" in (server_said.json()["error"]["message"])
     )
+
+
+def test_a_route_the_server_lacks_is_named_in_the_error(gw: Gateway) -> None:
+    """A server without a route (no image generation here; an older llama-server has no
+    /v1/responses) answered a bare 404 "Not Found": the error now names the route."""
+    with pytest.raises(openai.NotFoundError) as lacking:
+        client(gw).images.generate(model="gpt-sim", prompt="a sunset")
+    assert "answered 404 to /v1/images/generations" in str(lacking.value)

@@ -160,23 +160,39 @@ def stream_error(message: str) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def upstream_body(status: int, content: bytes, content_type: str) -> bytes | None:
+def upstream_body(
+    status: int, content: bytes, content_type: str, route: str | None = None
+) -> bytes | None:
     """A model server's error answer as OpenAI's error body, or None if it already is one (a
     JSON object with an `error`). A plain `Internal Server Error` reaches clients as JSON that
-    their libraries can read."""
+    their libraries can read. A 404 to a model `route` says which route: a server without it
+    (no /v1/responses, no /infill) answers a bare "File Not Found"."""
     if status < 400:
         return None
+    parsed: Any = None
     if "json" in content_type:
         try:
-            parsed: Any = json.loads(content)
+            parsed = json.loads(content)
         except ValueError:
             parsed = None
-        if isinstance(parsed, dict) and "error" in parsed:
-            return None
-    text = content.decode("utf-8", "replace").strip()[:1000] or f"HTTP {status}"
+    said = parsed.get("error") if isinstance(parsed, dict) else None
+    if said is not None and not (status == 404 and route):
+        return None
+    if isinstance(said, dict):
+        text = str(said.get("message") or said)[:1000]
+    elif said is not None:
+        text = str(said)[:1000]
+    else:
+        text = content.decode("utf-8", "replace").strip()[:1000] or f"HTTP {status}"
+    message = f"the model server answered {status}: {text}"
+    if status == 404 and route:
+        message = (
+            f"the model server answered 404 to {route}: {text} (a server that does not serve "
+            f"{route} answers so)"
+        )
     wrapped = {
         "error": {
-            "message": f"the model server answered {status}: {text}",
+            "message": message,
             "type": "upstream_error" if status >= 500 else "invalid_request_error",
             "param": None,
             "code": f"upstream_{status}",

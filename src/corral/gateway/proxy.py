@@ -215,7 +215,7 @@ class Proxy:
                 arrived, None, completion_tokens(content[-TAIL_BYTES:]),
             )  # fmt: skip
             wrapped = (
-                upstream_body(resp.status, content, resp.headers.get("content-type", ""))
+                upstream_body(resp.status, content, resp.headers.get("content-type", ""), path)
                 if openai
                 else None
             )
