@@ -119,54 +119,64 @@ def process_age_s() -> float:
         return 0.0
 
 
-def build_app(settings: SimSettings) -> Starlette:
-    """The sim server's ASGI app; its 'load' began when the process started."""
-    slots = asyncio.Semaphore(settings.parallel)
-    created = int(time.time())
-    # Epoch times, so a benchmark can tell its own load time from the gateway's overhead.
-    age_s = process_age_s()
-    started_epoch = time.time() - age_s
-    state = {"ready_at": time.monotonic() - age_s + settings.load_s}
-    ready_epoch = [started_epoch + settings.load_s]
-    # vLLM's sleep API and SGLang's memory release (backends/sim_sleep.py).
-    nap = SimSleep(
-        settings.load_s, settings.sleep_s, settings.wake_s, settings.wake2_s, settings.memory_gb
-    )
-    served = [0]  # requests answered, in /health: tells a model's copies' work apart
+class SimServer:
+    """The sim server's state and its routes, one method each; its 'load' began when the
+    process started."""
 
-    def ready() -> bool:
-        return nap.refusal() is None and time.monotonic() >= state["ready_at"]
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.slots = asyncio.Semaphore(settings.parallel)
+        self.created = int(time.time())
+        # Epoch times, so a benchmark can tell its own load time from the gateway's overhead.
+        age_s = process_age_s()
+        self.started_epoch = time.time() - age_s
+        self.ready_at = time.monotonic() - age_s + settings.load_s
+        self.ready_epoch = self.started_epoch + settings.load_s
+        # vLLM's sleep API and SGLang's memory release (backends/sim_sleep.py).
+        self.nap = SimSleep(
+            settings.load_s, settings.sleep_s, settings.wake_s, settings.wake2_s, settings.memory_gb
+        )
+        self.served = 0  # requests answered, in /health: tells a model's copies' work apart
+        self.per_token_s = 1.0 / settings.tokens_per_s
 
-    async def health(_: Request) -> Response:
-        if nap.asleep:  # like vLLM: the server is up, the weights are not
-            return JSONResponse({"status": "sleeping", **nap.status()})
-        if time.monotonic() < state["ready_at"]:
+    def ready(self) -> bool:
+        return self.nap.refusal() is None and time.monotonic() >= self.ready_at
+
+    async def health(self, _: Request) -> Response:
+        if self.nap.asleep:  # like vLLM: the server is up, the weights are not
+            return JSONResponse({"status": "sleeping", **self.nap.status()})
+        if time.monotonic() < self.ready_at:
             return JSONResponse({"status": "loading model"}, status_code=503)
         return JSONResponse(
             {
                 "status": "ok",
-                "started_at": started_epoch,
-                "ready_at": nap.woke_at or ready_epoch[0],
-                "served": served[0],
-                **nap.status(),
+                "started_at": self.started_epoch,
+                "ready_at": self.nap.woke_at or self.ready_epoch,
+                "served": self.served,
+                **self.nap.status(),
             }
         )
 
-    async def models(_: Request) -> Response:
+    async def models(self, _: Request) -> Response:
         return JSONResponse(
             {
                 "object": "list",
                 "data": [
-                    {"id": settings.model, "object": "model", "created": created, "owned_by": "sim"}
+                    {
+                        "id": self.settings.model,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "sim",
+                    }
                 ],
             }
         )
 
-    async def parse(request: Request) -> dict[str, Any] | Response:
-        refusal = nap.refusal()
+    async def parse(self, request: Request) -> dict[str, Any] | Response:
+        refusal = self.nap.refusal()
         if refusal is not None:
             return _error(503, refusal, "unavailable_error")
-        if not ready():
+        if not self.ready():
             return _error(503, "Loading model", "unavailable_error")
         try:
             body = await request.json()
@@ -176,11 +186,13 @@ def build_app(settings: SimSettings) -> Starlette:
             return _error(400, "the request body must be a JSON object")
         return body
 
-    async def generate(request: Request, chat: bool) -> Response:
-        body = await parse(request)
+    async def generate(self, request: Request, chat: bool) -> Response:
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
-        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or settings.max_tokens)
+        n = int(
+            body.get("max_completion_tokens") or body.get("max_tokens") or self.settings.max_tokens
+        )
         prompt = _prompt_text(body)
         words = _words(prompt, max(n, 0))
         usage = {
@@ -189,7 +201,6 @@ def build_app(settings: SimSettings) -> Starlette:
             "total_tokens": len(prompt.split()) + len(words),
         }
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        per_token_s = 1.0 / settings.tokens_per_s
         call = _tool_call(body) if chat else None
         shaped = _formatted(body, words)
         if shaped is not None:
@@ -197,9 +208,9 @@ def build_app(settings: SimSettings) -> Starlette:
         probs = _logprobs_asked(body, chat)
         thought = _thought(body, words) if chat and call is None else []
         if not body.get("stream"):
-            served[0] += 1
-            async with slots:
-                await asyncio.sleep(len(words) * per_token_s)
+            self.served += 1
+            async with self.slots:
+                await asyncio.sleep(len(words) * self.per_token_s)
             text = " ".join(words)
             finish = "tool_calls" if call else ("stop" if shaped is not None else "length")
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
@@ -219,7 +230,7 @@ def build_app(settings: SimSettings) -> Starlette:
                     "id": rid,
                     "object": "chat.completion" if chat else "text_completion",
                     "created": int(time.time()),
-                    "model": settings.model,
+                    "model": self.settings.model,
                     "choices": [choice],
                     "usage": usage,
                 }
@@ -227,37 +238,43 @@ def build_app(settings: SimSettings) -> Starlette:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[bytes]:
-            served[0] += 1
-            async with slots:
+            self.served += 1
+            async with self.slots:
                 if call is not None:  # as OpenAI streams one: the name, then the arguments in parts
                     for delta in _call_deltas(call):
-                        await asyncio.sleep(per_token_s)
-                        yield _sse(_event(rid, settings.model, {"tool_calls": [delta]}, None))
-                    yield _sse(_event(rid, settings.model, {}, "tool_calls"))
+                        await asyncio.sleep(self.per_token_s)
+                        yield _sse(_event(rid, self.settings.model, {"tool_calls": [delta]}, None))
+                    yield _sse(_event(rid, self.settings.model, {}, "tool_calls"))
                 else:
                     for i, word in enumerate(thought):
-                        await asyncio.sleep(per_token_s)
+                        await asyncio.sleep(self.per_token_s)
                         delta = {"reasoning_content": word if i == 0 else " " + word}
                         if i == 0:
                             delta["role"] = "assistant"
-                        yield _sse(_event(rid, settings.model, delta, None))
+                        yield _sse(_event(rid, self.settings.model, delta, None))
                     for i, word in enumerate(words):
-                        await asyncio.sleep(per_token_s)
+                        await asyncio.sleep(self.per_token_s)
                         piece = word if i == 0 else " " + word
                         logprobs = None if probs is None else _logprobs([piece], probs, chat)
                         first = i == 0 and not thought
                         yield _chunk(
-                            rid, chat, settings.model, piece, None, first=first, logprobs=logprobs
+                            rid,
+                            chat,
+                            self.settings.model,
+                            piece,
+                            None,
+                            first=first,
+                            logprobs=logprobs,
                         )
                     finish = "stop" if shaped is not None else "length"
-                    yield _chunk(rid, chat, settings.model, None, finish, first=not words)
+                    yield _chunk(rid, chat, self.settings.model, None, finish, first=not words)
                 if include_usage:
                     yield _sse(
                         {
                             "id": rid,
                             "object": "chat.completion.chunk" if chat else "text_completion",
                             "created": int(time.time()),
-                            "model": settings.model,
+                            "model": self.settings.model,
                             "choices": [],
                             "usage": usage,
                         }
@@ -266,55 +283,59 @@ def build_app(settings: SimSettings) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.generate(request, chat=True)
 
-    async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
+    async def completions(self, request: Request) -> Response:
+        return await self.generate(request, chat=False)
 
-    async def embeddings(request: Request) -> Response:
-        body = await parse(request)
+    async def embeddings(self, request: Request) -> Response:
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         raw = body.get("input")
         inputs = [raw] if isinstance(raw, str) else list(raw or [])
         if not inputs:
             return _error(400, "input must be a string or a non-empty list of strings")
-        dims = body.get("dimensions", settings.embedding_dim)
+        dims = body.get("dimensions", self.settings.embedding_dim)
         if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= MAX_DIMENSIONS:
             return _error(400, f"dimensions must be an integer from 1 to {MAX_DIMENSIONS}")
         data = [
-            {"object": "embedding", "index": i, "embedding": _embedding(str(text), settings, dims)}
+            {"object": "embedding", "index": i, "embedding": self._embedding(str(text), dims)}
             for i, text in enumerate(inputs)
         ]
         tokens = sum(len(str(t).split()) for t in inputs)
-        served[0] += 1
-        async with slots:
-            await asyncio.sleep(tokens / settings.tokens_per_s / 10)  # prompt processing is fast
+        self.served += 1
+        async with self.slots:
+            await asyncio.sleep(
+                tokens / self.settings.tokens_per_s / 10
+            )  # prompt processing is fast
         return JSONResponse(
             {
                 "object": "list",
                 "data": data,
-                "model": settings.model,
+                "model": self.settings.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
         )
 
-    async def transcriptions(request: Request) -> Response:
-        if not ready():
+    async def transcriptions(self, request: Request) -> Response:
+        if not self.ready():
             return _error(503, "Loading model", "unavailable_error")
         async with request.form() as form:
             audio, model = form.get("file"), form.get("model")
             if audio is None or isinstance(audio, str):
                 return _error(400, "missing the `file` part")
             size = len(await audio.read())
-        served[0] += 1
-        async with slots:
+        self.served += 1
+        async with self.slots:
             await asyncio.sleep(size / 1e6)  # a second per MB of audio
-        return JSONResponse({"text": f"{size} bytes of audio heard by {model or settings.model}"})
+        return JSONResponse(
+            {"text": f"{size} bytes of audio heard by {model or self.settings.model}"}
+        )
 
-    async def speech(request: Request) -> Response:
-        body = await parse(request)
+    async def speech(self, request: Request) -> Response:
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         text = str(body.get("input", ""))
@@ -322,8 +343,8 @@ def build_app(settings: SimSettings) -> Starlette:
             return Response(b"\0\0" * 480 * min(len(text), 2000), media_type="audio/pcm")
         return Response(b"ID3" + text.encode()[:64], media_type="audio/mpeg")
 
-    async def rerank(request: Request) -> Response:
-        body = await parse(request)
+    async def rerank(self, request: Request) -> Response:
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         query = str(body.get("query", ""))
@@ -332,88 +353,94 @@ def build_app(settings: SimSettings) -> Starlette:
         scores = [len(words & set(d.lower().split())) / (1 + len(words)) for d in documents]
         results = [{"index": i, "relevance_score": x} for i, x in enumerate(scores)]
         results.sort(key=lambda r: -float(r["relevance_score"]))
-        return JSONResponse({"model": settings.model, "results": results})
+        return JSONResponse({"model": self.settings.model, "results": results})
 
     async def play(
-        events: list[tuple[dict[str, Any], bool]], write: Callable[[dict[str, Any]], bytes]
+        self, events: list[tuple[dict[str, Any], bool]], write: Callable[[dict[str, Any]], bytes]
     ) -> AsyncIterator[bytes]:
         """An answer's stream of events, a token's time before each that is one."""
-        served[0] += 1
-        async with slots:
+        self.served += 1
+        async with self.slots:
             for event, tick in events:
                 if tick:
-                    await asyncio.sleep(per_token_s)
+                    await asyncio.sleep(self.per_token_s)
                 yield write(event)
 
-    per_token_s = 1.0 / settings.tokens_per_s
-
-    async def messages(request: Request) -> Response:
+    async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API (llama-server speaks it too): text, tools, thinking,
         whole or streamed."""
-        body = await parse(request)
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         wrong = sim_messages.refusal(body)
         if wrong is not None:
             return JSONResponse(sim_messages.error(wrong), status_code=400)
         prompt = sim_messages.prompt_text(body)
-        answer = sim_messages.Answer(body, settings.model, _words(prompt, body["max_tokens"]))
+        answer = sim_messages.Answer(body, self.settings.model, _words(prompt, body["max_tokens"]))
         if body.get("stream"):
             return StreamingResponse(
-                play(answer.events(), sim_messages.sse), media_type="text/event-stream"
+                self.play(answer.events(), sim_messages.sse), media_type="text/event-stream"
             )
-        served[0] += 1
-        async with slots:
-            await asyncio.sleep(answer.pieces * per_token_s)
+        self.served += 1
+        async with self.slots:
+            await asyncio.sleep(answer.pieces * self.per_token_s)
         return JSONResponse(answer.whole())
 
-    async def responses(request: Request) -> Response:
+    async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API: text, tools, structured output, whole or streamed."""
-        body = await parse(request)
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         wrong = sim_responses.refusal(body)
         if wrong is not None:
             return _error(400, wrong)
         limit = body.get("max_output_tokens")
-        n = limit if isinstance(limit, int) and not isinstance(limit, bool) else settings.max_tokens
+        n = (
+            limit
+            if isinstance(limit, int) and not isinstance(limit, bool)
+            else self.settings.max_tokens
+        )
         words = _words(sim_responses.prompt_text(body), max(n, 0))
-        answer = sim_responses.Answer(body, settings.model, words)
+        answer = sim_responses.Answer(body, self.settings.model, words)
         if body.get("stream"):
             return StreamingResponse(
-                play(answer.events(), sim_responses.sse), media_type="text/event-stream"
+                self.play(answer.events(), sim_responses.sse), media_type="text/event-stream"
             )
-        served[0] += 1
-        async with slots:
-            await asyncio.sleep(answer.pieces * per_token_s)
+        self.served += 1
+        async with self.slots:
+            await asyncio.sleep(answer.pieces * self.per_token_s)
         return JSONResponse(answer.whole())
 
-    async def input_tokens(request: Request) -> Response:
+    async def input_tokens(self, request: Request) -> Response:
         """How many tokens a Responses request's input is (words, for the sim)."""
-        body = await parse(request)
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         n = len(sim_responses.prompt_text(body).split())
         return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
-    async def count_tokens(request: Request) -> Response:
+    async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count of a Messages request (words, for the sim)."""
-        body = await parse(request)
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         return JSONResponse({"input_tokens": len(sim_messages.prompt_text(body).split())})
 
-    async def infill(request: Request) -> Response:
+    async def infill(self, request: Request) -> Response:
         """llama-server's fill-in-the-middle (`input_prefix`, `input_suffix`), in its native
         shape: `content`, `stop`, `stop_type`, token counts, `timings`."""
-        body = await parse(request)
+        body = await self.parse(request)
         if isinstance(body, Response):
             return body
         prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
         if not isinstance(prefix, str) or not isinstance(suffix, str):
             return _error(400, "input_prefix and input_suffix must be strings")
-        n = body.get("n_predict", body.get("max_tokens", settings.max_tokens))
-        n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else settings.max_tokens
+        n = body.get("n_predict", body.get("max_tokens", self.settings.max_tokens))
+        n = (
+            n
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            else self.settings.max_tokens
+        )
         words = _words(f"{prefix}\0{suffix}", n)
         evaluated = len(prefix.split()) + len(suffix.split())
 
@@ -422,13 +449,13 @@ def build_app(settings: SimSettings) -> Starlette:
                 "index": 0,
                 "content": content,
                 "stop": stop,
-                "model": settings.model,
+                "model": self.settings.model,
                 "tokens_predicted": i,
                 "tokens_evaluated": evaluated,
             }
             if stop:
                 out["stop_type"] = "limit"
-                ms = 1000 * i / settings.tokens_per_s
+                ms = 1000 * i / self.settings.tokens_per_s
                 out["timings"] = {"prompt_n": evaluated, "prompt_ms": 1.0, "predicted_n": i,
                                   "predicted_ms": ms}  # fmt: skip
             return out
@@ -437,44 +464,53 @@ def build_app(settings: SimSettings) -> Starlette:
         if body.get("stream"):
             events = [(native(p, i + 1, False), True) for i, p in enumerate(pieces)]
             events.append((native("", len(pieces), True), False))
-            return StreamingResponse(play(events, _sse), media_type="text/event-stream")
-        served[0] += 1
-        async with slots:
-            await asyncio.sleep(len(words) * per_token_s)
+            return StreamingResponse(self.play(events, _sse), media_type="text/event-stream")
+        self.served += 1
+        async with self.slots:
+            await asyncio.sleep(len(words) * self.per_token_s)
         return JSONResponse(native("".join(pieces), len(pieces), True))
 
-    async def props(_: Request) -> Response:
-        return JSONResponse({"model_alias": settings.model, "total_slots": settings.parallel})
+    async def props(self, _: Request) -> Response:
+        return JSONResponse(
+            {"model_alias": self.settings.model, "total_slots": self.settings.parallel}
+        )
 
-    return Starlette(
-        routes=[
-            Route("/health", health),
-            Route("/props", props),
-            Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
-            Route("/v1/audio/translations", transcriptions, methods=["POST"]),
-            Route("/v1/audio/speech", speech, methods=["POST"]),
-            Route("/v1/messages", messages, methods=["POST"]),
-            Route("/v1/responses", responses, methods=["POST"]),
-            Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
-            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-            Route("/infill", infill, methods=["POST"]),
-            *(Route(p, rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
-            *(nap.routes() if settings.sleep_api else []),
-            Route("/v1/models", models),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/embeddings", embeddings, methods=["POST"]),
-        ],
-    )
+    def _embedding(self, text: str, dims: int) -> list[float]:
+        return embedding(self.settings.model, text, dims)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health),
+            Route("/props", self.props),
+            Route("/v1/audio/transcriptions", self.transcriptions, methods=["POST"]),
+            Route("/v1/audio/translations", self.transcriptions, methods=["POST"]),
+            Route("/v1/audio/speech", self.speech, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/responses/input_tokens", self.input_tokens, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            Route("/infill", self.infill, methods=["POST"]),
+            *(Route(p, self.rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
+            *(self.nap.routes() if self.settings.sleep_api else []),
+            Route("/v1/models", self.models),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+        ]
+
+
+def build_app(settings: SimSettings) -> Starlette:
+    """The sim server's ASGI app; its 'load' began when the process started."""
+    return Starlette(routes=SimServer(settings).routes())
 
 
 MAX_DIMENSIONS = 8192
 
 
-def _embedding(text: str, settings: SimSettings, dims: int) -> list[float]:
+def embedding(model: str, text: str, dims: int) -> list[float]:
     """A unit vector of `dims` values, fixed by the model and the text; any length (an
     embedding model trained to be cut, as Ollama's `dimensions` assumes)."""
-    seed = hashlib.sha256(f"{settings.model}\0{text}".encode()).digest()
+    seed = hashlib.sha256(f"{model}\0{text}".encode()).digest()
     digest = b"".join(
         hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(dims // 32 + 1)
     )

@@ -1,4 +1,4 @@
-"""The sim server's sleep mode (`SimSleep`, a part `sim_server.build_app` owns): the endpoints of
+"""The sim server's sleep mode (`SimSleep`, a part `sim_server.SimServer` owns): the endpoints of
 vLLM's sleep API and of SGLang's memory release, with configurable times, and where the weights
 are. It follows the engines' rules closely enough that a client doing the wrong thing fails:
 
