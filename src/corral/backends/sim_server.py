@@ -17,19 +17,20 @@ import math
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from corral.backends import sim_messages, sim_responses
-from corral.backends.sim_schema import fill
+from corral.backends import sim_chat, sim_messages, sim_responses
 from corral.backends.sim_sleep import SimSleep
+
+T = TypeVar("T")
 
 _WORDS = [
     "the",
@@ -201,87 +202,15 @@ class SimServer:
             "total_tokens": len(prompt.split()) + len(words),
         }
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        call = _tool_call(body) if chat else None
-        shaped = _formatted(body, words)
-        if shaped is not None:
-            words = [shaped]
-        probs = _logprobs_asked(body, chat)
-        thought = _thought(body, words) if chat and call is None else []
+        answer = sim_chat.Answer(body, rid, chat, self.settings.model, words, usage)
         if not body.get("stream"):
             self.served += 1
             async with self.slots:
-                await asyncio.sleep(len(words) * self.per_token_s)
-            text = " ".join(words)
-            finish = "tool_calls" if call else ("stop" if shaped is not None else "length")
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
-            if call is not None:
-                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
-            elif chat:
-                choice["message"] = {"role": "assistant", "content": text}
-                if thought:  # as llama-server and vLLM return a thinking model's reasoning
-                    choice["message"]["reasoning_content"] = " ".join(thought)
-            else:
-                choice["text"] = text
-            if probs is not None and call is None:
-                pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
-                choice["logprobs"] = _logprobs(pieces, probs, chat)
-            return JSONResponse(
-                {
-                    "id": rid,
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": int(time.time()),
-                    "model": self.settings.model,
-                    "choices": [choice],
-                    "usage": usage,
-                }
-            )
+                await asyncio.sleep(answer.pieces * self.per_token_s)
+            return JSONResponse(answer.whole())
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-        async def events() -> AsyncIterator[bytes]:
-            self.served += 1
-            async with self.slots:
-                if call is not None:  # as OpenAI streams one: the name, then the arguments in parts
-                    for delta in _call_deltas(call):
-                        await asyncio.sleep(self.per_token_s)
-                        yield _sse(_event(rid, self.settings.model, {"tool_calls": [delta]}, None))
-                    yield _sse(_event(rid, self.settings.model, {}, "tool_calls"))
-                else:
-                    for i, word in enumerate(thought):
-                        await asyncio.sleep(self.per_token_s)
-                        delta = {"reasoning_content": word if i == 0 else " " + word}
-                        if i == 0:
-                            delta["role"] = "assistant"
-                        yield _sse(_event(rid, self.settings.model, delta, None))
-                    for i, word in enumerate(words):
-                        await asyncio.sleep(self.per_token_s)
-                        piece = word if i == 0 else " " + word
-                        logprobs = None if probs is None else _logprobs([piece], probs, chat)
-                        first = i == 0 and not thought
-                        yield _chunk(
-                            rid,
-                            chat,
-                            self.settings.model,
-                            piece,
-                            None,
-                            first=first,
-                            logprobs=logprobs,
-                        )
-                    finish = "stop" if shaped is not None else "length"
-                    yield _chunk(rid, chat, self.settings.model, None, finish, first=not words)
-                if include_usage:
-                    yield _sse(
-                        {
-                            "id": rid,
-                            "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": int(time.time()),
-                            "model": self.settings.model,
-                            "choices": [],
-                            "usage": usage,
-                        }
-                    )
-                yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        chunks = answer.chunks(include_usage)
+        return StreamingResponse(self.play(chunks, bytes), media_type="text/event-stream")
 
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, chat=True)
@@ -356,7 +285,7 @@ class SimServer:
         return JSONResponse({"model": self.settings.model, "results": results})
 
     async def play(
-        self, events: list[tuple[dict[str, Any], bool]], write: Callable[[dict[str, Any]], bytes]
+        self, events: Sequence[tuple[T, bool]], write: Callable[[T], bytes]
     ) -> AsyncIterator[bytes]:
         """An answer's stream of events, a token's time before each that is one."""
         self.served += 1
@@ -464,7 +393,9 @@ class SimServer:
         if body.get("stream"):
             events = [(native(p, i + 1, False), True) for i, p in enumerate(pieces)]
             events.append((native("", len(pieces), True), False))
-            return StreamingResponse(self.play(events, _sse), media_type="text/event-stream")
+            return StreamingResponse(
+                self.play(events, sim_chat.sse), media_type="text/event-stream"
+            )
         self.served += 1
         async with self.slots:
             await asyncio.sleep(len(words) * self.per_token_s)
@@ -517,143 +448,6 @@ def embedding(model: str, text: str, dims: int) -> list[float]:
     raw = [(digest[i] - 127.5) / 127.5 for i in range(dims)]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     return [x / norm for x in raw]
-
-
-def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
-    """With `tools` and a user's turn last, the model calls the first tool (arguments made from
-    its schema), as a model that decides to call one does; after a tool's answer, it talks."""
-    tools = body.get("tools")
-    messages = body.get("messages") or []
-    if not tools or body.get("tool_choice") == "none" or not messages:
-        return None
-    if not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
-        return None
-    fn = (tools[0] or {}).get("function") or {}
-    args = fill(fn.get("parameters") or {"type": "object", "properties": {}})
-    return {
-        "id": f"call_{uuid.uuid4().hex[:12]}",
-        "type": "function",
-        "function": {"name": str(fn.get("name", "tool")), "arguments": json.dumps(args)},
-    }
-
-
-def _call_deltas(call: dict[str, Any]) -> list[dict[str, Any]]:
-    args = call["function"]["arguments"]
-    half = len(args) // 2
-    head = {"index": 0, "id": call["id"], "type": "function"}
-    return [
-        {**head, "function": {"name": call["function"]["name"], "arguments": ""}},
-        {"index": 0, "function": {"arguments": args[:half]}},
-        {"index": 0, "function": {"arguments": args[half:]}},
-    ]
-
-
-def _formatted(body: dict[str, Any], words: list[str]) -> str | None:
-    """The answer as JSON when `response_format` asks for it (an object, or the schema's)."""
-    fmt = body.get("response_format")
-    if not isinstance(fmt, dict):
-        return None
-    if fmt.get("type") == "json_object":
-        return json.dumps({"answer": " ".join(words)})
-    if fmt.get("type") == "json_schema":
-        return json.dumps(fill((fmt.get("json_schema") or {}).get("schema"), words))
-    return None
-
-
-def _thought(body: dict[str, Any], words: list[str]) -> list[str]:
-    """The reasoning a thinking model shows first, when a chat asks for it (`reasoning_effort`,
-    or `chat_template_kwargs.enable_thinking: true` as llama-server takes it); else none."""
-    kwargs = body.get("chat_template_kwargs")
-    enabled = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
-    if enabled is False or (enabled is None and not body.get("reasoning_effort")):
-        return []
-    effort = body.get("reasoning_effort")
-    n = {"low": 2, "medium": 4, "high": 8}.get(effort if isinstance(effort, str) else "", 4)
-    return ["Thinking:", *words[:n]]
-
-
-def _event(rid: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-    }
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(obj)}\n\n".encode()
-
-
-def _logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
-    """How many alternatives a request asks for with each token's log probability (chat:
-    `logprobs: true` and `top_logprobs`; completions: `logprobs: N`), or None."""
-    if chat:
-        if body.get("logprobs") is not True:
-            return None
-        top = body.get("top_logprobs")
-        return top if isinstance(top, int) and not isinstance(top, bool) else 0
-    n = body.get("logprobs")
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
-
-
-def _logprobs(pieces: list[str], top: int, chat: bool) -> dict[str, Any]:
-    """Log probabilities for `pieces`, OpenAI's shape (chat's `content` list; completions'
-    parallel lists): made up but fixed, each alternative less likely than the token."""
-    rows = []
-    for piece in pieces:
-        logprob = -0.05 * (1 + len(piece) % 7)
-        alts = [(piece, logprob)] + [(f"{piece.strip()}~{k}", logprob - k) for k in range(1, top)]
-        rows.append((piece, logprob, alts[: max(top, 0)]))
-    if not chat:
-        return {
-            "tokens": [p for p, _, _ in rows],
-            "token_logprobs": [lp for _, lp, _ in rows],
-            "top_logprobs": [dict(alts) for _, _, alts in rows],
-            "text_offset": [sum(len(p) for p, _, _ in rows[:k]) for k in range(len(rows))],
-        }
-    return {
-        "content": [
-            {
-                "token": p,
-                "logprob": lp,
-                "bytes": list(p.encode()),
-                "top_logprobs": [
-                    {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in alts
-                ],
-            }
-            for p, lp, alts in rows
-        ]
-    }
-
-
-def _chunk(
-    rid: str,
-    chat: bool,
-    model: str,
-    text: str | None,
-    finish: str | None,
-    first: bool,
-    logprobs: dict[str, Any] | None = None,
-) -> bytes:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
-    if chat:
-        delta: dict[str, Any] = {} if text is None else {"content": text}
-        if first:
-            delta["role"] = "assistant"
-        choice["delta"] = delta
-    else:
-        choice["text"] = text or ""
-    return _sse(
-        {
-            "id": rid,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [choice],
-        }
-    )
 
 
 def serve(settings: SimSettings, host: str, port: int) -> None:

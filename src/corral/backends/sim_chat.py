@@ -1,0 +1,228 @@
+"""OpenAI's chat and completions answers for the simulated server (issue 39): pure functions
+from a request and the sim model's words to the parts of its answer: a tool call, structured
+output, shown reasoning, log probabilities, and the streamed chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from corral.backends.sim_schema import fill
+
+
+def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """With `tools` and a user's turn last, the model calls the first tool (arguments made from
+    its schema), as a model that decides to call one does; after a tool's answer, it talks."""
+    tools = body.get("tools")
+    messages = body.get("messages") or []
+    if not tools or body.get("tool_choice") == "none" or not messages:
+        return None
+    if not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+        return None
+    fn = (tools[0] or {}).get("function") or {}
+    args = fill(fn.get("parameters") or {"type": "object", "properties": {}})
+    return {
+        "id": f"call_{uuid.uuid4().hex[:12]}",
+        "type": "function",
+        "function": {"name": str(fn.get("name", "tool")), "arguments": json.dumps(args)},
+    }
+
+
+def call_deltas(call: dict[str, Any]) -> list[dict[str, Any]]:
+    args = call["function"]["arguments"]
+    half = len(args) // 2
+    head = {"index": 0, "id": call["id"], "type": "function"}
+    return [
+        {**head, "function": {"name": call["function"]["name"], "arguments": ""}},
+        {"index": 0, "function": {"arguments": args[:half]}},
+        {"index": 0, "function": {"arguments": args[half:]}},
+    ]
+
+
+def formatted(body: dict[str, Any], words: list[str]) -> str | None:
+    """The answer as JSON when `response_format` asks for it (an object, or the schema's)."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return json.dumps({"answer": " ".join(words)})
+    if fmt.get("type") == "json_schema":
+        return json.dumps(fill((fmt.get("json_schema") or {}).get("schema"), words))
+    return None
+
+
+def thought(body: dict[str, Any], words: list[str]) -> list[str]:
+    """The reasoning a thinking model shows first, when a chat asks for it (`reasoning_effort`,
+    or `chat_template_kwargs.enable_thinking: true` as llama-server takes it); else none."""
+    kwargs = body.get("chat_template_kwargs")
+    enabled = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
+    if enabled is False or (enabled is None and not body.get("reasoning_effort")):
+        return []
+    effort = body.get("reasoning_effort")
+    n = {"low": 2, "medium": 4, "high": 8}.get(effort if isinstance(effort, str) else "", 4)
+    return ["Thinking:", *words[:n]]
+
+
+def event(rid: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def logprobs_asked(body: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives a request asks for with each token's log probability (chat:
+    `logprobs: true` and `top_logprobs`; completions: `logprobs: N`), or None."""
+    if chat:
+        if body.get("logprobs") is not True:
+            return None
+        top = body.get("top_logprobs")
+        return top if isinstance(top, int) and not isinstance(top, bool) else 0
+    n = body.get("logprobs")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def logprobs(pieces: list[str], top: int, chat: bool) -> dict[str, Any]:
+    """Log probabilities for `pieces`, OpenAI's shape (chat's `content` list; completions'
+    parallel lists): made up but fixed, each alternative less likely than the token."""
+    rows = []
+    for piece in pieces:
+        logprob = -0.05 * (1 + len(piece) % 7)
+        alts = [(piece, logprob)] + [(f"{piece.strip()}~{k}", logprob - k) for k in range(1, top)]
+        rows.append((piece, logprob, alts[: max(top, 0)]))
+    if not chat:
+        return {
+            "tokens": [p for p, _, _ in rows],
+            "token_logprobs": [lp for _, lp, _ in rows],
+            "top_logprobs": [dict(alts) for _, _, alts in rows],
+            "text_offset": [sum(len(p) for p, _, _ in rows[:k]) for k in range(len(rows))],
+        }
+    return {
+        "content": [
+            {
+                "token": p,
+                "logprob": lp,
+                "bytes": list(p.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in alts
+                ],
+            }
+            for p, lp, alts in rows
+        ]
+    }
+
+
+def chunk(
+    rid: str,
+    chat: bool,
+    model: str,
+    text: str | None,
+    finish: str | None,
+    first: bool,
+    logprobs: dict[str, Any] | None = None,
+) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
+    if chat:
+        delta: dict[str, Any] = {} if text is None else {"content": text}
+        if first:
+            delta["role"] = "assistant"
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    return sse(
+        {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+        }
+    )
+
+
+class Answer:
+    """One chat or completions answer: `whole()` the JSON, `chunks()` its server-sent events
+    (each with whether a token's time passes before it); `pieces` tokens long."""
+
+    def __init__(
+        self,
+        body: dict[str, Any],
+        rid: str,
+        chat: bool,
+        model: str,
+        words: list[str],
+        usage: dict[str, Any],
+    ) -> None:
+        self.rid, self.chat, self.model, self.usage = rid, chat, model, usage
+        self.call = tool_call(body) if chat else None
+        self.shaped = formatted(body, words)
+        self.words = [self.shaped] if self.shaped is not None else words
+        self.probs = logprobs_asked(body, chat)
+        self.thought = thought(body, self.words) if chat and self.call is None else []
+        self.pieces = len(self.words)
+
+    def whole(self) -> dict[str, Any]:
+        text = " ".join(self.words)
+        finish = "tool_calls" if self.call else ("stop" if self.shaped is not None else "length")
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.call is not None:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [self.call]}
+        elif self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+            if self.thought:  # as llama-server and vLLM return a thinking model's reasoning
+                choice["message"]["reasoning_content"] = " ".join(self.thought)
+        else:
+            choice["text"] = text
+        if self.probs is not None and self.call is None:
+            pieces = [w if i == 0 else " " + w for i, w in enumerate(self.words)]
+            choice["logprobs"] = logprobs(pieces, self.probs, self.chat)
+        return {
+            "id": self.rid,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage,
+        }
+
+    def chunks(self, include_usage: bool) -> list[tuple[bytes, bool]]:
+        rid, chat, model = self.rid, self.chat, self.model
+        out: list[tuple[bytes, bool]] = []
+        if self.call is not None:  # as OpenAI streams one: the name, then the arguments in parts
+            for delta in call_deltas(self.call):
+                out.append((sse(event(rid, model, {"tool_calls": [delta]}, None)), True))
+            out.append((sse(event(rid, model, {}, "tool_calls")), False))
+        else:
+            for i, word in enumerate(self.thought):
+                delta = {"reasoning_content": word if i == 0 else " " + word}
+                if i == 0:
+                    delta["role"] = "assistant"
+                out.append((sse(event(rid, model, delta, None)), True))
+            for i, word in enumerate(self.words):
+                piece = word if i == 0 else " " + word
+                probs = None if self.probs is None else logprobs([piece], self.probs, chat)
+                first = i == 0 and not self.thought
+                out.append((chunk(rid, chat, model, piece, None, first, probs), True))
+            finish = "stop" if self.shaped is not None else "length"
+            out.append((chunk(rid, chat, model, None, finish, first=not self.words), False))
+        if include_usage:
+            last: dict[str, Any] = {
+                "id": rid,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [],
+                "usage": self.usage,
+            }
+            out.append((sse(last), False))
+        out.append((b"data: [DONE]\n\n", False))
+        return out
