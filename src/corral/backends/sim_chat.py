@@ -150,7 +150,7 @@ def chunk(
 
 
 class Answer:
-    """One chat or completions answer: `whole()` the JSON, `chunks()` its server-sent events
+    """One chat or completions answer: `whole()` the JSON, `events()` its server-sent events
     (each with whether a token's time passes before it); `pieces` tokens long."""
 
     def __init__(
@@ -163,6 +163,7 @@ class Answer:
         usage: dict[str, Any],
     ) -> None:
         self.rid, self.chat, self.model, self.usage = rid, chat, model, usage
+        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.call = tool_call(body) if chat else None
         self.shaped = formatted(body, words)
         self.words = [self.shaped] if self.shaped is not None else words
@@ -194,7 +195,7 @@ class Answer:
             "usage": self.usage,
         }
 
-    def chunks(self, include_usage: bool) -> list[tuple[bytes, bool]]:
+    def events(self) -> list[tuple[bytes, bool]]:
         rid, chat, model = self.rid, self.chat, self.model
         out: list[tuple[bytes, bool]] = []
         if self.call is not None:  # as OpenAI streams one: the name, then the arguments in parts
@@ -214,7 +215,7 @@ class Answer:
                 out.append((chunk(rid, chat, model, piece, None, first, probs), True))
             finish = "stop" if self.shaped is not None else "length"
             out.append((chunk(rid, chat, model, None, finish, first=not self.words), False))
-        if include_usage:
+        if self.include_usage:
             last: dict[str, Any] = {
                 "id": rid,
                 "object": "chat.completion.chunk" if chat else "text_completion",

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,6 +31,19 @@ from corral.backends import sim_chat, sim_messages, sim_responses
 from corral.backends.sim_sleep import SimSleep
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Answer(Protocol[T_co]):
+    """What the sim's APIs answer with (`sim_chat`, `sim_responses`, `sim_messages`): the
+    whole JSON, or its events each with whether a token's time passes before it."""
+
+    pieces: int  # tokens: the time a whole answer takes
+
+    def whole(self) -> dict[str, Any]: ...
+
+    def events(self) -> Sequence[tuple[T_co, bool]]: ...
+
 
 _WORDS = [
     "the",
@@ -203,14 +216,7 @@ class SimServer:
         }
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         answer = sim_chat.Answer(body, rid, chat, self.settings.model, words, usage)
-        if not body.get("stream"):
-            self.served += 1
-            async with self.slots:
-                await asyncio.sleep(answer.pieces * self.per_token_s)
-            return JSONResponse(answer.whole())
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        chunks = answer.chunks(include_usage)
-        return StreamingResponse(self.play(chunks, bytes), media_type="text/event-stream")
+        return await self.reply(answer, bool(body.get("stream")), bytes)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, chat=True)
@@ -284,6 +290,16 @@ class SimServer:
         results.sort(key=lambda r: -float(r["relevance_score"]))
         return JSONResponse({"model": self.settings.model, "results": results})
 
+    async def reply(self, answer: Answer[T], stream: bool, write: Callable[[T], bytes]) -> Response:
+        """An answer whole, after its tokens' time in a slot, or streamed (`play`)."""
+        if stream:
+            events = self.play(answer.events(), write)
+            return StreamingResponse(events, media_type="text/event-stream")
+        self.served += 1
+        async with self.slots:
+            await asyncio.sleep(answer.pieces * self.per_token_s)
+        return JSONResponse(answer.whole())
+
     async def play(
         self, events: Sequence[tuple[T, bool]], write: Callable[[T], bytes]
     ) -> AsyncIterator[bytes]:
@@ -306,14 +322,7 @@ class SimServer:
             return JSONResponse(sim_messages.error(wrong), status_code=400)
         prompt = sim_messages.prompt_text(body)
         answer = sim_messages.Answer(body, self.settings.model, _words(prompt, body["max_tokens"]))
-        if body.get("stream"):
-            return StreamingResponse(
-                self.play(answer.events(), sim_messages.sse), media_type="text/event-stream"
-            )
-        self.served += 1
-        async with self.slots:
-            await asyncio.sleep(answer.pieces * self.per_token_s)
-        return JSONResponse(answer.whole())
+        return await self.reply(answer, bool(body.get("stream")), sim_messages.sse)
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API: text, tools, structured output, whole or streamed."""
@@ -331,14 +340,7 @@ class SimServer:
         )
         words = _words(sim_responses.prompt_text(body), max(n, 0))
         answer = sim_responses.Answer(body, self.settings.model, words)
-        if body.get("stream"):
-            return StreamingResponse(
-                self.play(answer.events(), sim_responses.sse), media_type="text/event-stream"
-            )
-        self.served += 1
-        async with self.slots:
-            await asyncio.sleep(answer.pieces * self.per_token_s)
-        return JSONResponse(answer.whole())
+        return await self.reply(answer, bool(body.get("stream")), sim_responses.sse)
 
     async def input_tokens(self, request: Request) -> Response:
         """How many tokens a Responses request's input is (words, for the sim)."""

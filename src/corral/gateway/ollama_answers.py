@@ -88,7 +88,8 @@ class OllamaAnswer:
         choice = (data.get("choices") or [{}])[0]
         message = choice.get("message") or {}
         text = message.get("content") if "message" in choice else choice.get("text")
-        self._said.append(text or "")
+        if self.turns is not None:
+            self._said.append(text or "")
         out = self._line(text or "", message.get("reasoning_content"))
         if self.top_logprobs is not None:
             out["logprobs"] = logprobs_of(choice.get("logprobs"), self.top_logprobs)
