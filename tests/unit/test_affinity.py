@@ -7,8 +7,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from corral.rendezvous import rendezvous
 from corral.store import Residency
-from corral.worker.affinity import ModelView, rendezvous, shown
+from corral.worker.affinity import ModelView, shown
 
 MODELS = ["m0", "m1", "m2", "m3"]
 WORKERS = [f"w{i}" for i in range(8)]

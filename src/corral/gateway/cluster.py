@@ -29,8 +29,8 @@ from fastapi.responses import Response
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
 from corral.gateway.upstream import DROP, DROP_BACK, relay
+from corral.rendezvous import rendezvous
 from corral.store import Membership, StoreError
-from corral.worker.affinity import rendezvous
 
 log = logging.getLogger("corral.cluster")
 

@@ -18,10 +18,10 @@ presence window, and its models are then nobody's.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from corral.rendezvous import rendezvous
 from corral.store import Residency
 
 REPLICA_FACTOR = 10.0  # a copy more when each copy would still have this many loads' work
@@ -37,15 +37,6 @@ class ModelView:
 
 
 _IDLE = ModelView(0, 0.0, 0.0)
-
-
-def rendezvous(model: str, workers: Sequence[str]) -> str | None:
-    """The worker with the highest hash of (model, worker): every worker computes the same."""
-
-    def score(w: str) -> bytes:
-        return hashlib.blake2b(f"{model}\0{w}".encode(), digest_size=8).digest()
-
-    return max(workers, key=score, default=None)
 
 
 def shown(
