@@ -443,7 +443,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_wait_past_the_bound_504(
         while not c.echo.seen:  # the first request holds the model's only slot
             await asyncio.sleep(0.01)
         waiter = asyncio.ensure_future(c.client.post("/v1/chat/completions", json=chat()))
-        while c.app.state.gateway.pending("alpha") < 1:
+        while c.app.state.gateway.intake.pending("alpha") < 1:
             await asyncio.sleep(0.01)
         full = await c.client.post("/v1/chat/completions", json=chat())
         assert full.status_code == 429
@@ -457,7 +457,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_wait_past_the_bound_504(
         assert len(c.echo.seen) == 1  # neither refused request reached the model
         assert c.metric("corral_requests_total", model="alpha", status="429") == 1
         assert c.metric("corral_requests_total", model="alpha", status="504") == 1
-        assert c.app.state.gateway.pending("alpha") == 0
+        assert c.app.state.gateway.intake.pending("alpha") == 0
 
     run(tmp_path, models, test)
 
@@ -566,7 +566,7 @@ def test_an_ollama_request_past_a_full_queue_keeps_retry_after(tmp_path: Path) -
         while not c.echo.seen:
             await asyncio.sleep(0.01)
         waiter = asyncio.ensure_future(c.client.post("/v1/chat/completions", json=chat()))
-        while c.app.state.gateway.pending("alpha") < 1:
+        while c.app.state.gateway.intake.pending("alpha") < 1:
             await asyncio.sleep(0.01)
         r = await c.client.post(
             "/api/chat", json={"model": "alpha", "messages": [{"role": "user", "content": "x"}]}

@@ -5,7 +5,7 @@ from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
 from corral.core.policies import Cost, Fifo, FifoPlus, Grouped, Policy, Priority, make_policy
 from corral.core.scheduler import Clock, Scheduler
 from corral.core.tiers import SchedulerBug
-from corral.core.types import Decision, Lifecycle, Request, RequestState
+from corral.core.types import Decision, Grant, Lifecycle, Request, RequestState
 
 __all__ = [
     "Clock",
@@ -15,6 +15,7 @@ __all__ = [
     "Effects",
     "Fifo",
     "FifoPlus",
+    "Grant",
     "Grouped",
     "Lifecycle",
     "Plan",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class RequestState(enum.Enum):
@@ -38,10 +39,24 @@ TRANSITIONS: dict[Lifecycle, frozenset[Lifecycle]] = {
 ON_DEVICE = frozenset({Lifecycle.LOADING, Lifecycle.READY, Lifecycle.WAKING})
 
 
+class Grant(Protocol):
+    """Who hears a request's outcome: the adapter that submitted it. Where adapters share one
+    scheduler (`corral serve`: the gateway's clients and the batch worker's lines), the runtime
+    doing the effects passes each dispatch and rejection to the request's own grant, so no
+    runtime asks who submitted a request."""
+
+    def granted(self, request: Request) -> None:
+        """`request` may run now, on the copy of its model on `request.device`."""
+
+    def refused(self, request: Request, reason: str) -> None:
+        """`request` will never run: `reason` says why."""
+
+
 class Request:
     """One unit of work for one model.
 
-    Adapters create it with `model`, `priority`, its service class and an opaque `id`; the
+    Adapters create it with `model`, `priority`, its service class, an opaque `id` and the
+    `grant` to tell of its outcome (None where the `Effects` themselves hear it); the
     scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at`, `device` (which copy of
     the model serves it), `swaps_waited` and `state`. Subclass
     it to carry payloads.
@@ -58,6 +73,7 @@ class Request:
         "device",
         "dispatched_at",
         "finished_at",
+        "grant",
         "id",
         "level",
         "model",
@@ -67,8 +83,16 @@ class Request:
         "swaps_waited",
     )
 
-    def __init__(self, id: object, model: str, priority: int = 0, background: bool = False) -> None:
+    def __init__(
+        self,
+        id: object,
+        model: str,
+        priority: int = 0,
+        background: bool = False,
+        grant: Grant | None = None,
+    ) -> None:
         self.id = id
+        self.grant = grant
         self.model = model
         self.priority = priority
         self.background = background

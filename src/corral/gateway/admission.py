@@ -17,8 +17,9 @@ from fastapi import Request
 from corral import core
 from corral.config import Config
 from corral.gateway.errors import ClientLeft, ModelUnavailable, QueueFull, WaitTimeout
+from corral.gateway.intake import Intake, Rejected
 from corral.gateway.metrics import Metrics
-from corral.gateway.runtime import Gateway, Rejected
+from corral.gateway.runtime import Gateway
 
 
 async def disconnected(request: Request) -> None:
@@ -32,12 +33,12 @@ async def disconnected(request: Request) -> None:
 class Slot:
     """One request's turn: the scheduler's request, its turn (a future), and when it came."""
 
-    __slots__ = ("_gateway", "_over", "arrived", "kept", "model", "queued", "turn", "wait_s")
+    __slots__ = ("_intake", "_over", "arrived", "kept", "model", "queued", "turn", "wait_s")
 
     def __init__(
-        self, gateway: Gateway, model: str, queued: core.Request, turn: asyncio.Future[None]
+        self, intake: Intake, model: str, queued: core.Request, turn: asyncio.Future[None]
     ) -> None:
-        self._gateway = gateway
+        self._intake = intake
         self._over = False
         self.model = model
         self.queued = queued
@@ -72,7 +73,7 @@ class Slot:
         leaves the queue without loading the model for nobody). Idempotent."""
         if not self._over:
             self._over = True
-            self._gateway.finished(self.queued)
+            self._intake.finished(self.queued)
 
 
 class Turns:
@@ -86,15 +87,15 @@ class Turns:
     def submit(self, model: str, priority: int) -> Slot:
         """Queue a request for `model`; 429 if `max_queue` interactive requests already wait."""
         m = self.config.models[model]
-        if self.gateway.pending(model) >= m.max_queue:
+        if self.gateway.intake.pending(model) >= m.max_queue:
             self.metrics.requests.labels(model, "429").inc()
             raise QueueFull(
                 f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
                 code="queue_full",
                 headers={"Retry-After": str(max(1, round(m.load_s)))},
             )
-        queued, turn = self.gateway.submit(model, priority)
-        return Slot(self.gateway, model, queued, turn)
+        queued, turn = self.gateway.intake.submit(model, priority)
+        return Slot(self.gateway.intake, model, queued, turn)
 
     async def wait(self, slot: Slot, gone: Callable[[], Awaitable[Any]] | None = None) -> None:
         """Wait for the slot's turn. `gone` returns when nobody wants the answer any more. On

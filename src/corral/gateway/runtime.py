@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import os
 import socket
@@ -26,22 +25,18 @@ from corral.backends.base import Backend
 from corral.backends.orphans import DirLock, ServerRecord
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
 from corral.config import Config, HostConfig, ModelConfig
-from corral.core import Request, RequestState, Scheduler
+from corral.core import Request, Scheduler
 from corral.gateway.activity import Activity
 from corral.gateway.events import Events
+from corral.gateway.intake import Intake
 from corral.gateway.metrics import Metrics
 from corral.gateway.naps import Naps, host_memory_gb
 from corral.gateway.servers import process_spec, runs_once, upstream_backend
-from corral.gateway.swaps import Load, Swap
+from corral.gateway.swaps import Holder, Load, Swap
 from corral.machine import watch
 from corral.secrets import Redactor
-from corral.worker.runtime import Worker
 
 log = logging.getLogger("corral.gateway")
-
-
-class Rejected(Exception):
-    """The scheduler rejected a request (its model failed to load); the message says why."""
 
 
 class Gateway:
@@ -74,15 +69,15 @@ class Gateway:
         self.scheduler: Scheduler | None = None
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiting: dict[object, asyncio.Future[None]] = {}
-        self._ids = itertools.count(1)
+        # The clients' requests waiting for their turn (gateway/intake.py).
+        self.intake = Intake(self._sched, self._loop_)
         self._busy: set[asyncio.Task[Any]] = set()
         self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
         self._loads: dict[tuple[str, str], Load] = {}  # the loads under way, to abort
         # A model's own server whose stop waits for its device: it starts again after (`load`).
         self._stopping: dict[str, asyncio.Future[None]] = {}
-        self._worker: Worker | None = None  # runs batch lines through this scheduler
+        self._holder: Holder | None = None  # the batch worker: hears what this node holds
         self.dispatched: dict[str, int] = defaultdict(int)  # requests started, per model
         self.dispatched_on: dict[tuple[str, str], int] = defaultdict(int)  # ... and device
         self.swaps: deque[Swap] = deque(maxlen=100)
@@ -135,30 +130,7 @@ class Gateway:
         await self.naps.close()
         self.lock.release()
 
-    # --- requests -----------------------------------------------------------------------------
-    def submit(self, model: str, priority: int) -> tuple[Request, asyncio.Future[None]]:
-        """Queue an interactive request for `model` (a client waits for it; batch lines come
-        through the attached worker); the future completes when it may use the backend."""
-        sched = self._sched()
-        r = Request(next(self._ids), model, priority)
-        fut: asyncio.Future[None] = self._loop_().create_future()
-        self._waiting[r.id] = fut
-        sched.on_request(r)
-        return r, fut
-
-    def finished(self, r: Request) -> None:
-        """The request is done with its backend (or gave up while waiting). Idempotent."""
-        self._waiting.pop(r.id, None)
-        if r.state is RequestState.RUNNING:
-            self._sched().on_request_finished(r)
-        else:
-            self._sched().on_cancel(r)  # still queued: it leaves without triggering a load
-
-    def pending(self, model: str) -> int:
-        """Interactive requests waiting for `model` (what `max_queue` limits; batch lines are
-        limited by the `batch.*` limits instead)."""
-        return self._sched().models[model].asked
-
+    # --- servers ------------------------------------------------------------------------------
     def backend_on(self, model: str, device: str | None) -> Backend:
         """The server of `model`'s copy on `device` (a dispatched request's `device`)."""
         if device is not None:
@@ -185,9 +157,10 @@ class Gateway:
         """The devices where `model` runs or loads."""
         return [d for (m, d) in self._on if m == model]
 
-    def attach(self, worker: Worker) -> None:
-        """Share the scheduler with `worker` (batch lines): its requests' effects go to it."""
-        self._worker = worker
+    def attach(self, holder: Holder) -> None:
+        """`holder` (the batch worker, which shares this scheduler) hears what this node holds
+        as it swaps; its requests' outcomes go to their own grant."""
+        self._holder = holder
 
     # --- Effects ------------------------------------------------------------------------------
     def load(
@@ -210,9 +183,9 @@ class Gateway:
             backend = self._free_backend(model, device)
         if backend is not None:
             self._on[model, device] = backend
-        if self._worker is not None:  # a model with another copy still runs on this node
+        if self._holder is not None:  # a model with another copy still runs on this node
             gone = [name for name in (*evict, *sleep) if not self.copies(name)]
-            self._worker.loading(model, device, gone, replica=replica)
+            self._holder.loading(model, device, gone, replica=replica)
         load = Load(model, device, backend, tuple(evict), stop, naps, wake, level)
         self._loads[model, device] = load
         op = self._in_turn(device, self._swap_now(load))
@@ -226,8 +199,8 @@ class Gateway:
     def unload(self, model: str, device: str) -> None:
         backend = self._on.pop((model, device), None) or self.naps.waking(model, device)[0]
         self._stop_pending(model, backend)
-        if self._worker is not None:
-            self._worker.gone(model, self.copies(model))
+        if self._holder is not None:
+            self._holder.gone(model, self.copies(model))
         self._ops[model] = self._spawn(self._unload(model, device, backend))
 
     def abort(self, model: str, device: str) -> None:
@@ -240,8 +213,8 @@ class Gateway:
             if load.task is not None:
                 load.task.cancel()
         self._stop_pending(model, backend)
-        if self._worker is not None:
-            self._worker.gone(model, self.copies(model))
+        if self._holder is not None:
+            self._holder.gone(model, self.copies(model))
         self.metrics.aborts.labels(model).inc()
         self.publish("load_aborted", model=model, device=device)
         log.info("load of %s on %s aborted: no request waits for it", model, device)
@@ -305,20 +278,12 @@ class Gateway:
         self._note_stretch()
         self.dispatched[request.model] += 1
         self.dispatched_on[request.model, request.device or ""] += 1
-        if self._worker is not None and self._worker.owns(request):
-            self._worker.dispatch(request)
-            return
-        fut = self._waiting.pop(request.id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        assert request.grant is not None, "a request of corral serve names who hears of it"
+        request.grant.granted(request)
 
     def reject(self, request: Request, reason: str) -> None:
-        if self._worker is not None and self._worker.owns(request):
-            self._worker.reject(request, reason)
-            return
-        fut = self._waiting.pop(request.id, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(Rejected(reason))
+        assert request.grant is not None, "a request of corral serve names who hears of it"
+        request.grant.refused(request, reason)
 
     def set_timer(self, at_s: float, key: str) -> None:
         self._loop_().call_at(at_s, self._sched().on_timer, key)
@@ -454,8 +419,8 @@ class Gateway:
 
     def _held(self, model: str, device: str | None) -> None:
         """Tell the cluster (through the attached worker) what this node holds."""
-        if self._worker is not None:
-            self._worker.held(model, device)
+        if self._holder is not None:
+            self._holder.held(model, device)
 
     # --- status -------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -1,10 +1,13 @@
 """The records of the gateway's swaps: `Swap`, one load as /api/status shows it, and `Load`, one
-load or wake under way on a device (what `Gateway.abort` stops)."""
+load or wake under way on a device (what `Gateway.abort` stops); `Holder`, who hears what this
+node holds."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from corral.backends.base import Backend
 
@@ -38,3 +41,17 @@ class Load:
     level: int | None  # the level it wakes from (None: its configured one)
     aborted: bool = False
     task: asyncio.Task[tuple[float, bool]] | None = None
+
+
+class Holder(Protocol):
+    """Hears what this node holds as the gateway swaps (`Gateway.attach`): the batch worker
+    gives its evicted models' lines claimed ahead back, and tells the cluster."""
+
+    def loading(self, model: str, device: str, evict: Sequence[str], replica: bool = False) -> None:
+        """A swap begins: `evict` leave this node (`replica`: a second copy of `model`)."""
+
+    def gone(self, model: str, left: Sequence[str] = ()) -> None:
+        """`model`'s copy is being unloaded; `left`: the devices where other copies run."""
+
+    def held(self, model: str, device: str | None, state: str = "ready") -> None:
+        """This node holds `model` on `device` now (None: no longer)."""

@@ -144,14 +144,11 @@ class Worker:
     def attach(self, scheduler: Scheduler) -> None:
         """Drain the store through `scheduler`, which another adapter owns (`corral serve`: its
         interactive requests and the batch lines share one scheduler and one device). That
-        adapter does the loads; it passes on the effects for this worker's requests (`owns`):
-        `dispatch` and `reject`, and calls `evicted` for each model it evicts or unloads."""
+        adapter does the loads; it passes the outcome of this worker's requests to their grant
+        (this worker: `granted`, `refused`) and says what it loads and unloads (`loading`,
+        `gone`, `held`)."""
         self.scheduler = scheduler
         self._attached = True
-
-    @staticmethod
-    def owns(request: Request) -> bool:
-        return isinstance(request, StandIn)
 
     def evicted(self, model: str) -> None:
         """`model` left the device: tasks claimed ahead for it go back to the queue."""
@@ -223,6 +220,18 @@ class Worker:
         self._spawn(self._unload(model, device))
 
     def dispatch(self, request: Request) -> None:
+        self.granted(request)
+
+    def reject(self, request: Request, reason: str) -> None:
+        self.refused(request, reason)
+
+    def set_timer(self, at_s: float, key: str) -> None:
+        loop = self._loop_()
+        sched = self._sched()
+        loop.call_at(at_s, sched.on_timer, key)
+
+    # --- Grant (this worker's stand-ins, whoever does the effects) -----------------------------
+    def granted(self, request: Request) -> None:
         assert isinstance(request, StandIn)
         self._pending[request.key].remove(request)
         self._unclaimed[request.model] += 1
@@ -231,7 +240,7 @@ class Worker:
         if len(batch) == 1:  # claim every stand-in dispatched in this turn of the loop at once
             self._loop_().call_soon(self._flush_claims, request.model)
 
-    def reject(self, request: Request, reason: str) -> None:
+    def refused(self, request: Request, reason: str) -> None:
         # Stand-ins are rejected when their model failed to load: the tasks stay queued; the
         # model rests before the next try so a broken model cannot spin.
         if isinstance(request, StandIn):
@@ -240,11 +249,6 @@ class Worker:
                 self._pending[key].remove(request)
             self._cooldown_until[request.model] = time.monotonic() + self.settings.load_retry_s
             log.warning("model %s: %s", request.model, reason)
-
-    def set_timer(self, at_s: float, key: str) -> None:
-        loop = self._loop_()
-        sched = self._sched()
-        loop.call_at(at_s, sched.on_timer, key)
 
     # --- running ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -574,7 +578,7 @@ class Worker:
 
     def _add_stand_in(self, model: str, level: Level) -> None:
         """One more pending stand-in of `model` at `level`, announced to the scheduler."""
-        p = StandIn(None, model, level[1], not level[0])
+        p = StandIn(None, model, level[1], not level[0], grant=self)
         self._pending[(model, level)].append(p)
         self._sched().on_request(p)
 
