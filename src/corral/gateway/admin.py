@@ -20,8 +20,8 @@ from fastapi.responses import (
 )
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from corral.batch.runtime import BatchRuntime
 from corral.config import Config
-from corral.gateway.batches import BatchRuntime
 from corral.gateway.calls import unknown_model
 from corral.gateway.cluster import Cluster
 from corral.gateway.errors import Conflict, ModelUnavailable

@@ -25,11 +25,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
+from corral.batch.runtime import BatchRuntime
 from corral.batch.service import BatchError
 from corral.config import Config
 from corral.gateway import openapi
 from corral.gateway.admin import admin_routes
-from corral.gateway.batches import BatchRuntime
 from corral.gateway.batches import refused as batch_refused
 from corral.gateway.batches import routes as batch_routes
 from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
