@@ -91,7 +91,9 @@ def admin_routes(
             await gateway.settled(model)
         state = m.state.value
         if load and wait and state != "ready":
-            failed = next((s.error for s in reversed(gateway.swaps) if s.model == model), None)
+            failed = next(
+                (s.error for s in reversed(gateway.tally.swaps) if s.model == model), None
+            )
             raise ModelUnavailable(failed or f"{model} did not load")
         changed = state != before
         return JSONResponse(

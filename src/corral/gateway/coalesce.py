@@ -226,7 +226,9 @@ class Coalescer:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(batch.full.wait(), left_s)
                 self._close(batch)
-                await self._send(batch, path, self.gateway.backend_on(self.model, slot.device))
+                await self._send(
+                    batch, path, self.gateway.servers.backend_on(self.model, slot.device)
+                )
         except ClientLeft:
             pass  # every member left: nobody to answer
         except GatewayError as exc:  # a full queue, the wait bound, a model that cannot load

@@ -134,14 +134,14 @@ def openai_routes(px: Proxy) -> APIRouter:
         resolved = config.resolve(model_id)
         if resolved is None or resolved not in gateway.backends:
             raise unknown_model(model_id, config)
-        created = int(gateway.started_at)
+        created = int(gateway.tally.started_at)
         return JSONResponse(
             {"id": model_id, "object": "model", "created": created, "owned_by": "corral"}
         )
 
     @router.get("/v1/models", response_model=ModelList)
     async def models() -> Response:
-        created = int(gateway.started_at)
+        created = int(gateway.tally.started_at)
         return JSONResponse(
             {
                 "object": "list",

@@ -168,7 +168,7 @@ class Proxy:
         shape). A streamed answer keeps the slot until it ends."""
         model, arrived, wait_s = slot.model, slot.arrived, slot.wait_s
         openai = openai or dialect is not None
-        backend = self.gateway.backend_on(model, slot.device)
+        backend = self.gateway.servers.backend_on(model, slot.device)
         # From the raw ASGI headers (names arrive lower-case): Starlette's views cost a few
         # percent of the gateway's CPU per request.
         headers = {

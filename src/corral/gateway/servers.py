@@ -1,9 +1,16 @@
 """The model servers a configuration names: a started process (`cmd`) or an upstream, and
-which of them can run twice at once."""
+which of them can run twice at once; `Servers`, a part the `Gateway` owns, knows which runs
+where."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
 from corral.backends.base import Backend
+from corral.backends.orphans import ServerRecord
 from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
@@ -67,3 +74,90 @@ def upstream_backend(name: str, m: ModelConfig) -> UpstreamBackend:
         m.upstream_api_key,
         napper(name, m),
     )
+
+
+class Servers:
+    """The gateway's model servers, the one owner of which runs where: each model's own server
+    (`backends`), a second copy's beside it (a replica on another device: `copy`), the server
+    running on each (model, device) (`on`), and the own servers whose stop still waits for its
+    device. Runs on the serving loop. `exited(model, server, code)` hears a server that died."""
+
+    def __init__(self, log_dir: Path, exited: Callable[[str, Backend, int], None]) -> None:
+        self.log_dir = log_dir
+        # The servers this gateway runs, so the next one stops them if this one is killed.
+        self.record = ServerRecord(log_dir / "servers.pids")
+        self.backends: dict[str, Backend] = {}
+        self.on: dict[tuple[str, str], Backend] = {}
+        self._spares: dict[tuple[str, str], ProcessBackend] = {}
+        # A model's own server whose stop waits for its device: it starts again after.
+        self._stopping: dict[str, asyncio.Future[None]] = {}
+        self._exited = exited
+
+    def add(self, name: str, m: ModelConfig) -> None:
+        """The server of model `name` as `m` describes it, for its next load (none without
+        `cmd` or `upstream`); a copy running now keeps its own until it unloads."""
+        self.backends.pop(name, None)
+        for key in [k for k in self._spares if k[0] == name]:
+            del self._spares[key]  # spare copies of the old command
+        if m.cmd is not None:
+            backend = ProcessBackend(process_spec(name, m), self.log_dir, record=self.record)
+            backend.on_exit = functools.partial(self._exited, name, backend)
+            self.backends[name] = backend
+        elif m.upstream is not None:
+            self.backends[name] = upstream_backend(name, m)
+
+    def backend_on(self, model: str, device: str | None) -> Backend:
+        """The server of `model`'s copy on `device` (a dispatched request's `device`)."""
+        if device is not None:
+            backend = self.on.get((model, device))
+            if backend is not None:
+                return backend
+        return self.backends[model]
+
+    def copies(self, model: str) -> list[str]:
+        """The devices where `model` runs or loads."""
+        return [d for (m, d) in self.on if m == model]
+
+    def copyable(self) -> list[str]:
+        """Models that may run twice at once (a replica): started servers whose port Corral
+        picks (`${PORT}` in `proxy`). An upstream, or a server on a fixed port, runs once."""
+        return [name for name, b in self.backends.items() if not runs_once(b)]
+
+    def every(self) -> list[Backend]:
+        """Every server this gateway made (to stop them all)."""
+        return [*self.backends.values(), *self._spares.values(), *self.on.values()]
+
+    def free(self, model: str, device: str) -> Backend | None:
+        """A server object for `model` on `device`: the model's own, unless another copy uses
+        it or it is still stopping elsewhere (an eviction whose stop waits for its device). A
+        server that runs once (a fixed port) is always its own: `load` starts it after its stop."""
+        own = self.backends.get(model)
+        if (
+            not isinstance(own, ProcessBackend)
+            or runs_once(own)
+            or (not own.running and own not in self.on.values())
+        ):
+            return own
+        backend = self._spares.get((model, device))  # beside its own, kept for the next time
+        if backend is None:
+            backend = ProcessBackend(own.spec, self.log_dir, record=self.record, label=device)
+            backend.on_exit = functools.partial(self._exited, model, backend)
+            self._spares[model, device] = backend
+        return backend
+
+    def stop_pending(self, model: str, backend: Backend | None) -> None:
+        """`backend` is to stop: if it is `model`'s own, its next start waits for that."""
+        if backend is not None and backend is self.backends.get(model):
+            self._stopping.setdefault(model, asyncio.get_running_loop().create_future())
+
+    def stopped(self, model: str, backend: Backend) -> None:
+        if backend is self.backends.get(model):
+            done = self._stopping.pop(model, None)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def stopping(self, model: str, backend: Backend | None) -> asyncio.Future[None] | None:
+        """The stop `backend` (if it is `model`'s own server) must wait for before it starts."""
+        if backend is None or backend is not self.backends.get(model):
+            return None
+        return self._stopping.get(model)
