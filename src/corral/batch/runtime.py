@@ -51,7 +51,7 @@ def line_runner(
         model = ctx.model if ctx is not None else config.resolve(body.get("model", ""))
         if model is None or model not in gateway.backends:
             raise corral.Fail(json.dumps({"status_code": 404, "body": _err("model not served")}))
-        backend = gateway.backend_on(model, current_device())
+        backend = gateway.servers.backend_on(model, current_device())
         body["model"] = backend.served_name
         body.pop("priority", None)
         url = f"{backend.proxy_url}{line['url']}"
