@@ -104,6 +104,19 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     )
 
 
+class Refused(Exception):
+    """A request the sim server refuses: answered with `response` (the app's handler)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.response = _error(status, message, kind)
+
+
+async def _refused(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return exc.response
+
+
 def _words(seed: str, n: int) -> list[str]:
     start = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:4], "big")
     return [_WORDS[(start + i) % len(_WORDS)] for i in range(n)]
@@ -186,24 +199,24 @@ class SimServer:
             }
         )
 
-    async def parse(self, request: Request) -> dict[str, Any] | Response:
+    async def parse(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object; `Refused` while asleep or loading, or for a body that is
+        not a JSON object."""
         refusal = self.nap.refusal()
         if refusal is not None:
-            return _error(503, refusal, "unavailable_error")
+            raise Refused(503, refusal, "unavailable_error")
         if not self.ready():
-            return _error(503, "Loading model", "unavailable_error")
+            raise Refused(503, "Loading model", "unavailable_error")
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "the request body is not valid JSON")
+            raise Refused(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
+            raise Refused(400, "the request body must be a JSON object")
         return body
 
     async def generate(self, request: Request, chat: bool) -> Response:
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         n = int(
             body.get("max_completion_tokens") or body.get("max_tokens") or self.settings.max_tokens
         )
@@ -226,8 +239,6 @@ class SimServer:
 
     async def embeddings(self, request: Request) -> Response:
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         raw = body.get("input")
         inputs = [raw] if isinstance(raw, str) else list(raw or [])
         if not inputs:
@@ -271,8 +282,6 @@ class SimServer:
 
     async def speech(self, request: Request) -> Response:
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         text = str(body.get("input", ""))
         if body.get("response_format") == "pcm":  # 24 kHz 16-bit samples: silence, 20 ms a char
             return Response(b"\0\0" * 480 * min(len(text), 2000), media_type="audio/pcm")
@@ -280,8 +289,6 @@ class SimServer:
 
     async def rerank(self, request: Request) -> Response:
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         query = str(body.get("query", ""))
         documents = [str(d) for d in body.get("documents") or []]
         words = set(query.lower().split())
@@ -315,8 +322,6 @@ class SimServer:
         """Anthropic's Messages API (llama-server speaks it too): text, tools, thinking,
         whole or streamed."""
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         wrong = sim_messages.refusal(body)
         if wrong is not None:
             return JSONResponse(sim_messages.error(wrong), status_code=400)
@@ -327,8 +332,6 @@ class SimServer:
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API: text, tools, structured output, whole or streamed."""
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         wrong = sim_responses.refusal(body)
         if wrong is not None:
             return _error(400, wrong)
@@ -345,24 +348,18 @@ class SimServer:
     async def input_tokens(self, request: Request) -> Response:
         """How many tokens a Responses request's input is (words, for the sim)."""
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         n = len(sim_responses.prompt_text(body).split())
         return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count of a Messages request (words, for the sim)."""
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         return JSONResponse({"input_tokens": len(sim_messages.prompt_text(body).split())})
 
     async def infill(self, request: Request) -> Response:
         """llama-server's fill-in-the-middle (`input_prefix`, `input_suffix`), in its native
         shape: `content`, `stop`, `stop_type`, token counts, `timings`."""
         body = await self.parse(request)
-        if isinstance(body, Response):
-            return body
         prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
         if not isinstance(prefix, str) or not isinstance(suffix, str):
             return _error(400, "input_prefix and input_suffix must be strings")
@@ -434,7 +431,7 @@ class SimServer:
 
 def build_app(settings: SimSettings) -> Starlette:
     """The sim server's ASGI app; its 'load' began when the process started."""
-    return Starlette(routes=SimServer(settings).routes())
+    return Starlette(routes=SimServer(settings).routes(), exception_handlers={Refused: _refused})
 
 
 MAX_DIMENSIONS = 8192

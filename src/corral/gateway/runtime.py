@@ -163,7 +163,7 @@ class Gateway:
         if stopping is not None:
             # Its one server (a fixed port) is still stopping on another device: start it
             # after. Waited for outside this device's lock, so two devices never wait in a ring.
-            op = self._after(stopping, op)
+            op = _after(stopping, op)
         self._ops[model] = self._spawn(op)
 
     def unload(self, model: str, device: str) -> None:
@@ -188,11 +188,6 @@ class Gateway:
         self.metrics.aborts.labels(model).inc()
         self.publish("load_aborted", model=model, device=device)
         log.info("load of %s on %s aborted: no request waits for it", model, device)
-
-    @staticmethod
-    async def _after(first: asyncio.Future[None], op: Coroutine[Any, Any, None]) -> None:
-        await asyncio.shield(first)
-        await op
 
     def _note_stretch(self) -> None:
         """One log line when the wait bound starts stretching and one when it ends."""
@@ -381,3 +376,9 @@ def _log_failure(t: asyncio.Task[Any]) -> None:
     is collected, or never)."""
     if not t.cancelled() and t.exception() is not None:
         log.error("gateway: a background operation failed", exc_info=t.exception())
+
+
+async def _after(first: asyncio.Future[None], op: Coroutine[Any, Any, None]) -> None:
+    """`op`, once `first` is done (a server's stop, waited for outside any device's lock)."""
+    await asyncio.shield(first)
+    await op
