@@ -383,77 +383,22 @@ def serve_cmd(
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
     import logging
 
-    from corral.config import Config
+    from corral.config.serve import ServeOptions, compose
     from corral.gateway.app import create_app
-    from corral.gateway.demo import data_dir, demo_config
-    from corral.modelfiles.serving import with_folders
+    from corral.gateway.demo import data_dir
 
-    def build(quiet: bool = False) -> tuple[Config, str, list[Path]]:
-        """The configuration from the file, the folders and the options (again, on a change)."""
-        folders_given = list(models or [])
-        if config_path is None and folders_given:
-            config = Config.model_validate({"models_dir": [str(m) for m in folders_given]})
-            folders_given = []
-            title = f"the models in {', '.join(config.models_dir)}"
-        elif config_path is None:
-            config = demo_config()
-            title = "the built-in demo (three simulated models)"
-        else:
-            from corral.llamaswap import load_config_file
-
-            config, mapping = load_config_file(config_path)
-            title = str(config_path) + (" (llama-swap format)" if mapping else "")
-            for key, why in mapping.ignored if mapping and not quiet else ():  # never silently
-                err_console.print(f"[yellow]ignored[/yellow]  {key}: {why}", highlight=False)
-            if not quiet:
-                _warn_if_exposed(config_path, config)
-        folders = [Path(x) for x in config.models_dir] + folders_given
-        if folders:
-            config, notes = with_folders(config, folders, llama_server)
-            for note in notes if not quiet else ():  # names from files: text, never markup
-                err_console.print(f"models: {escape(note)}", highlight=False)
-        if listen is not None:
-            server = config.server.model_validate({**config.server.model_dump(), "listen": listen})
-            config = config.model_copy(update={"server": server})
-        if policy is not None:
-            if policy not in POLICY_NAMES:
-                raise CorralError(
-                    f"unknown policy {policy!r}; choose from {', '.join(POLICY_NAMES)}"
-                )
-            config = config.with_policy(policy)
-        return config, title, folders
-
+    options = ServeOptions(config_path, listen, policy, list(models or []), llama_server)
     try:
-        config, title, folders = build()
+        composed = compose(options)
     except CorralError as exc:
         raise _fail(exc) from None
     except ValueError as exc:
         raise _fail(CorralError(str(exc))) from None
-    unserved = config.unserved()
-    if len(unserved) == len(config.models):
-        raise _fail(
-            CorralError(
-                f"{title}: no model has `cmd` (a server Corral starts) or `upstream` (a running "
-                f"server), so there is nothing to serve ({', '.join(unserved)}). Add one of them "
-                "to each model (see the README's Gateway section); a file without them is for "
-                "`corral simulate` and the task queue."
-            )
-        )
-    if unserved:
-        err_console.print(
-            f"[yellow]warning[/yellow]: not served (no `cmd` or `upstream`): {', '.join(unserved)}",
-            highlight=False,
-        )
-    from corral.store import POSTGRES_SCHEMES
-
-    shared = (config.server.store or "").startswith(POSTGRES_SCHEMES)
-    if shared and config.server.advertised_url() is None:
-        err_console.print(
-            f"[yellow]warning[/yellow]: server.listen is {config.server.listen}, so the other "
-            "nodes sharing this store cannot tell where to reach this one: set "
-            "server.advertise_url (it still forwards requests to them)",
-            highlight=False,
-        )
+    config, title, folders = composed.config, composed.title, composed.folders
+    for note in composed.notes:  # names from files: text, never markup
+        err_console.print(escape(note), highlight=False)
+    for warning in composed.warnings:
+        err_console.print(f"[yellow]warning[/yellow]: {escape(warning)}", highlight=False)
     log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
     host, _, port = config.server.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -465,7 +410,7 @@ def serve_cmd(
         paths = [p for p in [config_path, *folders] if p is not None]
         if not paths:
             raise _fail(CorralError("--watch needs a config file (--config) or --models DIR"))
-        watched = (paths, lambda: build(quiet=True)[0])
+        watched = (paths, lambda: compose(options).config)
     app = create_app(config, log_dir, data_dir(), watched)
     try:
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
