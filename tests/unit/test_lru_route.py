@@ -27,6 +27,10 @@ devices: [{name: g0}, {name: g1}]
 )
 
 
+# An hour-long simulation of a built-in multi-device scenario: seconds each, minutes on a busy CI.
+SLOW_SIMULATION = pytest.mark.slow
+
+
 def run_lines(lines: str) -> Any:
     trace = parse_trace(lines.strip().splitlines(), TWO_DEVICES.models, "<test>")
     return simulate(TWO_DEVICES, trace, policy="lru-route", check=True)
@@ -80,6 +84,7 @@ def summary(name: str, policy: SimPolicyName, max_wait_s: float | None = -1.0) -
     return summarize(simulate(config, sc.trace, policy=policy, check=True))
 
 
+@SLOW_SIMULATION
 def test_on_four_devices_a_tighter_wait_bound_degrades_gracefully() -> None:
     """A bound that cannot be met for everyone must not make waits worse (issue 10): an overdue
     model takes the next device whose model runs dry instead of forcing swaps."""
@@ -96,6 +101,7 @@ def test_on_four_devices_a_tighter_wait_bound_degrades_gracefully() -> None:
     assert summary("devices-4", "cost", 120.0)["wait_max_s"] < 0.5 * loose["wait_max_s"]
 
 
+@SLOW_SIMULATION
 def test_on_four_devices_cost_has_the_shortest_tail() -> None:
     """Under overload, EDF only for the queues whose deadline can still be kept: cost's p95
     wait is the lowest of all policies (its mean is not yet: grouped's, which has no bound)."""
@@ -105,6 +111,7 @@ def test_on_four_devices_cost_has_the_shortest_tail() -> None:
     assert cost["wait_mean_s"] < summary("devices-4", "fifo-plus")["wait_mean_s"]
 
 
+@SLOW_SIMULATION
 def test_on_four_devices_every_scheduler_beats_lru_route_by_far() -> None:
     lru = summary("devices-4", "lru-route")
     for policy in ("cost", "grouped", "fifo-plus"):

@@ -31,6 +31,10 @@ devices: [{name: g0}, {name: g1}, {name: g2}]
 )
 
 
+# An hour-long simulation of a built-in multi-device scenario: seconds each, minutes on a busy CI.
+SLOW_SIMULATION = pytest.mark.slow
+
+
 def poisson(model: str, rate: float, start_s: float, end_s: float, seed: int) -> list[TraceLine]:
     rng = random.Random(seed)
     out: list[TraceLine] = []
@@ -162,6 +166,7 @@ def summary(name: str, policy: SimPolicyName, max_wait_s: float | None = -1.0) -
     return summarize(simulate(config, sc.trace, policy=policy, check=True))
 
 
+@SLOW_SIMULATION
 @pytest.mark.parametrize("policy", ["grouped", "fifo-plus", "fifo", "lru-route"])
 def test_on_eight_devices_cost_waits_least_with_fewer_loads(policy: SimPolicyName) -> None:
     """devices-8's top model alone needs 1.54 devices: with a replica, cost's mean and p95 wait
@@ -172,6 +177,7 @@ def test_on_eight_devices_cost_waits_least_with_fewer_loads(policy: SimPolicyNam
     assert cost["loads"] <= summary("devices-8", "grouped")["loads"]
 
 
+@SLOW_SIMULATION
 @pytest.mark.timeout(900)  # five hour-long devices-8 simulations: 60 s alone, 3x on a busy CI
 def test_on_eight_devices_a_tighter_wait_bound_degrades_gracefully() -> None:
     """Each bound against the next looser one and none: the mean and p95 no worse than noise
