@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_batches import chat_line, finish, lines_of, upload
-from tests.e2e.test_gateway import SIM, Gateway, serve
 from tests.e2e.test_gateway_errors import http_server
+from tests.support.batches import chat_line, finish, lines_of, upload
+from tests.support.gateway import SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,9 @@ import openai
 import pytest
 
 from corral.backends.process import free_port
-from tests.e2e.test_gateway import CORRAL, SIM, Gateway, serve, wait_for
 from tests.helpers import JsonHandler, alive, wait_http_ok
+from tests.support.batches import chat_line, finish, lines_of, upload
+from tests.support.gateway import CORRAL, SIM, Gateway, serve, wait_for
 
 CONFIG = f"""
 models:
@@ -38,41 +39,12 @@ models:
 server:
   log_dir: LOG_DIR
 """
-ENDED = ("completed", "failed", "cancelled", "expired")
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with serve(tmp_path_factory.mktemp("batches"), CONFIG) as g:
         yield g
-
-
-def chat_line(i: int, model: str, tokens: int = 3, **over: Any) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
-    return json.dumps(
-        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body} | over
-    )
-
-
-def upload(client: openai.OpenAI, lines: list[str]) -> str:
-    data = ("\n".join(lines) + "\n").encode()
-    return client.files.create(file=("in.jsonl", data), purpose="batch").id
-
-
-def finish(client: openai.OpenAI, batch_id: str, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        b = client.batches.retrieve(batch_id)
-        if b.status in ENDED:
-            return b
-        assert time.monotonic() < deadline, f"batch still {b.status}"
-        time.sleep(0.1)
-
-
-def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
 
 
 def test_a_mixed_model_batch_runs_grouped_and_every_line_has_one_result(gw: Gateway) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_gateway import CORRAL, SIM, Gateway, serve
+from tests.support.gateway import CORRAL, SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.test_batches import chat_line, finish, upload
-from tests.e2e.test_gateway import SIM, Gateway, serve, wait_for
+from tests.support.batches import chat_line, finish, upload
+from tests.support.gateway import SIM, Gateway, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 

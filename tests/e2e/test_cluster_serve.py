@@ -29,10 +29,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 from corral.backends.process import free_port
 from tests.conftest import PG_URL
 from tests.e2e.netns import Hosts
-from tests.e2e.test_batches import chat_line, finish, lines_of, upload
 from tests.e2e.test_dashboard import browser, shot  # noqa: F401  (the browser fixture)
-from tests.e2e.test_gateway import CORRAL, SIM, Gateway, wait_for
 from tests.integration.pg_faults import TcpProxy
+from tests.support.batches import chat_line, finish, lines_of, upload
+from tests.support.gateway import CORRAL, SIM, Gateway, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from corral.gateway.coalesce import apportion, inputs_of, split_answer
-from tests.e2e.test_gateway import SIM, serve
 from tests.helpers import JsonHandler
+from tests.support.gateway import SIM, serve
 
 
 class Recording(JsonHandler):

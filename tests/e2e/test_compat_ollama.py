@@ -22,7 +22,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
-from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
+from tests.support.gateway import KEY, SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

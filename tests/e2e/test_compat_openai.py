@@ -23,7 +23,7 @@ from langchain_ollama import ChatOllama
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from tests.e2e.test_gateway import SIM, Gateway, serve
+from tests.support.gateway import SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

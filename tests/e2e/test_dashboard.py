@@ -18,8 +18,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.e2e.test_batches import chat_line, upload
-from tests.e2e.test_gateway import SIM, Gateway, serve
+from tests.support.batches import chat_line, upload
+from tests.support.gateway import SIM, Gateway, serve
 
 ARTIFACTS = Path(os.environ.get("CORRAL_ARTIFACTS", Path(__file__).parents[2] / "artifacts"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from corral.backends.process import free_port
-from tests.e2e.test_batches import chat_line, lines_of, upload
-from tests.e2e.test_gateway import CORRAL, SIM, Gateway
 from tests.helpers import wait_http_ok
+from tests.support.batches import chat_line, lines_of, upload
+from tests.support.gateway import CORRAL, SIM, Gateway
 
 pytestmark = [
     pytest.mark.e2e,

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from corral.backends.process import free_port
-from tests.e2e.test_gateway import CORRAL, SIM, serve, wait_for
 from tests.helpers import alive
+from tests.support.gateway import CORRAL, SIM, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_gateway import SIM, Gateway, serve
+from tests.support.gateway import SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_batches import chat_line, finish, lines_of, upload
-from tests.e2e.test_gateway import SIM, serve, wait_for
 from tests.integration.pg_faults import PrivatePostgres, TcpProxy
+from tests.support.batches import chat_line, finish, lines_of, upload
+from tests.support.gateway import SIM, serve, wait_for
 
 CONFIG = f"""
 models:

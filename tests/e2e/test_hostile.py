@@ -20,8 +20,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from corral.backends.process import free_port
 from tests.conftest import PG_URL
-from tests.e2e.test_gateway import CORRAL, KEY, SIM, Gateway, serve, wait_for
 from tests.helpers import JsonHandler, wait_http_ok
+from tests.support.gateway import CORRAL, KEY, SIM, Gateway, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 

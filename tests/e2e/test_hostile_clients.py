@@ -17,8 +17,8 @@ import ollama
 import pytest
 
 from corral.backends.process import free_port
-from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
 from tests.helpers import JsonHandler
+from tests.support.gateway import KEY, SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

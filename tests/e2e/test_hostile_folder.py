@@ -21,8 +21,8 @@ import psutil
 import pytest
 from gguf import GGUFValueType as T
 
-from tests.e2e.test_gateway import CORRAL
 from tests.e2e.test_models_folder import CAPITALS, serving
+from tests.support.gateway import CORRAL
 from tests.support.gemma import gemma_gguf
 from tests.support.gguf_files import gguf_bytes, kv, llama_fields, nested_array, text, write
 from tests.support.listing import model_ids, wait_for_ids

@@ -19,8 +19,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.test_batches import finish
-from tests.e2e.test_gateway import SIM, serve
+from tests.support.batches import finish
+from tests.support.gateway import SIM, serve
 
 pytestmark = pytest.mark.e2e
 

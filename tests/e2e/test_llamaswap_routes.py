@@ -19,8 +19,8 @@ import openai
 import pytest
 import yaml
 
-from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
 from tests.e2e.test_gateway_errors import http_server
+from tests.support.gateway import KEY, SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

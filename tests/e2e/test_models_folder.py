@@ -21,8 +21,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from corral.backends.process import free_port
 from corral.modelfiles.folder import find_llama_server
-from tests.e2e.test_gateway import CORRAL, SIM, Gateway, serve
 from tests.helpers import wait_http_ok
+from tests.support.gateway import CORRAL, SIM, Gateway, serve
 from tests.support.gemma import gemma_gguf
 from tests.support.listing import model_ids, wait_for_ids
 

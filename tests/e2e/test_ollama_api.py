@@ -23,7 +23,7 @@ from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_ollama import ChatOllama, OllamaEmbeddings
 
-from tests.e2e.test_gateway import KEY, SIM, Gateway, serve
+from tests.support.gateway import KEY, SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

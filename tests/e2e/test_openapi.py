@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.e2e.test_gateway import SIM, Gateway, serve
+from tests.support.gateway import SIM, Gateway, serve
 
 pytestmark = pytest.mark.e2e
 

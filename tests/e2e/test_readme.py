@@ -15,8 +15,8 @@ import pytest
 
 from corral.backends.process import free_port
 from corral.config import parse_config
-from tests.e2e.test_gateway import CORRAL
 from tests.helpers import wait_http_ok
+from tests.support.gateway import CORRAL
 
 pytestmark = pytest.mark.e2e
 

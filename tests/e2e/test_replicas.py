@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_gateway import SIM, Gateway, serve, wait_for
 from tests.helpers import alive
+from tests.support.gateway import SIM, Gateway, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 

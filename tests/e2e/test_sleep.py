@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_gateway import SIM, Gateway, external_sim, serve, wait_for
 from tests.helpers import alive
+from tests.support.gateway import SIM, Gateway, external_sim, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from corral.backends.process import free_port
-from tests.e2e.test_gateway import CORRAL, SIM
 from tests.helpers import wait_http_ok
+from tests.support.gateway import CORRAL, SIM
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

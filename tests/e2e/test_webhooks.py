@@ -19,8 +19,8 @@ import openai
 import psutil
 import pytest
 
-from tests.e2e.test_batches import chat_line, finish, upload
-from tests.e2e.test_gateway import SIM, serve, wait_for
+from tests.support.batches import chat_line, finish, upload
+from tests.support.gateway import SIM, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ import pytest
 
 from corral.backends.embed_server import EmbedBackendError, check
 from corral.backends.process import free_port
-from tests.e2e.test_gateway import CORRAL, SIM, serve
 from tests.helpers import wait_http_ok
+from tests.support.gateway import CORRAL, SIM, serve
 
 SENTENCES = [
     "The scheduler keeps the resident model busy.",

@@ -16,7 +16,7 @@ import anthropic
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.e2e.test_gateway import Gateway, run_agents, serve, swaps_from_metrics
+from tests.support.gateway import Gateway, run_agents, serve, swaps_from_metrics
 from tests.support.gemma import gemma_gguf
 
 SERVER = Path(sys.executable).parent / "llama-cpp-server"

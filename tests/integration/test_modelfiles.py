@@ -18,7 +18,7 @@ import pytest
 from corral.backends.process import free_port
 from corral.modelfiles.folder import find_llama_server, scan
 from corral.modelfiles.gguf import estimate_memory, read_gguf
-from tests.e2e.test_gateway import CORRAL
+from tests.support.gateway import CORRAL
 from tests.support.gemma import gemma_gguf
 
 

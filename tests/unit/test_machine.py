@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from corral.gateway.metrics import Metrics
 from corral.machine import GpuWatch, Nvml, detect, gpus, watch
-from tests.e2e.test_gateway import CORRAL
+from tests.support.gateway import CORRAL
 
 
 class RecordedNvml:

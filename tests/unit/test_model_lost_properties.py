@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from corral.config import Config
 from corral.core import Request, RequestState, Scheduler
-from tests.unit.test_properties import EXAMPLES, configs
+from tests.support.properties import EXAMPLES, configs
 
 pytestmark = pytest.mark.property
 

@@ -13,7 +13,7 @@ from corral.config import Config
 from corral.core import Lifecycle
 from corral.sim.engine import Simulation
 from corral.sim.trace import Trace
-from tests.unit.test_properties import SETTINGS, configs, traces
+from tests.support.properties import SETTINGS, configs, traces
 
 pytestmark = pytest.mark.property
 
