@@ -267,7 +267,7 @@ def test_an_alias_reaches_the_server_under_the_served_name_without_corral_fields
     run(tmp_path, ONE, test)
 
 
-def test_llama_swap_filters_rewrite_the_body_in_their_order(tmp_path: Path) -> None:
+def test_llama_swap_filters_rewrite_the_body_in_their_order_at_every_door(tmp_path: Path) -> None:
     models = """
   alpha:
     upstream: {echo}
@@ -282,10 +282,19 @@ def test_llama_swap_filters_rewrite_the_body_in_their_order(tmp_path: Path) -> N
     async def test(c: Corral) -> None:
         await c.client.post("/v1/chat/completions", json=chat(temperature=0.3))
         await c.client.post("/v1/chat/completions", json=chat("a", temperature=0.3))
-        first, second = (s.json() for s in c.echo.seen)
+        # Ollama's door reads its call through the same prelude: the filters apply there too.
+        hi = [{"role": "user", "content": "hi"}]
+        r = await c.client.post(
+            "/api/chat",
+            json={"model": "a", "messages": hi, "stream": False, "options": {"temperature": 0.3}},
+        )
+        assert r.status_code == 200
+        first, second, ollama = (s.json() for s in c.echo.seen)
         assert "temperature" not in first
         assert first["top_k"] == 5
         assert second["top_k"] == 9
+        assert "temperature" not in ollama
+        assert (ollama["model"], ollama["top_k"]) == ("alpha", 9)
 
     run(tmp_path, models, test)
 

@@ -1,15 +1,19 @@
-"""What a request to a model route says, read once: the routes that name a model, the body
-(bounded), the model it names, its priority, llama-swap's filters. Each check raises a
-`GatewayError` that names the field and the fix (errors.py)."""
+"""What a request to a model route says, read once into a `Call`: the routes that name a
+model, the body (bounded), the model it names, its priority, llama-swap's filters. `Reader` is
+the one prelude of every door; each check raises a `GatewayError` that names the field and the
+fix (errors.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fastapi import Request
+from starlette.formparsers import MultiPartParser
 
+from corral.backends.base import Backend
 from corral.config import Config, FiltersConfig
 from corral.gateway.errors import BodyTooLarge, InvalidRequest, ModelNotFound
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
@@ -47,6 +51,117 @@ JSON_ROUTES = (
 )
 FORM_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/edits")
 GET_ROUTES = ("/v1/audio/voices", "/sdapi/v1/loras", "/props")
+
+
+class Dialect(Protocol):
+    """A front door that speaks another API than the model servers' (OpenAI's): it turns
+    their answers into its own (`ollama_answers.OllamaAnswer`). Its errors come to it as
+    `GatewayError`s, or answers in OpenAI's shape, to map once at its door."""
+
+    media_type: str
+
+    def whole(self, content: bytes, wait_s: float) -> bytes:
+        """A complete answer; raises ValueError if it cannot be read."""
+        ...
+
+    def stream(self, events: AsyncIterator[bytes], wait_s: float) -> AsyncIterator[bytes]:
+        """Server-sent events, cut at line ends, as the dialect's stream."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request to a model, read once at its door: admission, a cluster hop, the upstream
+    exchange and the rendering of its answer all take it.
+
+    `body` is what the model's server gets (llama-swap's filters applied, the server's own name
+    for the model, no `priority`); `sent`, the body as the client sent it (another node of a
+    cluster reads it itself). `data` is the JSON object of an OpenAI JSON route (coalescing and
+    the loading stream read it), None for the other routes. `openai`: error answers reach the
+    client in OpenAI's shape whatever the server sent; `dialect`: another API's door, whose
+    answers are turned into its shape (errors too)."""
+
+    request: Request
+    model: str
+    path: str
+    body: bytes
+    sent: bytes
+    priority: int
+    stream: bool = True
+    openai: bool = False
+    dialect: Dialect | None = None
+    data: Mapping[str, Any] | None = None
+
+
+class Reader:
+    """The prelude of every model route: the body (bounded), the model, the priority, the
+    filters, read into a `Call` once."""
+
+    def __init__(self, config: Config, served: Mapping[str, Backend], max_body: int) -> None:
+        self.config = config
+        self.served = served  # the models with a server (the gateway's, updated in place)
+        self.max_body = max_body
+
+    async def json(self, request: Request, path: str) -> Call:
+        """A JSON model route (`/v1/chat/completions` and the rest of `JSON_ROUTES`)."""
+        sent = await read_body(request, self.max_body)
+        data = json_object(sent)
+        name = data.get("model")
+        model = self.model(name)
+        priority = priority_of(request, data)
+        data, body = self.outgoing(model, str(name), data, sent)
+        stream = bool(data.get("stream"))
+        return Call(request, model, path, body, sent, priority, stream, openai=True, data=data)
+
+    async def form(self, request: Request, path: str) -> Call:
+        """A multipart route (audio transcription, image edits): the model is the form's `model`
+        field; the body goes on to the server as it came."""
+        sent = await read_body(request, self.max_body)
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            yield sent
+
+        try:
+            form = await MultiPartParser(request.headers, chunks()).parse()
+        except Exception as exc:  # the parser's errors have no common base to catch
+            raise InvalidRequest(f"bad multipart body: {exc}") from None
+        try:
+            model = self.model(form.get("model"))
+        finally:
+            await form.close()
+        return Call(request, model, path, sent, sent, priority_of(request, {}), openai=True)
+
+    async def query(self, request: Request, path: str) -> Call:
+        """A GET route that names its model in the query (`/props?model=...`)."""
+        model = self.model(request.query_params.get("model"))
+        priority = priority_of(request, {})
+        return Call(request, model, path, b"", b"", priority, stream=False, openai=True)
+
+    async def raw(self, request: Request, model: str, path: str) -> Call:
+        """The raw route `/upstream/{model}/{path}` (`model` as `model()` resolved it): the body
+        goes on as it came."""
+        sent = await read_body(request, self.max_body)
+        return Call(request, model, path, sent, sent, priority_of(request, {}))
+
+    def model(self, name: Any) -> str:
+        """The served model `name` names (an alias resolved), or 400/404 saying why not."""
+        return model_of(name, self.config, self.served)
+
+    def outgoing(
+        self, model: str, name: str, data: dict[str, Any], sent: bytes | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        """What `model`'s server gets of the JSON object `data`, as an object and as bytes (the
+        request named the model `name`; `sent`, its body as it came, goes on as it is when
+        nothing changes): its own name for the model, no `priority`, the model's filters."""
+        served = self.served[model].served_name
+        m = self.config.models[model]
+        if sent is not None and name == served and "priority" not in data and m.filters is None:
+            return data, sent
+        out = {k: v for k, v in data.items() if k != "priority"}
+        if m.filters is not None:
+            rewrite(out, m.filters, name)
+        out["model"] = served
+        return out, json.dumps(out).encode()
 
 
 def upstream_path(path: str) -> str:

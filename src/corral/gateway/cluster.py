@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from fastapi import Request
 from fastapi.responses import Response
 
+from corral.gateway.calls import Call
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
 from corral.gateway.upstream import DROP, DROP_BACK, relay
@@ -41,6 +41,10 @@ CONNECT_S = 2.0  # a node that does not accept a connection within this is unrea
 # What the proxy drops on the way to a model server, except the API key and the priority: the
 # other node checks and schedules the request itself (every node has the same keys).
 _HOP = DROP - {"authorization", "proxy-authorization", "x-corral-priority"}
+
+
+class Unreachable(Exception):
+    """The node that holds a model did not answer: nothing reached a model (serve it here)."""
 
 
 @dataclass(frozen=True)
@@ -128,15 +132,18 @@ class Cluster:
         return min([*self.nodes, self.node_id]) == self.node_id
 
     # --- forwarding ---------------------------------------------------------------------------
-    async def forward(self, request: Request, model: str, body: bytes) -> Response | None:
-        """Send the request to the node that holds `model` and relay its answer, or None to
-        serve it here (nobody else holds it, the request was forwarded already, or that node
-        did not answer)."""
-        if FORWARDED in request.headers:
+    def destination(self, call: Call) -> Node | None:
+        """The node to send `call` to (`holder`), or None to serve it here, as for a request
+        another node forwarded already."""
+        if FORWARDED in call.request.headers:
             return None
-        node = self.holder(model)
-        if node is None:
-            return None
+        return self.holder(call.model)
+
+    async def forward(self, call: Call, node: Node) -> Response:
+        """Send `call` (its body as the client sent it) to `node` and relay its answer.
+        `Unreachable` if the node did not answer: nothing reached a model, so it is served
+        here, and the node is skipped for a while."""
+        request, model, body = call.request, call.model, call.sent
         url = f"{node.url.rstrip('/')}{request.url.path}"
         query = request.scope["query_string"]
         if query:
@@ -163,7 +170,7 @@ class Cluster:
                 type(exc).__name__,
                 UNREACHABLE_S,
             )
-            return None
+            raise Unreachable(node.id) from exc
         self.forwarded[node.id] = self.forwarded.get(node.id, 0) + 1
         self.gateway.metrics.forwarded.labels(model).inc()
         out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}

@@ -17,11 +17,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol
 
-from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from corral.config import Config
 from corral.gateway.admission import Slot, Turns
+from corral.gateway.calls import Call
 from corral.gateway.errors import GatewayError, stream_error
 from corral.gateway.streams import ModelStream
 
@@ -31,9 +31,7 @@ TICK_S = 0.75  # llama-swap's pace of loading updates
 class Answer(Protocol):
     """In a slot's turn, the model server's answer (`Proxy.answer`)."""
 
-    def __call__(
-        self, request: Request, slot: Slot, path: str, body: bytes, stream: bool, openai: bool
-    ) -> Awaitable[Response]: ...
+    def __call__(self, call: Call, slot: Slot) -> Awaitable[Response]: ...
 
 
 def _thinking(text: str) -> bytes:
@@ -52,29 +50,25 @@ class LoadingStream:
         self.turns = turns
         self.answer = answer
 
-    async def serve(
-        self, request: Request, model: str, path: str, body: bytes, priority: int
-    ) -> Response:
-        slot = self.turns.submit(model, priority)
+    async def serve(self, call: Call) -> Response:
+        slot = self.turns.submit(call.model, call.priority)
         if slot.turn.done():  # ready with a free slot: nothing to tell
             try:
                 await self.turns.wait(slot)
-                return await self.answer(request, slot, path, body, True, True)
+                return await self.answer(call, slot)
             finally:
                 if not slot.kept:
                     slot.release()
         return ModelStream(
-            self._events(request, slot, path, body),
+            self._events(call, slot),
             self.config.server.stream_send_timeout_s,
-            f"model {model}",
+            f"model {call.model}",
             slot.release,  # it never started: nobody waits for the turn
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
 
-    async def _events(
-        self, request: Request, slot: Slot, path: str, body: bytes
-    ) -> AsyncIterator[bytes]:
+    async def _events(self, call: Call, slot: Slot) -> AsyncIterator[bytes]:
         model, timeout_s = slot.model, self.config.models[slot.model].request_timeout_s
         try:
             yield _thinking(f"Waiting for model {model} to load (Corral)\n")
@@ -95,7 +89,7 @@ class LoadingStream:
                 return
             yield _thinking(f"Model {model} is ready after {slot.wait_s:.1f} s\n\n")
             try:
-                answer = await self.answer(request, slot, path, body, True, True)
+                answer = await self.answer(call, slot)
             except GatewayError as exc:
                 yield stream_error(exc.message)
                 return

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from fastapi.routing import APIRoute
 
 from corral.config import Config, ModelConfig
 from corral.gateway.admission import disconnected
-from corral.gateway.calls import json_object, priority_of, read_body, skipped_why
+from corral.gateway.calls import Call, json_object, priority_of, read_body, skipped_why
 from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from corral.gateway.ollama_answers import OllamaAnswer
 from corral.gateway.ollama_shapes import (
@@ -163,15 +164,19 @@ class OllamaDoor:
         return json_object(await read_body(request, self.px.max_body) or b"{}")
 
     async def answer(self, request: Request, kind: Kind) -> Response:
-        data = await self.read(request)
+        sent = await read_body(request, self.px.max_body) or b"{}"
+        data = json_object(sent)
         name = data.get("model")
         model = self.resolve(name)
-        if self.px.cluster is not None:  # another node may hold it: it answers in Ollama's shape
-            sent = await self.px.elsewhere(request, model, json.dumps(data).encode())
-            if sent is not None:
-                return sent
-        priority = priority_of(request, data)
         assert isinstance(name, str)
+        call = Call(request, model, "", sent, sent, priority_of(request, data))
+        # Another node that holds the model answers in Ollama's shape itself.
+        return await self.px.route(call, functools.partial(self._here, kind, data, name))
+
+    async def _here(self, kind: Kind, data: dict[str, Any], name: str, call: Call) -> Response:
+        """On this node: the request in OpenAI's terms to the model's server (`name`, as the
+        client named the model), its answer in Ollama's."""
+        model = call.model
         reply = OllamaAnswer(name, kind)
         served = self.gateway.backends[model].served_name
         try:
@@ -179,13 +184,13 @@ class OllamaDoor:
             reply.top_logprobs = top_logprobs(data) if kind in ("chat", "generate") else None
             if kind == "chat":
                 if not data.get("messages"):
-                    return await self.bare(request, model, keep, priority, reply)
+                    return await self.bare(call, keep, reply)
                 path, body = "/v1/chat/completions", chat_request(data, served)
                 if "tools" in body and not self._takes_tools(model):
                     del body["tools"]
             elif kind == "generate":
                 if not data.get("prompt") and not data.get("images"):
-                    return await self.bare(request, model, keep, priority, reply)
+                    return await self.bare(call, keep, reply)
                 path, body = generate_request({**data, "prompt": data.get("prompt", "")}, served)
                 if path == "/v1/chat/completions":  # the answer carries the conversation on
                     reply.turns = [(m["role"], text_of(m["content"])) for m in body["messages"]]
@@ -196,10 +201,10 @@ class OllamaDoor:
             raise InvalidRequest(str(exc)) from None
         if keep is not None:
             _keep_alive(self.gateway, model, keep)
+        body, sent = self.px.reader.outgoing(model, name, body)  # the model's filters too
         stream = bool(body.get("stream"))
-        sent_body = json.dumps(body).encode()
         response = await self.px.serve(
-            request, model, path, sent_body, priority, stream=stream, dialect=reply
+            replace(call, path=path, body=sent, stream=stream, dialect=reply)
         )
         if path == FILL_PATH and response.status_code in (404, 501):
             return _no_insert(name, response)
@@ -222,23 +227,17 @@ class OllamaDoor:
             )
         return False
 
-    async def bare(
-        self,
-        request: Request,
-        model: str,
-        keep: float | None,
-        priority: int,
-        reply: OllamaAnswer,
-    ) -> Response:
+    async def bare(self, call: Call, keep: float | None, reply: OllamaAnswer) -> Response:
         """Nothing to generate: `keep_alive: 0` unloads the model once idle; otherwise the
         model loads, in its turn like any request (a turn that uses no slot)."""
+        model = call.model
         if keep == 0:
             _keep_alive(self.gateway, model, 0.0)
             return Response(reply.bare("unload"), media_type="application/json")
         if keep is not None:
             _keep_alive(self.gateway, model, keep)
         async with self.px.turns.admit(
-            model, priority, functools.partial(disconnected, request)
+            model, call.priority, functools.partial(disconnected, call.request)
         ) as slot:
             pass  # the model is loaded: the turn ends at once, using no slot
         return Response(reply.bare("load", slot.wait_s), media_type="application/json")

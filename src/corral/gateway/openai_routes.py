@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
-from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, priority_of, read_body, unknown_model
+from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, unknown_model
 from corral.gateway.errors import Forbidden, NotStored
 from corral.gateway.lifecycle import managed
 from corral.gateway.openapi import (
@@ -67,17 +67,12 @@ def openai_routes(px: Proxy) -> APIRouter:
         responses=content("*/*"),
     )
     async def upstream(request: Request, model: str, path: str) -> Response:
-        resolved = config.resolve(model)
-        if resolved is None or resolved not in gateway.backends:
-            raise unknown_model(model, config)
+        resolved = px.reader.model(model)
         refused = managed(request.method, path, model)
         if refused is not None:
             raise Forbidden(refused, code="managed_by_corral")
-        body = await read_body(request, px.max_body)
-        priority = priority_of(request, {})
-        if (sent := await px.elsewhere(request, resolved, body)) is not None:
-            return sent  # another node holds it: the raw route goes there too
-        return await px.serve(request, resolved, f"/{path}", body, priority)
+        # Another node that holds the model gets the raw route too.
+        return await px.route(await px.reader.raw(request, resolved, f"/{path}"), px.serve)
 
     # A stored response (read, cancel, delete, its input items) names no model, so the gateway
     # cannot tell which server holds it; Corral keeps none itself. The model's server is asked
