@@ -267,7 +267,9 @@ def test_an_alias_reaches_the_server_under_the_served_name_without_corral_fields
     run(tmp_path, ONE, test)
 
 
-def test_llama_swap_filters_rewrite_the_body_in_their_order_at_every_door(tmp_path: Path) -> None:
+def test_llama_swap_filters_rewrite_the_body_in_their_order_at_every_door_and_batch_line(
+    tmp_path: Path,
+) -> None:
     models = """
   alpha:
     upstream: {echo}
@@ -295,6 +297,25 @@ def test_llama_swap_filters_rewrite_the_body_in_their_order_at_every_door(tmp_pa
         assert second["top_k"] == 9
         assert "temperature" not in ollama
         assert (ollama["model"], ollama["top_k"]) == ("alpha", 9)
+        # A Batch API line reaches the server through the same rewrite.
+        line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions"}
+        line["body"] = chat("a", temperature=0.3, priority=3)
+        r = await c.client.post(
+            "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": ("in.jsonl", json.dumps(line).encode() + b"\n")},
+        )
+        batch = {"input_file_id": r.json()["id"], "endpoint": "/v1/chat/completions"}
+        r = await c.client.post("/v1/batches", json={**batch, "completion_window": "24h"})
+        assert r.status_code == 200, r.text
+        for _ in range(600):
+            if len(c.echo.seen) > 3:
+                break
+            await asyncio.sleep(0.05)
+        lined = c.echo.seen[3].json()
+        assert "temperature" not in lined
+        assert "priority" not in lined
+        assert (lined["model"], lined["top_k"]) == ("alpha", 9)
 
     run(tmp_path, models, test)
 

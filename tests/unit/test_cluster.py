@@ -8,13 +8,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from corral.config import ServerConfig, parse_config
 from corral.core.types import Lifecycle
 from corral.gateway.cluster import UNREACHABLE_S, Cluster
 from corral.gateway.runtime import Gateway
+from corral.gateway.upstream import Upstream
 from corral.store import MemoryStore
 
 CONFIG = """
@@ -39,10 +39,7 @@ def gw(tmp_path: Path) -> Iterator[Gateway]:
 
 
 def cluster(gw: Gateway, store: MemoryStore) -> Cluster:
-    def no_session() -> aiohttp.ClientSession:
-        raise AssertionError("not used here")
-
-    c = Cluster(store, gw, "http://me:1", no_session, window_s=10.0)
+    c = Cluster(store, gw, "http://me:1", Upstream(), window_s=10.0)  # never opened: no hop
     store.worker_seen(gw.node_id, ["a", "b"], url="http://me:1")
     return c
 

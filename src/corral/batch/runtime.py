@@ -19,15 +19,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-
 import corral
 from corral.batch.files import FileStorage
 from corral.batch.jsonl import KIND
 from corral.batch.service import BatchService
 from corral.batch.webhooks import Deliverer
 from corral.config import Config
+from corral.gateway.calls import outgoing
 from corral.gateway.runtime import Gateway
+from corral.gateway.upstream import Upstream
 from corral.ratelog import Throttle
 from corral.store import Store, StoreBusy, StoreUnavailable
 from corral.worker.registry import ModelHooks, Registry, current_device, current_task
@@ -41,23 +41,27 @@ _RETRY = {408, 429}
 
 
 def line_runner(
-    config: Config, gateway: Gateway, session: Callable[[], aiohttp.ClientSession]
+    config: Config, gateway: Gateway, upstream: Callable[[], Upstream]
 ) -> Callable[[Any], Awaitable[dict[str, Any]]]:
-    """The handler of batch-line tasks: POST the line's body to its model's server."""
+    """The handler of batch-line tasks: POST the line's body to its model's server, through
+    the gateway's one upstream client (a stale pooled connection is tried again; a server that
+    does not answer fails the attempt, tried again later)."""
 
     async def run_line(line: dict[str, Any]) -> dict[str, Any]:
-        body = dict(line["body"])
+        data = line["body"]
         ctx = current_task()
-        model = ctx.model if ctx is not None else config.resolve(body.get("model", ""))
+        model = ctx.model if ctx is not None else config.resolve(data.get("model", ""))
         if model is None or model not in gateway.backends:
             raise corral.Fail(json.dumps({"status_code": 404, "body": _err("model not served")}))
         backend = gateway.servers.backend_on(model, current_device())
-        body["model"] = backend.served_name
-        body.pop("priority", None)
+        # The server's own name for the model, no `priority`, the model's filters: as any door.
+        _, body = outgoing(config, backend.served_name, model, str(data.get("model")), data)
         url = f"{backend.proxy_url}{line['url']}"
-        async with session().post(url, json=body, headers=backend.headers) as resp:
-            raw = await resp.read()
-            request_id = resp.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
+        headers = {"Content-Type": "application/json", **backend.headers}
+        client = upstream()
+        resp = await client.send(backend, model, "POST", url, headers, body)
+        raw = await client.read(resp, backend, model)
+        request_id = resp.headers.get("x-request-id") or f"req_{uuid.uuid4().hex}"
         try:
             parsed: Any = json.loads(raw)
         except ValueError:
@@ -100,12 +104,12 @@ class BatchRuntime:
         self.service = BatchService(
             store, files, config.batch, config.resolve, max_line_bytes=int(line_mb * (1 << 20))
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
         registry = Registry()
         for name in gateway.backends:
             registry.add_model(ModelHooks(name))  # loads are the gateway's; no hooks here
         registry.add_handler(
-            KIND, next(iter(gateway.backends)), line_runner(config, gateway, self.session)
+            KIND, next(iter(gateway.backends)), line_runner(config, gateway, self.upstream)
         )
         # A short lease: after a crash, the restarted server takes the lines its last run held
         # within seconds (heartbeats renew it every second while a line runs).
@@ -121,12 +125,12 @@ class BatchRuntime:
         # cluster one node does (gateway/cluster.py), so a webhook is sent once.
         self.leads: Callable[[], bool] = lambda: True
 
-    def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "the batch runtime is not started"
-        return self._session
+    def upstream(self) -> Upstream:
+        assert self._upstream is not None, "the batch runtime is not started"
+        return self._upstream
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
+    def start(self, upstream: Upstream) -> None:
+        self._upstream = upstream
         sched = self.gateway.scheduler
         assert sched is not None, "start the gateway first"
         self.worker.attach(sched)

@@ -202,7 +202,7 @@ def create_app(
             batches.store,
             gateway,
             config.server.advertised_url(),
-            lambda: pool.session,
+            pool,
             window_s=batches.worker.settings.lease_s,
         )
         if batches is not None
@@ -214,7 +214,7 @@ def create_app(
         gateway.start()
         await pool.open()
         if batches is not None:
-            batches.start(pool.session)
+            batches.start(pool)
         preload = [m for name in config.server.preload if (m := config.resolve(name))]
         warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
         view = asyncio.ensure_future(cluster.run()) if cluster is not None else None

@@ -150,18 +150,31 @@ class Reader:
     def outgoing(
         self, model: str, name: str, data: dict[str, Any], sent: bytes | None = None
     ) -> tuple[dict[str, Any], bytes]:
-        """What `model`'s server gets of the JSON object `data`, as an object and as bytes (the
-        request named the model `name`; `sent`, its body as it came, goes on as it is when
-        nothing changes): its own name for the model, no `priority`, the model's filters."""
+        """What `model`'s server gets of `data` (see `outgoing`)."""
         served = self.served[model].served_name
-        m = self.config.models[model]
-        if sent is not None and name == served and "priority" not in data and m.filters is None:
-            return data, sent
-        out = {k: v for k, v in data.items() if k != "priority"}
-        if m.filters is not None:
-            rewrite(out, m.filters, name)
-        out["model"] = served
-        return out, json.dumps(out).encode()
+        return outgoing(self.config, served, model, name, data, sent)
+
+
+def outgoing(
+    config: Config,
+    served: str,
+    model: str,
+    name: str,
+    data: dict[str, Any],
+    sent: bytes | None = None,
+) -> tuple[dict[str, Any], bytes]:
+    """What `model`'s server (which knows it as `served`) gets of the JSON object `data`, as an
+    object and as bytes: the request named the model `name`; `sent`, its body as it came, goes
+    on as it is when nothing changes. The server's own name for the model, no `priority`, the
+    model's llama-swap filters (every door, and the Batch API's lines, send through this)."""
+    m = config.models[model]
+    if sent is not None and name == served and "priority" not in data and m.filters is None:
+        return data, sent
+    out = {k: v for k, v in data.items() if k != "priority"}
+    if m.filters is not None:
+        rewrite(out, m.filters, name)
+    out["model"] = served
+    return out, json.dumps(out).encode()
 
 
 def upstream_path(path: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,7 @@ from fastapi.responses import Response
 from corral.gateway.calls import Call
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
-from corral.gateway.upstream import DROP, DROP_BACK, relay
+from corral.gateway.upstream import DROP, DROP_BACK, Upstream, relay
 from corral.rendezvous import rendezvous
 from corral.store import Membership, StoreError
 
@@ -64,7 +63,7 @@ class Cluster:
         store: Membership,
         gateway: Gateway,
         url: str | None,
-        session: Callable[[], aiohttp.ClientSession],
+        upstream: Upstream,
         window_s: float,
         refresh_s: float = 0.5,
     ) -> None:
@@ -72,7 +71,7 @@ class Cluster:
         self.gateway = gateway
         self.node_id = gateway.node_id
         self.url = url
-        self._session = session
+        self.upstream = upstream  # the one client (upstream.py): it sends the hop too
         self.window_s = window_s  # a node silent this long is gone (its lease)
         self.refresh_s = refresh_s
         self.nodes: dict[str, Node] = {}  # every live node, this one included
@@ -151,12 +150,13 @@ class Cluster:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers[FORWARDED] = self.node_id
         try:
-            resp = await self._session().request(
+            resp = await self.upstream.request(
                 request.method,
                 url,
-                headers=headers,
-                data=body,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
+                headers,
+                body,
+                model,
+                aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S),
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             # Nothing was sent to a model: serving it here is safe.

@@ -1,10 +1,13 @@
-"""The gateway's one client to model servers: a pooled aiohttp session, the headers that never
-pass through (hop by hop, and Corral's own), the one call (`Upstream.send`, a server that does
-not answer raised as `UpstreamFailed`) and the one relay of a streamed answer (`relay`)."""
+"""The gateway's one client to model servers and to the other nodes of a cluster: a pooled
+aiohttp session, the headers that never pass through (hop by hop, and Corral's own), the one call
+(`Upstream.request`, with one retry on a stale connection; `Upstream.send`, a server that does
+not answer raised as `UpstreamFailed`) and the one relay of a streamed answer (`relay`). The
+proxy, the coalescer, the cluster hop and the Batch API's lines all send through it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 
@@ -56,6 +59,33 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
 
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        model: str,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
+        """Send a request for `model` (to its server, or to the cluster node that holds it);
+        the answer's headers, the body to read or relay. A pooled connection closed before any
+        byte of an answer is tried once more on a fresh one; other failures are raised as
+        aiohttp's (or TimeoutError)."""
+        kw: dict[str, Any] = {"headers": headers, "data": body}
+        if timeout is not None:
+            kw["timeout"] = timeout
+        try:
+            return await self.session.request(method, url, **kw)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise  # nothing listens: the server is down, not the connection stale
+            # Closed before any byte of an answer: most likely a pooled keep-alive connection
+            # the server had closed (some close after an error without saying so). One retry on
+            # a fresh connection; a dead server fails it at once.
+            self._retried(model)
+            return await self.session.request(method, url, **kw)
+
     async def send(
         self,
         backend: Backend,
@@ -65,20 +95,11 @@ class Upstream:
         headers: dict[str, str],
         body: bytes,
     ) -> aiohttp.ClientResponse:
-        """Send a request to `model`'s server (`backend`); its answer's headers, the body to
-        read or relay. A server that does not answer raises `UpstreamFailed` (502) once the
-        backend had a moment to notice the process exited."""
+        """Send a request to `model`'s server (`backend`), as `request` does. A server that
+        does not answer raises `UpstreamFailed` (502) once the backend had a moment to notice
+        the process exited."""
         try:
-            try:
-                return await self.session.request(method, url, headers=headers, data=body)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if isinstance(exc, aiohttp.ClientConnectorError):
-                    raise  # nothing listens: the server is down, not the connection stale
-                # Closed before any byte of an answer: most likely a pooled keep-alive
-                # connection the server had closed (some close after an error without saying
-                # so). One retry on a fresh connection; a dead server fails it at once.
-                self._retried(model)
-                return await self.session.request(method, url, headers=headers, data=body)
+            return await self.request(method, url, headers, body, model)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise await down(backend, model, exc) from None
 
