@@ -382,6 +382,8 @@ def test_a_bad_call_is_refused_naming_the_field(
         assert err["param"] == param, err
         assert says in err["message"], err
         assert c.echo.seen == []  # nothing reached the model
+        # Counted once, where it was answered (a name no model has is not a label).
+        assert c.metric("corral_requests_total", model="", status=str(status)) == 1
 
     run(tmp_path, ONE, test)
 
@@ -580,6 +582,8 @@ def test_ollama_refusals_are_in_ollama_shape(
         assert set(r.json()) == {"error"}
         assert isinstance(r.json()["error"], str)
         assert says in r.json()["error"]
+        counted = c.metric("corral_requests_total", model="", status=str(status))
+        assert counted == (path != "/api/show")  # a model request's refusal is counted once
 
     run(tmp_path, ONE, test)
 

@@ -88,7 +88,6 @@ class Turns:
         """Queue a request for `model`; 429 if `max_queue` interactive requests already wait."""
         m = self.config.models[model]
         if self.gateway.intake.pending(model) >= m.max_queue:
-            self.metrics.requests.labels(model, "429").inc()
             raise QueueFull(
                 f"model {model} has {m.max_queue} requests waiting (max_queue); retry later",
                 code="queue_full",
@@ -114,25 +113,13 @@ class Turns:
                     left.cancel()
             if not slot.turn.done():
                 slot.release()  # left the queue: never loads the model for nobody
-                status, error = (
-                    ("499", ClientLeft())
-                    if left is not None and left.done()
-                    else (
-                        "504",
-                        WaitTimeout(
-                            f"waited {m.request_timeout_s:g} s for model {slot.model} "
-                            "(request_timeout_s)",
-                            code="queue_timeout",
-                        ),
-                    )
+                if left is not None and left.done():
+                    raise ClientLeft()
+                raise WaitTimeout(
+                    f"waited {m.request_timeout_s:g} s for model {slot.model} (request_timeout_s)",
+                    code="queue_timeout",
                 )
-                self.metrics.requests.labels(slot.model, status).inc()
-                raise error
-        try:
-            slot.ready()
-        except ModelUnavailable:
-            self.metrics.requests.labels(slot.model, "503").inc()
-            raise
+        slot.ready()
         slot.wait_s = time.monotonic() - slot.arrived
         self.metrics.wait_seconds.labels(slot.model).observe(slot.wait_s)
 

@@ -9,6 +9,7 @@ body: `{"error": {"message", "type", "param", "code"}}` (`errors.py`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import re
 import tempfile
@@ -46,6 +47,7 @@ from corral.gateway.errors import (
 )
 from corral.gateway.guard import Guard
 from corral.gateway.llamaswap_routes import llamaswap_routes
+from corral.gateway.metrics import Metrics
 from corral.gateway.ollama_routes import OllamaDoor, ollama_routes
 from corral.gateway.openai_routes import openai_routes
 from corral.gateway.proxy import Proxy
@@ -138,8 +140,9 @@ class ModelRoutes:
     handler as pure ASGI, skipping FastAPI's routing and request machinery (a quarter of the
     gateway's CPU per request); everything else goes on to FastAPI."""
 
-    def __init__(self, app: ASGIApp, handle: Handler, ollama: Handler) -> None:
+    def __init__(self, app: ASGIApp, handle: Handler, ollama: Handler, metrics: Metrics) -> None:
         self.app = app
+        self.metrics = metrics
         self.handlers = dict.fromkeys(_MODEL_ROUTES, handle)
         self.handlers.update(dict.fromkeys(OllamaDoor.PATHS, ollama))
 
@@ -157,7 +160,8 @@ class ModelRoutes:
                 path = upstream_path(scope["path"])
                 try:
                     response = await handle(Request(scope, receive), path)
-                except GatewayError as exc:  # refused: answered here, once
+                except GatewayError as exc:  # refused: counted and answered here, once
+                    self.metrics.refused(exc)
                     response = exc.response()
                 if scope["path"] in _ANTHROPIC:  # Anthropic's clients read its error shape
                     response = as_anthropic(response)
@@ -242,7 +246,7 @@ def create_app(
         max_upload = int(config.batch.max_file_mb * 1024 * 1024)
         app.include_router(batch_routes(batches, max_upload))
         app.add_exception_handler(BatchError, batch_refused)
-    app.add_exception_handler(GatewayError, gateway_error)
+    app.add_exception_handler(GatewayError, functools.partial(_refused, gateway.metrics))
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(StoreBusy, store_unavailable)
@@ -251,7 +255,7 @@ def create_app(
     door = OllamaDoor(px)
     # In front of FastAPI's own middleware (its error, telemetry and body-limit layers): the
     # guard, then the API keys, then the model routes' fast path (CorralApp).
-    front: ASGIApp = ModelRoutes(app.asgi, handle=px.handle, ollama=door.handle)
+    front: ASGIApp = ModelRoutes(app.asgi, px.handle, door.handle, gateway.metrics)
     if keys:
         front = ApiKeys(front, keys=keys)
     app.front = RequestIds(Guard(front, allowed_hosts=config.server.allowed_hosts))
@@ -275,6 +279,19 @@ def _batch_runtime(config: Config, gateway: Gateway, data_dir: Path | None) -> B
         url = config.server.store or f"sqlite:///{root / 'corral.db'}"
     root.mkdir(parents=True, exist_ok=True)
     return BatchRuntime(config, gateway, open_store(url), FileStorage(root / "files"))
+
+
+async def _refused(metrics: Metrics, request: Request, exc: Exception) -> Response:
+    """A `GatewayError` raised in a FastAPI route; counted when the route is a model's (forms,
+    queries, the raw route), as the fast path counts its own."""
+    assert isinstance(exc, GatewayError)
+    path = request.url.path
+    if exc.model is not None or path in _SLOW_MODEL_ROUTES or path.startswith("/upstream/"):
+        metrics.refused(exc)
+    return await gateway_error(request, exc)
+
+
+_SLOW_MODEL_ROUTES = frozenset((*FORM_ROUTES, *GET_ROUTES))
 
 
 def _cookie(header: bytes, name: bytes) -> bytes:

@@ -155,7 +155,6 @@ class Coalescer:
         assert parsed is not None
         kind, inputs = parsed
         if self.queued + len(inputs) > self.settings.max_queued:
-            self.metrics.requests.labels(self.model, "503").inc()
             raise ModelUnavailable(
                 f"model {self.model} has {self.queued} inputs waiting to be batched "
                 f"(batch.max_queued {self.settings.max_queued}); retry shortly",

@@ -40,6 +40,7 @@ class GatewayError(Exception):
 
     status = 500
     kind = "api_error"
+    model: str | None = None  # the model the refused request is for, once known (metrics)
 
     def __init__(
         self,

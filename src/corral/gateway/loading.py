@@ -68,6 +68,12 @@ class LoadingStream:
             headers={"Cache-Control": "no-cache"},
         )
 
+    def _refused(self, call: Call, exc: GatewayError) -> bytes:
+        """A refusal after the 200 went out: counted, and told as an error event."""
+        exc.model = exc.model or call.model
+        self.turns.metrics.refused(exc)
+        return stream_error(exc.message)
+
     async def _events(self, call: Call, slot: Slot) -> AsyncIterator[bytes]:
         model, timeout_s = slot.model, self.config.models[slot.model].request_timeout_s
         try:
@@ -85,13 +91,13 @@ class LoadingStream:
             try:
                 await self.turns.wait(slot)
             except GatewayError as exc:
-                yield stream_error(exc.message)
+                yield self._refused(call, exc)
                 return
             yield _thinking(f"Model {model} is ready after {slot.wait_s:.1f} s\n\n")
             try:
                 answer = await self.answer(call, slot)
             except GatewayError as exc:
-                yield stream_error(exc.message)
+                yield self._refused(call, exc)
                 return
             if isinstance(answer, StreamingResponse):
                 inner = answer.body_iterator

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from corral.gateway.errors import GatewayError
 from corral.machine import GpuWatch
 
 # Waits and latencies span milliseconds (a resident model) to minutes (behind a long swap).
@@ -172,3 +173,8 @@ class Metrics:
         r.register(_Live(status))
         if gpus is not None:
             r.register(_Gpus(gpus))
+
+    def refused(self, exc: GatewayError) -> None:
+        """Count a model request the gateway refused, once, where its refusal is answered: by
+        its model where known (a name no model has is not a label: "" instead)."""
+        self.requests.labels(exc.model or "", str(exc.status)).inc()

@@ -130,7 +130,8 @@ class OllamaDoor:
     async def handle(self, request: Request, path: str) -> Response:
         try:
             return await self.answer(request, self.PATHS[path])
-        except GatewayError as exc:
+        except GatewayError as exc:  # refused: counted and answered here, once
+            self.px.metrics.refused(exc)
             return ollama_failure(exc)
 
     def lookup(self, name: Any) -> str | None:

@@ -23,7 +23,7 @@ from corral.gateway.admission import Slot, Turns, disconnected
 from corral.gateway.calls import Call, Reader
 from corral.gateway.cluster import Cluster, Unreachable
 from corral.gateway.coalesce import Coalescer
-from corral.gateway.errors import UpstreamFailed, upstream_body
+from corral.gateway.errors import GatewayError, UpstreamFailed, upstream_body
 from corral.gateway.loading import LoadingStream
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
@@ -65,15 +65,20 @@ class Proxy:
     # --- the steps ----------------------------------------------------------------------------
     async def route(self, call: Call, here: Here | None = None) -> Response:
         """The call's answer: the cluster node's that holds its model (the body as it came:
-        that node reads it itself), else this node's, from `here` (by default `serve_here`)."""
-        if self.cluster is not None:
-            node = self.cluster.destination(call)
-            if node is not None:
-                try:
-                    return await self.cluster.forward(call, node)
-                except Unreachable:
-                    pass  # nothing reached a model: it is served here (the cluster said so)
-        return await (here or self.serve_here)(call)
+        that node reads it itself), else this node's, from `here` (by default `serve_here`).
+        A refusal raised on the way names the call's model (its door counts and answers it)."""
+        try:
+            if self.cluster is not None:
+                node = self.cluster.destination(call)
+                if node is not None:
+                    try:
+                        return await self.cluster.forward(call, node)
+                    except Unreachable:
+                        pass  # nothing reached a model: it is served here (the cluster said so)
+            return await (here or self.serve_here)(call)
+        except GatewayError as exc:
+            exc.model = exc.model or call.model
+            raise
 
     async def serve_here(self, call: Call) -> Response:
         """On this node: an OpenAI JSON call may be coalesced (embeddings with `batch:`) or get
@@ -127,15 +132,11 @@ class Proxy:
         query = request.scope["query_string"]
         if query:
             url = f"{url}?{query.decode('latin-1')}"
-        try:
-            resp = await self.upstream.send(backend, model, request.method, url, headers, call.body)
-            sse = resp.headers.get("content-type", "").startswith("text/event-stream")
-            content = None
-            if not call.stream or resp.status >= 400 or (call.dialect is not None and not sse):
-                content = await self.upstream.read(resp, backend, model)  # small: read whole
-        except UpstreamFailed:
-            self.metrics.requests.labels(model, "502").inc()
-            raise
+        resp = await self.upstream.send(backend, model, request.method, url, headers, call.body)
+        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        content = None
+        if not call.stream or resp.status >= 400 or (call.dialect is not None and not sse):
+            content = await self.upstream.read(resp, backend, model)  # small: read whole
         if content is not None:
             return self._whole(call, slot, resp, content)
         return self._stream(call, slot, resp, backend, sse)
