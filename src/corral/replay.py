@@ -231,13 +231,15 @@ class _Events:
         self._stop.set()
 
 
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+
+
 async def _drive(
     url: str, trace: Trace, speed: float, t0: float, timings: dict[int, _Timing]
 ) -> list[str]:
     """Send every line at its time; returns the ids of the batches created."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
     batches: list[str] = []
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=None, limits=_LIMITS) as client:
 
         async def at(t: float) -> None:
             delay = t0 + t / speed - time.time()
@@ -278,22 +280,7 @@ async def _drive(
 
         async def batch(t: float, lines: list[TraceLine]) -> None:
             await at(t)
-            text = "".join(
-                json.dumps(
-                    {
-                        "custom_id": f"line-{x.line}",
-                        "method": "POST",
-                        "url": "/v1/completions",
-                        "body": {
-                            "model": x.model,
-                            "prompt": f"line {x.line}",
-                            "max_tokens": _tokens(x, speed),
-                        },
-                    }
-                )
-                + "\n"
-                for x in lines
-            )
+            text = _batch_file(lines, speed)
             for x in lines:
                 timings[x.line].arrived = time.time()
             f = await client.post(
@@ -325,12 +312,37 @@ async def _drive(
         jobs += [session(lines) for lines in sessions.values()]
         jobs += [batch(t, lines) for t, lines in batch_at.items()]
         await asyncio.gather(*jobs)
-        while batches:  # wait for the batches to end
-            states = [(await client.get(f"/v1/batches/{b}")).json()["status"] for b in batches]
-            if all(s in ("completed", "failed", "expired", "cancelled") for s in states):
-                break
-            await asyncio.sleep(0.1)
+        await _ended(client, batches)
     return batches
+
+
+def _batch_file(lines: list[TraceLine], speed: float) -> str:
+    """The Batch API input file (JSONL) of a trace's batch lines."""
+    return "".join(
+        json.dumps(
+            {
+                "custom_id": f"line-{x.line}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {
+                    "model": x.model,
+                    "prompt": f"line {x.line}",
+                    "max_tokens": _tokens(x, speed),
+                },
+            }
+        )
+        + "\n"
+        for x in lines
+    )
+
+
+async def _ended(client: httpx.AsyncClient, batches: list[str]) -> None:
+    """Returns once every batch of `batches` has ended."""
+    while batches:
+        states = [(await client.get(f"/v1/batches/{b}")).json()["status"] for b in batches]
+        if all(s in ("completed", "failed", "expired", "cancelled") for s in states):
+            return
+        await asyncio.sleep(0.1)
 
 
 def _batch_timings(folder: Path, batches: list[str], timings: dict[int, _Timing]) -> None:

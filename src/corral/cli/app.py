@@ -28,6 +28,8 @@ from corral.policy_names import POLICY_NAMES, SIM_POLICY_NAMES, PolicyName, SimP
 # simulator's, the config's and the worker's imports would take, and the demo's swaps are that
 # much faster.
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.config import Config
     from corral.sim.engine import Run
     from corral.sim.trace import Trace
@@ -381,11 +383,7 @@ def serve_cmd(
     ] = False,
 ) -> None:
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
-    import logging
-
     from corral.config.serve import ServeOptions, compose
-    from corral.gateway.app import create_app
-    from corral.gateway.demo import data_dir
 
     options = ServeOptions(config_path, listen, policy, list(models or []), llama_server)
     try:
@@ -399,18 +397,32 @@ def serve_cmd(
         err_console.print(escape(note), highlight=False)
     for warning in composed.warnings:
         err_console.print(f"[yellow]warning[/yellow]: {escape(warning)}", highlight=False)
-    log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
-    host, _, port = config.server.listen.rpartition(":")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
-    served = [n for n, m in config.models.items() if m.cmd or m.upstream]
-    batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
     watched = None
     if watch:
         paths = [p for p in [config_path, *folders] if p is not None]
         if not paths:
             raise _fail(CorralError("--watch needs a config file (--config) or --models DIR"))
         watched = (paths, lambda: compose(options).config)
+    _serve(config, title, watched)
+
+
+def _serve(
+    config: Config, title: str, watched: tuple[list[Path], Callable[[], Config]] | None
+) -> None:
+    """Start the gateway on `config` (called `title` in its first line) and serve until a
+    signal; `watched`: the paths `--watch` watches and how to compose the config again."""
+    import logging
+
+    from corral.gateway.app import create_app
+    from corral.gateway.connections import run_server, with_header_timeout
+    from corral.gateway.demo import data_dir
+
+    log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
+    host, _, port = config.server.listen.rpartition(":")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
+    served = [n for n, m in config.models.items() if m.cmd or m.upstream]
+    batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
     app = create_app(config, log_dir, data_dir(), watched)
     try:
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
@@ -427,8 +439,6 @@ def serve_cmd(
         ),
         highlight=False,
     )
-    from corral.gateway.connections import run_server, with_header_timeout
-
     srv = config.server
     run_server(
         app,

@@ -371,10 +371,14 @@ class Simulation:
             else:
                 key = ev[3]
                 sched.on_timer(key)
-        for (model, device), since in self._resident_since.items():
-            self._run.segments.append(Segment(device, model, "resident", since, self.now))
         if progress is not None:
             progress(total, total)
+        return self._ended()
+
+    def _ended(self) -> Run:
+        """The run, once no event is left: residencies closed, every request checked."""
+        for (model, device), since in self._resident_since.items():
+            self._run.segments.append(Segment(device, model, "resident", since, self.now))
         if self.check:
             stuck = [
                 r

@@ -15,6 +15,7 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corral.errors import Problem, TraceError
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
@@ -84,12 +85,73 @@ def _number(
     return float(v)
 
 
+def _line(
+    obj: dict[str, Any], lineno: int, known: set[str], sessions_seen: set[str], errs: list[str]
+) -> TraceLine | None:
+    """One line's request, or None with what is wrong with it added to `errs`."""
+    allowed = set(ALLOWED_KEYS)
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        errs.append(
+            f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}"
+            f" (allowed: {', '.join(ALLOWED_KEYS)})"
+        )
+    model = obj.get("model")
+    if model is None:
+        errs.append("missing key 'model'")
+    elif not isinstance(model, str) or model not in known:
+        errs.append(f"unknown model {model!r} (the config has: {', '.join(sorted(known))})")
+    if "service_s" not in obj:
+        errs.append("missing key 'service_s'")
+    service_s = _number(obj, "service_s", errs, positive=True)
+    t = _number(obj, "t", errs)
+    think_s = _number(obj, "think_s", errs)
+    priority = obj.get("priority", 0)
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+    ):
+        errs.append(
+            f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; got {priority!r}"
+        )
+    klass = obj.get("class", "interactive")
+    if klass not in CLASSES:
+        errs.append(f"class must be 'interactive' or 'batch'; got {klass!r}")
+    session = obj.get("session")
+    if session is None:
+        if "t" not in obj:
+            errs.append("missing key 't' (open loop) or 'session' (closed loop)")
+        if "think_s" in obj:
+            errs.append("think_s needs a 'session'")
+    elif not isinstance(session, str) or not session:
+        errs.append(f"session must be a non-empty string; got {session!r}")
+    elif session in sessions_seen and "t" in obj:
+        errs.append(f"t is allowed only on session {session!r}'s first line")
+    if errs:
+        return None
+    if isinstance(session, str):
+        sessions_seen.add(session)
+    assert isinstance(model, str)
+    assert service_s is not None
+    assert isinstance(priority, int)
+    return TraceLine(
+        lineno,
+        model,
+        service_s,
+        priority,
+        t,
+        session if isinstance(session, str) else None,
+        think_s or 0.0,
+        klass == "batch",
+    )
+
+
 def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<trace>") -> Trace:
     """Parse and validate trace lines; raise `TraceError` naming each bad line (first 20)."""
     out: list[TraceLine] = []
     problems: list[Problem] = []
     sessions_seen: set[str] = set()
-    allowed = set(ALLOWED_KEYS)
     known = set(models)
     for lineno, raw in enumerate(lines, start=1):
         text = raw.strip()
@@ -104,63 +166,9 @@ def parse_trace(lines: Iterable[str], models: Collection[str], source: str = "<t
         if obj is not None and not isinstance(obj, dict):
             errs.append("each line must be a JSON object")
         if isinstance(obj, dict):
-            unknown = [k for k in obj if k not in allowed]
-            if unknown:
-                errs.append(
-                    f"unknown key{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}"
-                    f" (allowed: {', '.join(ALLOWED_KEYS)})"
-                )
-            model = obj.get("model")
-            if model is None:
-                errs.append("missing key 'model'")
-            elif not isinstance(model, str) or model not in known:
-                errs.append(f"unknown model {model!r} (the config has: {', '.join(sorted(known))})")
-            if "service_s" not in obj:
-                errs.append("missing key 'service_s'")
-            service_s = _number(obj, "service_s", errs, positive=True)
-            t = _number(obj, "t", errs)
-            think_s = _number(obj, "think_s", errs)
-            priority = obj.get("priority", 0)
-            if (
-                isinstance(priority, bool)
-                or not isinstance(priority, int)
-                or not PRIORITY_MIN <= priority <= PRIORITY_MAX
-            ):
-                errs.append(
-                    f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; "
-                    f"got {priority!r}"
-                )
-            klass = obj.get("class", "interactive")
-            if klass not in CLASSES:
-                errs.append(f"class must be 'interactive' or 'batch'; got {klass!r}")
-            session = obj.get("session")
-            if session is None:
-                if "t" not in obj:
-                    errs.append("missing key 't' (open loop) or 'session' (closed loop)")
-                if "think_s" in obj:
-                    errs.append("think_s needs a 'session'")
-            elif not isinstance(session, str) or not session:
-                errs.append(f"session must be a non-empty string; got {session!r}")
-            elif session in sessions_seen and "t" in obj:
-                errs.append(f"t is allowed only on session {session!r}'s first line")
-            if not errs:
-                if isinstance(session, str):
-                    sessions_seen.add(session)
-                assert isinstance(model, str)
-                assert service_s is not None
-                assert isinstance(priority, int)
-                out.append(
-                    TraceLine(
-                        lineno,
-                        model,
-                        service_s,
-                        priority,
-                        t,
-                        session if isinstance(session, str) else None,
-                        think_s or 0.0,
-                        klass == "batch",
-                    )
-                )
+            line = _line(obj, lineno, known, sessions_seen, errs)
+            if line is not None:
+                out.append(line)
         for e in errs:
             problems.append(Problem(source, lineno, "", e))
         if len(problems) >= _MAX_PROBLEMS:
