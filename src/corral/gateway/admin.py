@@ -36,8 +36,9 @@ class EventStream(StreamingResponse):
 def admin_routes(
     config: Config, gateway: Gateway, batches: BatchRuntime | None, cluster: Cluster | None = None
 ) -> APIRouter:
+    """Corral's own routes: health, a model's logs, load and unload, the status, its events,
+    the dashboard and the metrics."""
     router = APIRouter()
-    metrics = gateway.metrics
 
     # A thread of its own: through an outage the default executor's threads all wait on the
     # store's retries, and a health check queued behind them would answer only once it ended.
@@ -54,6 +55,14 @@ def admin_routes(
         except StoreError as exc:
             return {"status": "degraded", "store": str(exc)}
         return {"status": "ok", "store": "ok"}
+
+    _operations(router, config, gateway)
+    _views(router, gateway, batches, cluster)
+    return router
+
+
+def _operations(router: APIRouter, config: Config, gateway: Gateway) -> None:
+    """A model's logs, and the load and unload API."""
 
     @router.get("/api/models/{model}/logs", response_class=PlainTextResponse)
     async def logs(model: str, lines: int = 200) -> Response:
@@ -100,6 +109,13 @@ def admin_routes(
             {"model": model, "state": state}, status_code=202 if changed and not wait else 200
         )
 
+
+def _views(
+    router: APIRouter, gateway: Gateway, batches: BatchRuntime | None, cluster: Cluster | None
+) -> None:
+    """The status, its events, the dashboard and the metrics."""
+    metrics = gateway.metrics
+
     @router.get("/api/events", response_class=EventStream)
     async def events(request: Request) -> Response:
         """Server-sent events: the current status first, then every state change."""
@@ -142,8 +158,6 @@ def admin_routes(
             out["cluster"] = cluster.status()
         out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
         return out
-
-    return router
 
 
 def _sse(kind: str, data: dict[str, Any]) -> bytes:

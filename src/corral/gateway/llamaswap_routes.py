@@ -34,6 +34,7 @@ log = logging.getLogger("corral.gateway")
 
 
 def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
+    """llama-swap's own routes: what runs, unloading, the servers' logs, its version."""
     router = APIRouter(include_in_schema=False)
 
     def unload(models: list[str]) -> None:
@@ -85,6 +86,23 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
         unload([resolved])
         return PlainTextResponse("OK")
 
+    _logs(router, gateway)
+
+    @router.api_route("/api/version", methods=["GET", "HEAD"])  # Ollama's clients ask too
+    async def version() -> Response:
+        """Ollama's clients compare `version` with the least one they need (0.1.0, Corral's
+        own, was refused, issue 39): it is the Ollama release whose API Corral's door speaks;
+        llama-swap's `commit` names Corral's own version."""
+        return JSONResponse(
+            {"version": OLLAMA_API_VERSION, "commit": f"corral {__version__}", "build_date": ""}
+        )
+
+    return router
+
+
+def _logs(router: APIRouter, gateway: Gateway) -> None:
+    """llama-swap's `/logs` (the servers' last lines) and `/logs/stream` (and what follows)."""
+
     @router.get("/logs")
     async def logs() -> Response:
         lines = []
@@ -126,17 +144,6 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
                         yield gateway.redact(f"[{name}] {text}\n").encode()
 
         return StreamingResponse(lines(), media_type="text/plain; charset=utf-8")
-
-    @router.api_route("/api/version", methods=["GET", "HEAD"])  # Ollama's clients ask too
-    async def version() -> Response:
-        """Ollama's clients compare `version` with the least one they need (0.1.0, Corral's
-        own, was refused, issue 39): it is the Ollama release whose API Corral's door speaks;
-        llama-swap's `commit` names Corral's own version."""
-        return JSONResponse(
-            {"version": OLLAMA_API_VERSION, "commit": f"corral {__version__}", "build_date": ""}
-        )
-
-    return router
 
 
 def _size(path: Path) -> int:

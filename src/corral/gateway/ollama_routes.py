@@ -264,27 +264,8 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     @router.get("/api/ps")
     async def ps() -> Response:
         status = gateway.status()["models"]
-        out = []
-        for name in _listed(config, gateway):
-            s = status[name]
-            if s["state"] != "ready":
-                continue
-            entry = _entry(name, config.models[name])
-            if s["unloads_in_s"] is not None:
-                entry["expires_at"] = _iso(time.time() + s["unloads_in_s"])
-            elif s["ttl_s"] is not None and s["idle_s"] is None:  # busy: from its next idle
-                entry["expires_at"] = _iso(time.time() + s["ttl_s"])
-            else:
-                entry["expires_at"] = _FOREVER
-            memory_gb = config.models[name].memory_gb or 0.0
-            entry["size_vram"] = 0 if _cpu(s["device"]) else int(memory_gb * 1e9)
-            entry["size"] = int(memory_gb * 1e9) or entry["size"]
-            context = _context(config.models[name])
-            if context:
-                entry["context_length"] = context
-            del entry["modified_at"]
-            out.append(entry)
-        return JSONResponse({"models": out})
+        loaded = [n for n in _listed(config, gateway) if status[n]["state"] == "ready"]
+        return JSONResponse({"models": [_loaded(n, config.models[n], status[n]) for n in loaded]})
 
     @router.post("/api/show")
     async def show(request: Request) -> Response:
@@ -340,6 +321,25 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     router.add_api_route("/api/delete", store_command, methods=["DELETE"])
 
     return router
+
+
+def _loaded(name: str, m: ModelConfig, s: dict[str, Any]) -> dict[str, Any]:
+    """A loaded model as `/api/ps` lists it (`s`: its `/api/status` entry)."""
+    entry = _entry(name, m)
+    if s["unloads_in_s"] is not None:
+        entry["expires_at"] = _iso(time.time() + s["unloads_in_s"])
+    elif s["ttl_s"] is not None and s["idle_s"] is None:  # busy: from its next idle
+        entry["expires_at"] = _iso(time.time() + s["ttl_s"])
+    else:
+        entry["expires_at"] = _FOREVER
+    memory_gb = m.memory_gb or 0.0
+    entry["size_vram"] = 0 if _cpu(s["device"]) else int(memory_gb * 1e9)
+    entry["size"] = int(memory_gb * 1e9) or entry["size"]
+    context = _context(m)
+    if context:
+        entry["context_length"] = context
+    del entry["modified_at"]
+    return entry
 
 
 def _no_insert(name: str, response: Response) -> Response:

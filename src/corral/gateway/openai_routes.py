@@ -36,9 +36,16 @@ async def _query(px: Proxy, path: str, request: Request) -> Response:
 
 
 def openai_routes(px: Proxy) -> APIRouter:
-    """`/v1/models` and the raw pass-through `/upstream/{model}/{path}`."""
+    """`/v1/models`, the model routes, the raw pass-through `/upstream/{model}/{path}` and the
+    Responses API's routes Corral refuses with their reason."""
     router = APIRouter()
-    config, gateway = px.config, px.gateway
+    _model_routes(router, px)
+    _responses(router)
+    _models(router, px.config, px.gateway)
+    return router
+
+
+def _model_routes(router: APIRouter, px: Proxy) -> None:
     answers = content("application/json", "text/event-stream")
 
     # The model routes: `ModelRoutes` serves them before FastAPI routes anything; these are
@@ -74,6 +81,17 @@ def openai_routes(px: Proxy) -> APIRouter:
         # Another node that holds the model gets the raw route too.
         return await px.route(await px.reader.raw(request, resolved, f"/{path}"), px.serve)
 
+    for route in FORM_ROUTES:
+        router.add_api_route(
+            route, functools.partial(_form, px, route), methods=["POST"], include_in_schema=False
+        )
+    for route in GET_ROUTES:
+        router.add_api_route(
+            route, functools.partial(_query, px, route), methods=["GET"], include_in_schema=False
+        )
+
+
+def _responses(router: APIRouter) -> None:
     # A stored response (read, cancel, delete, its input items) names no model, so the gateway
     # cannot tell which server holds it; Corral keeps none itself. The model's server is asked
     # directly through the raw route.
@@ -114,15 +132,8 @@ def openai_routes(px: Proxy) -> APIRouter:
         # The reason is what a client shows of a close (123 bytes at most).
         await socket.close(code=1008, reason="Corral serves the Responses API over HTTP only")
 
-    for route in FORM_ROUTES:
-        router.add_api_route(
-            route, functools.partial(_form, px, route), methods=["POST"], include_in_schema=False
-        )
-    for route in GET_ROUTES:
-        router.add_api_route(
-            route, functools.partial(_query, px, route), methods=["GET"], include_in_schema=False
-        )
 
+def _models(router: APIRouter, config: Config, gateway: Gateway) -> None:
     @router.get("/v1/models/{model_id:path}", response_model=ModelObject)
     async def model(model_id: str) -> Response:
         """One model, as `client.models.retrieve(id)` reads it (aliases answer too)."""
@@ -152,8 +163,6 @@ def openai_routes(px: Proxy) -> APIRouter:
                 ],
             }
         )
-
-    return router
 
 
 # Scheduler states as llama-swap names them in /v1/models (Open WebUI shows them).
