@@ -16,7 +16,7 @@ from starlette.formparsers import MultiPartParser
 
 from corral.batch.files import FileStorage, TooLarge
 from corral.batch.runtime import BatchRuntime
-from corral.batch.service import BatchError, expires_after_s
+from corral.batch.service import BatchError, BatchService, expires_after_s
 from corral.gateway.errors import InvalidRequest, error, no_space_error
 from corral.gateway.openapi import (
     BatchList,
@@ -37,69 +37,81 @@ throttle = Throttle(log)
 
 
 def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
+    """The Batch API's routes: `/v1/files` and `/v1/batches`."""
     router = APIRouter()
-    svc = runtime.service
+    _file_routes(router, runtime.service, max_upload_bytes)
+    _batch_routes(router, runtime.service)
+    return router
 
-    async def call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kw)
 
+async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """`fn` (a store's, blocking) in a thread."""
+    return await asyncio.to_thread(fn, *args, **kw)
+
+
+async def _upload(svc: BatchService, max_upload_bytes: int, request: Request) -> Response:
+    """An upload to `/v1/files` (its route's docstring says how)."""
+    limit = max_upload_bytes + 64 * 1024  # the file, and room for the other fields
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return _too_large(max_upload_bytes)
+
+    async def counted() -> AsyncGenerator[bytes, None]:
+        # Counted as the bytes arrive: a chunked upload without Content-Length is refused
+        # the moment it passes the limit, not after it was read and spooled whole.
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit:
+                raise TooLarge(f"over {limit} bytes")
+            yield chunk
+
+    parser = MultiPartParser(request.headers, counted(), max_files=1, max_fields=8)
+    try:
+        form = await parser.parse()
+    except TooLarge:
+        return _too_large(max_upload_bytes)
+    except OSError as exc:  # the parser spools file parts to the temporary folder
+        if not no_space(exc):
+            raise
+        return no_space_error(f"the temporary folder ({tempfile.gettempdir()})")
+    except Exception as exc:  # the parser's errors have no common base to catch
+        raise InvalidRequest(f"bad multipart body: {exc}") from None
+    try:
+        part, purpose = form.get("file"), form.get("purpose")
+        if not isinstance(part, StarletteUploadFile):
+            raise InvalidRequest("missing the `file` part", param="file")
+        if purpose != "batch":
+            raise InvalidRequest(f"purpose must be 'batch'; got {purpose!r}", param="purpose")
+        keep_s = None
+        if "expires_after[anchor]" in form or "expires_after[seconds]" in form:
+            fields = {
+                "anchor": form.get("expires_after[anchor]"),
+                "seconds": form.get("expires_after[seconds]"),
+            }
+            keep_s = expires_after_s(fields, "expires_after")
+        file_id = FileStorage.new_id()
+        try:
+            size = await svc.files.save(file_id, _chunks(part), max_upload_bytes)
+        except TooLarge:
+            return _too_large(max_upload_bytes)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            return no_space_error(f"the files folder ({svc.files.root})")
+        name = part.filename or "upload.jsonl"
+        f = await _call(svc.add_file, file_id, name, purpose, size, keep_s)
+    finally:
+        await form.close()
+    return JSONResponse(svc.file_object(f))
+
+
+def _file_routes(router: APIRouter, svc: BatchService, max_upload_bytes: int) -> None:
     @router.post("/v1/files", openapi_extra=form_body(FileUpload), response_model=FileObject)
     async def upload(request: Request) -> Response:
         """Multipart `file` and `purpose`. The parser spools the file part to disk past 1 MB,
         and it is copied from there in 1 MB chunks: never in memory whole."""
-        limit = max_upload_bytes + 64 * 1024  # the file, and room for the other fields
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            return _too_large(max_upload_bytes)
-
-        async def counted() -> AsyncGenerator[bytes, None]:
-            # Counted as the bytes arrive: a chunked upload without Content-Length is refused
-            # the moment it passes the limit, not after it was read and spooled whole.
-            seen = 0
-            async for chunk in request.stream():
-                seen += len(chunk)
-                if seen > limit:
-                    raise TooLarge(f"over {limit} bytes")
-                yield chunk
-
-        parser = MultiPartParser(request.headers, counted(), max_files=1, max_fields=8)
-        try:
-            form = await parser.parse()
-        except TooLarge:
-            return _too_large(max_upload_bytes)
-        except OSError as exc:  # the parser spools file parts to the temporary folder
-            if not no_space(exc):
-                raise
-            return no_space_error(f"the temporary folder ({tempfile.gettempdir()})")
-        except Exception as exc:  # the parser's errors have no common base to catch
-            raise InvalidRequest(f"bad multipart body: {exc}") from None
-        try:
-            part, purpose = form.get("file"), form.get("purpose")
-            if not isinstance(part, StarletteUploadFile):
-                raise InvalidRequest("missing the `file` part", param="file")
-            if purpose != "batch":
-                raise InvalidRequest(f"purpose must be 'batch'; got {purpose!r}", param="purpose")
-            keep_s = None
-            if "expires_after[anchor]" in form or "expires_after[seconds]" in form:
-                fields = {
-                    "anchor": form.get("expires_after[anchor]"),
-                    "seconds": form.get("expires_after[seconds]"),
-                }
-                keep_s = expires_after_s(fields, "expires_after")
-            file_id = FileStorage.new_id()
-            try:
-                size = await svc.files.save(file_id, _chunks(part), max_upload_bytes)
-            except TooLarge:
-                return _too_large(max_upload_bytes)
-            except OSError as exc:
-                if not no_space(exc):
-                    raise
-                return no_space_error(f"the files folder ({svc.files.root})")
-            name = part.filename or "upload.jsonl"
-            f = await call(svc.add_file, file_id, name, purpose, size, keep_s)
-        finally:
-            await form.close()
-        return JSONResponse(svc.file_object(f))
+        return await _upload(svc, max_upload_bytes, request)
 
     @router.get("/v1/files", response_model=FileList)
     async def list_files(
@@ -108,23 +120,25 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
         order: Literal["asc", "desc"] = "desc",
     ) -> Response:
-        page, more = await call(svc.list_files, purpose, after, limit, order)
+        page, more = await _call(svc.list_files, purpose, after, limit, order)
         return JSONResponse(_page([svc.file_object(f) for f in page], more))
 
     @router.get("/v1/files/{file_id}", response_model=FileObject)
     async def get_file(file_id: str) -> Response:
-        return JSONResponse(svc.file_object(await call(svc.file, file_id)))
+        return JSONResponse(svc.file_object(await _call(svc.file, file_id)))
 
     @router.delete("/v1/files/{file_id}", response_model=FileDeleted)
     async def delete_file(file_id: str) -> Response:
-        f = await call(svc.delete_file, file_id)
+        f = await _call(svc.delete_file, file_id)
         return JSONResponse({"id": f.id, "object": "file", "deleted": True})
 
     @router.get("/v1/files/{file_id}/content", responses=content("application/jsonl"))
     async def file_content(file_id: str) -> Response:
-        f = await call(svc.file, file_id, read=True)
+        f = await _call(svc.file, file_id, read=True)
         return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
 
+
+def _batch_routes(router: APIRouter, svc: BatchService) -> None:
     @router.post(
         "/v1/batches", openapi_extra=json_body(CreateBatchRequest), response_model=BatchObject
     )
@@ -140,7 +154,7 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
                 raise InvalidRequest(
                     f"missing `{key}`", param=key, code="missing_required_parameter"
                 )
-        b = await call(
+        b = await _call(
             svc.create,
             body["input_file_id"],
             body["endpoint"],
@@ -151,25 +165,23 @@ def routes(runtime: BatchRuntime, max_upload_bytes: int) -> APIRouter:
             body.get("model"),
             body.get("output_expires_after"),
         )
-        return JSONResponse(await call(svc.object, b))
+        return JSONResponse(await _call(svc.object, b))
 
     @router.get("/v1/batches", response_model=BatchList)
     async def list_batches(
         after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
     ) -> Response:
-        page, more = await call(svc.list_batches, after, limit)
-        objects = [await call(svc.object, b) for b in page]
+        page, more = await _call(svc.list_batches, after, limit)
+        objects = [await _call(svc.object, b) for b in page]
         return JSONResponse(_page(objects, more))
 
     @router.get("/v1/batches/{batch_id}", response_model=BatchObject)
     async def get_batch(batch_id: str) -> Response:
-        return JSONResponse(await call(svc.object, await call(svc.batch, batch_id)))
+        return JSONResponse(await _call(svc.object, await _call(svc.batch, batch_id)))
 
     @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchObject)
     async def cancel_batch(batch_id: str) -> Response:
-        return JSONResponse(await call(svc.object, await call(svc.cancel, batch_id)))
-
-    return router
+        return JSONResponse(await _call(svc.object, await _call(svc.cancel, batch_id)))
 
 
 async def refused(_: Request, exc: Exception) -> Response:
