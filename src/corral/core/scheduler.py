@@ -24,10 +24,11 @@ Shared rules, whatever the policy (see docs/design/scheduler.md):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 from corral.config import Config, ModelConfig
 from corral.core.aborts import Aborts
+from corral.core.backlog import Backlog, Level
 from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
@@ -38,7 +39,7 @@ from corral.core.stretch import Stretch
 from corral.core.swaps import LINGER_TIMER, Swaps
 from corral.core.tiers import SchedulerBug, Tiers
 from corral.core.traffic import demands
-from corral.core.types import Lifecycle, Request, RequestState
+from corral.core.types import Grant, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
 _RUNNING = RequestState.RUNNING
@@ -85,6 +86,7 @@ class Scheduler:
         # The bound the load leaves room for (core/stretch.py): the configured bounds are
         # stretched to it while the switches they force would not fit.
         self.stretch = Stretch(self._max_wait_s)
+        self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
         self.policy.stretch = self.stretch
         self._solo = self._one_at_a_time()
         self._strict = self.policy.strict_order
@@ -242,10 +244,16 @@ class Scheduler:
         self._need_decide = True
         self._settle(now)
 
-    def on_request_finished(self, r: Request) -> None:
-        """A dispatched request ended (success or failure alike). Idempotent."""
+    def on_request_finished(self, r: Request) -> bool:
+        """A dispatched request ended (success or failure alike). Idempotent. Returns True if
+        its slot stays taken instead: a backlog's last slot of a model whose count may be off,
+        until an exact count comes (`on_backlog`; the adapter should send one soon)."""
         if r.state is not _RUNNING:
-            return
+            return False
+        if self.backlog.unsettled:
+            q = self.models[r.model]
+            if self.backlog.parks(r, q.queue.count == 0 and q.in_flight <= 1):
+                return True
         now = self._clock()
         r.state = RequestState.DONE
         r.finished_at = now
@@ -256,6 +264,21 @@ class Scheduler:
             m = m.copy_on(r.device) or m
         m.in_flight -= 1
         self._after_slot_freed(m, now)
+        return False
+
+    def on_backlog(self, grant: Grant, slots: Mapping[str, Mapping[Level, int] | int]) -> None:
+        """An adapter that hands its work out by count (the worker: tasks in its store) says
+        how much of it waits, per model: slots of work per level ((interactive, priority)),
+        exactly, or an upper bound on them all while its count may be off (tasks moving). The
+        scheduler keeps that many pending requests of its own for the adapter, each granted
+        through `grant`, adding new ones in level order across models (core/backlog.py)."""
+        for r in self.backlog.report(self, grant, slots):
+            self.on_request_finished(r)  # settled: a parked last slot ends now
+
+    def on_backlog_moved(self, model: str) -> None:
+        """Tasks of `model` move between the adapter's store and the adapter: until its next
+        exact count, its last slot that ends stays taken, so it never looks idle with work."""
+        self.backlog.moved(model)
 
     def on_cancel(self, r: Request) -> bool:
         """The submitter gave up on `r`. A pending request leaves the queue (never triggers a

@@ -1,12 +1,13 @@
 """The worker: drains a `Store` in the order the scheduler core decides.
 
-It runs the real `Scheduler` and implements its `Effects`. Every task the store could hand out
-now is mirrored into the scheduler as a stand-in `Request` of its model and level (service class and
-priority), refreshed every `poll_s`; a stand-in stands for a slot of tasks (one, a batched kind's
-batch, or a run of short tasks). When the scheduler dispatches stand-ins, the worker claims their
-tasks of that model in one call (several workers may share a database: the claim is the atomic
-step, and a stand-in that finds nothing left simply ends): `worker/claims.py`. `worker/execute.py`
-runs and commits them. Loads and unloads run the models' in-process hooks.
+It runs the real `Scheduler` and implements its `Effects`. Every `poll_s` (or when woken) it
+reports what waits to the scheduler (`Scheduler.on_backlog`): per model, the slots of tasks the
+store could hand out now and the worker holds, per level (service class and priority); a slot is
+one task, a batched kind's batch, or a run of short tasks. The scheduler keeps a request of its
+own per slot and decides when a model is idle (core/backlog.py). When it grants requests, the
+worker claims their tasks of that model in one call (several workers may share a database: the
+claim is the atomic step, and a slot that finds nothing left simply ends): `worker/claims.py`.
+`worker/execute.py` runs and commits them. Loads and unloads run the models' in-process hooks.
 
 One asyncio task owns the scheduler. Effects only schedule work, and outcomes come back as
 scheduler events from the same loop, so nothing re-enters and no lock is needed. Store calls run
@@ -26,10 +27,11 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from corral.config import Config
-from corral.core import Request, RequestState, Scheduler
+from corral.core import Request, Scheduler
+from corral.core.backlog import Level as Slots
 from corral.errors import CorralError
 from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
@@ -47,16 +49,6 @@ from corral.worker.settings import WorkerSettings
 __all__ = ["Worker", "WorkerSettings"]
 
 log = logging.getLogger("corral.worker")
-
-
-class StandIn(Request):
-    """A scheduler request standing for 'one claimable task of this model and level'."""
-
-    __slots__ = ()
-
-    @property
-    def key(self) -> tuple[str, Level]:
-        return (self.model, (not self.background, self.priority))
 
 
 class Worker:
@@ -88,7 +80,7 @@ class Worker:
             )
         self.models = [m for m in config.models if m in set(registry.model_names())]
         # Tasks per scheduling slot and how long a slot waits to fill (batched handlers): the
-        # scheduler sees one stand-in per slot, so its service estimate is a batch's cost.
+        # scheduler sees one request per slot, so its service estimate is a batch's cost.
         self._slot = {m: registry.batch_of(m) for m in self.models}
         # Models whose handlers are all plain sync functions run their tasks in *runs*: a slot
         # of several tasks run one after another in one thread hop and committed together
@@ -103,9 +95,8 @@ class Worker:
         self.loads: list[tuple[str, tuple[str, ...]]] = []  # (model, evicted), in order
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
-        self._pending: dict[tuple[str, Level], list[StandIn]] = defaultdict(list)
-        self._unclaimed: dict[str, int] = defaultdict(int)  # dispatched, claim not back yet
-        self._to_claim: dict[str, list[StandIn]] = defaultdict(list)
+        self._unclaimed: dict[str, int] = defaultdict(int)  # granted, claim not back yet
+        self._to_claim: dict[str, list[Request]] = defaultdict(list)
         self._buffer = ClaimBuffer()  # claimed, not yet run
         self._claims = Claims(
             self.store,
@@ -126,9 +117,7 @@ class Worker:
         self._aborted: dict[tuple[str, str], int] = defaultdict(int)  # loads to leave unreported
         self._moving: dict[str, int] = defaultdict(int)  # claims/releases under way
         self._moved: dict[str, int] = defaultdict(int)  # ... and finished
-        self._stale: set[str] = set()  # models whose last reconcile was skipped
-        self._synced: dict[str, int] = {}  # per model, `_moved` at its last reconcile
-        self._ending: dict[str, list[Request]] = defaultdict(list)  # see `_finished`
+        self._stale: set[str] = set()  # models whose last report was only a bound
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler | None = None
         self._attached = False
@@ -230,10 +219,8 @@ class Worker:
         sched = self._sched()
         loop.call_at(at_s, sched.on_timer, key)
 
-    # --- Grant (this worker's stand-ins, whoever does the effects) -----------------------------
+    # --- Grant (the scheduler's requests for this worker's slots, whoever does the effects) ----
     def granted(self, request: Request) -> None:
-        assert isinstance(request, StandIn)
-        self._pending[request.key].remove(request)
         self._unclaimed[request.model] += 1
         batch = self._to_claim[request.model]
         batch.append(request)
@@ -241,14 +228,10 @@ class Worker:
             self._loop_().call_soon(self._flush_claims, request.model)
 
     def refused(self, request: Request, reason: str) -> None:
-        # Stand-ins are rejected when their model failed to load: the tasks stay queued; the
-        # model rests before the next try so a broken model cannot spin.
-        if isinstance(request, StandIn):
-            key = request.key
-            if request in self._pending[key]:
-                self._pending[key].remove(request)
-            self._cooldown_until[request.model] = time.monotonic() + self.settings.load_retry_s
-            log.warning("model %s: %s", request.model, reason)
+        # Refused when their model failed to load: the tasks stay queued; the model rests
+        # before the next try so a broken model cannot spin.
+        self._cooldown_until[request.model] = time.monotonic() + self.settings.load_retry_s
+        log.warning("model %s: %s", request.model, reason)
 
     # --- running ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -309,8 +292,7 @@ class Worker:
                     scan_started = time.monotonic()
                     seen = self._moves_seen()
                     ready, scan_s = await asyncio.to_thread(self._timed_ready_counts)
-                    self._reconcile(ready, seen)
-                    self._end_deferred()
+                    self._report(ready, seen)
                     if until_idle and self._idle(ready) and await self._drained():
                         self._report_unserved(await asyncio.to_thread(self._presence))
                         return
@@ -407,7 +389,9 @@ class Worker:
     @contextlib.asynccontextmanager
     async def _move(self, model: str) -> AsyncIterator[None]:
         """Around a claim or release: tasks of `model` move between the store's queue and this
-        worker, so a store read taken meanwhile would count them twice or not at all."""
+        worker, so a store read taken meanwhile would count them twice or not at all (the
+        scheduler hears so: the model's count may be off until the next exact report)."""
+        self._sched().on_backlog_moved(model)
         self._moving[model] += 1
         try:
             yield
@@ -416,72 +400,48 @@ class Worker:
             self._moved[model] += 1
             if model in self._stale:
                 self._stale.discard(model)
-                self._wake.set()  # its reconcile was skipped: do it now
+                self._wake.set()  # its last report was a bound: report exactly now
 
-    def _reconcile(self, ready: dict[str, dict[Level, int]], seen: dict[str, int | None]) -> None:
-        """Make the scheduler's pending stand-ins match the store's claimable tasks. A model
-        whose tasks moved while the store was read is left as it is until the next round (a
-        wrong count would make it look idle and swap it out with work left)."""
-        sched = self._sched()
-        now = time.monotonic()
-        wanted: list[tuple[Level, str, int]] = []
+    def _report(self, ready: dict[str, dict[Level, int]], seen: dict[str, int | None]) -> None:
+        """Tell the scheduler what waits, per model (`Scheduler.on_backlog`): slots per level,
+        exactly; or, for a model whose tasks moved while the store was read (its count may be
+        off either way), only a bound far above its work."""
+        slots: dict[str, Mapping[Slots, int] | int] = {}
         shown = self._shown(ready) if self.residency.clustered() else None
         for model in self.models:
-            if now < self._cooldown_until.get(model, 0.0):
+            if time.monotonic() < self._cooldown_until.get(model, 0.0):
                 continue
             if shown is not None and model not in shown:
                 ready = {**ready, model: {}}  # another worker's, or not worth a second copy
-            # Stand-ins wanted = tasks waiting for one: queued in the store, plus tasks claimed
-            # ahead into the buffer, minus what claims in flight will take (best first).
+            # Tasks waiting for a slot: queued in the store, plus tasks claimed ahead into the
+            # buffer, less what claims in flight will take (best first).
             waiting = dict(ready.get(model, {}))
             for level, n in self._buffer.levels(model).items():
                 waiting[level] = waiting.get(level, 0) + n
             self._waiting[model] = sum(waiting.values())  # `_per` follows it
-            per = self._claims.per(model)  # one stand-in per slot of up to `per` tasks
+            per = self._claims.per(model)  # one slot of up to `per` tasks
             if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
                 self._stale.add(model)
-                self._trim(model, sum(waiting.values()), per)
+                concurrency = self.config.models[model].concurrency
+                slots[model] = -(-sum(waiting.values()) // per) + concurrency + 1
                 continue
-            self._synced[model] = self._moved[model]
             in_flight = self._unclaimed[model] * per
-            for level in sorted(
-                set(waiting) | {lv for (m, lv) in self._pending if m == model}, reverse=True
-            ):
-                target = -(-max(0, waiting.get(level, 0) - in_flight) // per)
-                in_flight = max(0, in_flight - waiting.get(level, 0))
-                have = self._pending[(model, level)]
-                while len(have) > target:
-                    sched.on_cancel(have.pop())
-                wanted.append((level, model, target))
-        # New stand-ins in level order across models: the scheduler sees every model's
-        # interactive work before any batch work (an arrival can start a load at once).
-        for level, model, target in sorted(wanted, key=lambda x: x[0], reverse=True):
-            while len(self._pending[(model, level)]) < target:
-                self._add_stand_in(model, level)
-
-    def _trim(self, model: str, waiting: int, per: int) -> None:
-        """A model busy moving tasks (its count may be off by the tasks in flight) still loses
-        stand-ins far beyond its work, lowest level first: e.g. those mirrored one per task before
-        its run length was known."""
-        sched = self._sched()
-        bound = -(-waiting // per) + sched.models[model].concurrency + 1
-        mine = sorted((lv for (m, lv) in self._pending if m == model), reverse=True)
-        extra = sum(len(self._pending[(model, lv)]) for lv in mine) - bound
-        for level in reversed(mine):
-            have = self._pending[(model, level)]
-            while extra > 0 and have:
-                sched.on_cancel(have.pop())
-                extra -= 1
+            targets: dict[Slots, int] = {}
+            for level in sorted(waiting, reverse=True):
+                targets[level] = -(-max(0, waiting[level] - in_flight) // per)
+                in_flight = max(0, in_flight - waiting[level])
+            slots[model] = targets
+        self._sched().on_backlog(self, slots)
 
     def _flush_claims(self, model: str) -> None:
-        stand_ins, self._to_claim[model] = self._to_claim[model], []
-        if stand_ins:
-            self._spawn(self._claim_and_run(model, stand_ins))
+        requests, self._to_claim[model] = self._to_claim[model], []
+        if requests:
+            self._spawn(self._claim_and_run(model, requests))
 
-    async def _claim_and_run(self, model: str, stand_ins: list[StandIn]) -> None:
+    async def _claim_and_run(self, model: str, requests: list[Request]) -> None:
         tasks: list[Task] = []
         per, fill_s = self._claims.per(model), self._slot[model][1]
-        want = len(stand_ins) * per
+        want = len(requests) * per
         async with self._move(model):
             try:
                 try:
@@ -507,7 +467,7 @@ class Worker:
                     with contextlib.suppress(*TRANSIENT):  # run those it has
                         tasks = await self._claims.fill(model, tasks, want - len(tasks), fill_s)
             finally:
-                self._unclaimed[model] -= len(stand_ins)
+                self._unclaimed[model] -= len(requests)
         # Handler calls (each kind's tasks in batches), dealt out to the slots in turn; a model
         # without batched kinds runs each task alone, in claim order (the common, hot path).
         all_calls = (
@@ -515,72 +475,20 @@ class Worker:
             if self._slot[model][0] > 1
             else [[t] for t in tasks]
         )
-        slots = [all_calls[i :: len(stand_ins)] for i in range(min(len(stand_ins), len(all_calls)))]
-        for slot, stand_in in zip(slots, stand_ins, strict=False):
-            run = self._spawn(self._executor.run_slot(slot, stand_in))
+        slots = [all_calls[i :: len(requests)] for i in range(min(len(requests), len(all_calls)))]
+        for slot, request in zip(slots, requests, strict=False):
+            run = self._spawn(self._executor.run_slot(slot, request))
             for call in slot:
                 for task in call:
                     self._running[task.id] = run
-        for stand_in in stand_ins[len(slots) :]:
-            self._finished(stand_in)  # another worker was faster: nothing to do
+        for request in requests[len(slots) :]:
+            self._finished(request)  # another worker was faster: nothing to do
 
-    def _finished(self, stand_in: Request) -> None:
-        """A stand-in's slot ended. The scheduler must not see its model idle while this
-        worker knows of work it has not mirrored yet:
-        - the model's tasks claimed ahead get stand-ins first (`_cover_buffer`): a claim that
-          came back late (a busy machine, a slow database) filled the buffer after the last
-          reconcile, and the model's last slot ending before the next one swapped the model out
-          with those tasks in hand, to be given back and loaded for again;
-        - the model's last slot waits for the next reconcile when tasks moved since the last
-          one (a claim, a give-back, a lapsed lease reclaimed): it ends in `_end_deferred`."""
-        model = stand_in.model
-        self._cover_buffer(model)
-        rec = self._sched().models.get(model)
-        last = rec is not None and rec.queue.count == 0 and rec.in_flight <= 1
-        if last and self._out_of_date(model):
-            self._ending[model].append(stand_in)
+    def _finished(self, request: Request) -> None:
+        """A slot ended. If the scheduler keeps it taken (its model's count may be off), the
+        next report comes now rather than at the next poll."""
+        if self._sched().on_request_finished(request):
             self._wake.set()
-            return
-        self._sched().on_request_finished(stand_in)
-
-    def _out_of_date(self, model: str) -> bool:
-        """Tasks of `model` moved since its last reconcile (or are moving), and it is not
-        resting after a failed load (no reconcile comes then)."""
-        if time.monotonic() < self._cooldown_until.get(model, 0.0):
-            return False
-        return bool(self._moving[model]) or self._moved[model] != self._synced.get(model)
-
-    def _end_deferred(self) -> None:
-        """End the stand-ins `_finished` held for a reconcile, once their model's has run."""
-        for model in [m for m, held in self._ending.items() if held]:
-            if self._out_of_date(model):
-                continue  # moving again: the reconcile after the move ends them
-            held, self._ending[model] = self._ending[model], []  # the reconcile mirrored all
-            for stand_in in held:
-                if stand_in.state is RequestState.RUNNING:
-                    self._sched().on_request_finished(stand_in)
-
-    def _cover_buffer(self, model: str) -> None:
-        """Add stand-ins until `model`'s pending ones and the claims in flight (which take from
-        the buffer first) cover its buffered tasks, best level first. Never too many for long:
-        the next reconcile trims to what the store and buffer hold."""
-        levels = self._buffer.levels(model)
-        if not levels or time.monotonic() < self._cooldown_until.get(model, 0.0):
-            return
-        per = self._claims.per(model)
-        pending = sum(len(v) for (m, _), v in self._pending.items() if m == model)
-        covered = (pending + self._unclaimed[model]) * per  # tasks they will take
-        for level in sorted(levels, reverse=True):
-            short = max(0, levels[level] - covered)
-            covered = max(0, covered - levels[level])
-            for _ in range(-(-short // per)):
-                self._add_stand_in(model, level)
-
-    def _add_stand_in(self, model: str, level: Level) -> None:
-        """One more pending stand-in of `model` at `level`, announced to the scheduler."""
-        p = StandIn(None, model, level[1], not level[0], grant=self)
-        self._pending[(model, level)].append(p)
-        self._sched().on_request(p)
 
     async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
         sched = self._sched()
