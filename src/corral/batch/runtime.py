@@ -134,7 +134,7 @@ class BatchRuntime:
         sched = self.gateway.scheduler
         assert sched is not None, "start the gateway first"
         self.worker.attach(sched)
-        self.gateway.attach(self.worker)
+        self.gateway.attach(self.worker.node)
         self._tasks = [
             asyncio.ensure_future(self.worker.run()),
             asyncio.ensure_future(self._ticks()),

@@ -323,8 +323,8 @@ def worker_cmd(
         worker = queue.run_worker(until_idle=until_idle, settings=settings)
     except CorralError as exc:
         raise _fail(exc) from None
-    if worker.unserved:
-        left = ", ".join(f"{m} ({n})" for m, n in worker.unserved.items())
+    if worker.presence.unserved:
+        left = ", ".join(f"{m} ({n})" for m, n in worker.presence.unserved.items())
         err.print(
             f"[yellow]warning[/yellow]: tasks left queued for models no running worker serves: "
             f"{left}; run a worker whose app has handlers for them",

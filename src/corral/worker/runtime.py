@@ -27,21 +27,24 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.core.backlog import Level as Slots
 from corral.errors import CorralError
-from corral.limits import PRESENCE_S
 from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import batching
 from corral.worker.affinity import ModelView
 from corral.worker.buffer import ClaimBuffer
 from corral.worker.claims import ClaimHooks, Claims
-from corral.worker.execute import TRANSIENT, Executor, Hooks, describe, plain
+from corral.worker.execute import TRANSIENT, Executor, Hooks, plain
 from corral.worker.heartbeats import Heartbeats
 from corral.worker.last_words import LastWords, hear_the_dead
+from corral.worker.loads import Loads
+from corral.worker.moves import Moves
+from corral.worker.node import Node
+from corral.worker.presence import Presence
 from corral.worker.registry import Registry
 from corral.worker.residency import Holdings
 from corral.worker.settings import WorkerSettings
@@ -98,6 +101,10 @@ class Worker:
         self._unclaimed: dict[str, int] = defaultdict(int)  # granted, claim not back yet
         self._to_claim: dict[str, list[Request]] = defaultdict(list)
         self._buffer = ClaimBuffer()  # claimed, not yet run
+        # Tasks in motion between the store and this worker (worker/moves.py).
+        self._moves = Moves(
+            self.models, lambda model: self._sched().on_backlog_moved(model), self._wake
+        )
         self._claims = Claims(
             self.store,
             self.settings,
@@ -108,66 +115,33 @@ class Worker:
             self._slot,
             self._groupable,
             self._waiting,
-            ClaimHooks(self._sched, self._move),
+            ClaimHooks(self._sched, self._moves.move),
         )
         self._running: dict[str, asyncio.Task[None]] = {}
         self._cooldown_until: dict[str, float] = {}
         self._busy: set[asyncio.Task[None]] = set()
-        self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._aborted: dict[tuple[str, str], int] = defaultdict(int)  # loads to leave unreported
-        self._moving: dict[str, int] = defaultdict(int)  # claims/releases under way
-        self._moved: dict[str, int] = defaultdict(int)  # ... and finished
-        self._stale: set[str] = set()  # models whose last report was only a bound
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler | None = None
         self._attached = False
         self._beats: Heartbeats  # set by `run`
         self._executor: Executor  # set by `run`
-        # Models with queued tasks no live worker serves, with how many (updated each lease/2).
-        self.unserved: dict[str, int] = {}
         # Model affinity (worker/affinity.py): what this worker holds, (device, state) per
         # model; the live workers and the models each serves (each lease/2); the table's rows.
         self.residency = Holdings(self.store, self.settings, self.worker_id, self.models)
+        # What this node holds, told as it swaps (worker/node.py); the gateway tells it too.
+        self.node = Node(self.residency, self._claims.release_ahead, self._spawn)
+        self._loads = Loads(registry, self.node, self._sched)  # the model hooks (worker/loads.py)
+        # Its presence in the store, and the models no live worker serves (worker/presence.py).
+        self.presence = Presence(store, self.worker_id, self.models, self.settings, self.residency)
 
     # --- sharing a scheduler ------------------------------------------------------------------
     def attach(self, scheduler: Scheduler) -> None:
         """Drain the store through `scheduler`, which another adapter owns (`corral serve`: its
         interactive requests and the batch lines share one scheduler and one device). That
         adapter does the loads; it passes the outcome of this worker's requests to their grant
-        (this worker: `granted`, `refused`) and says what it loads and unloads (`loading`,
-        `gone`, `held`)."""
+        (this worker: `granted`, `refused`) and tells what it loads and unloads to `node`."""
         self.scheduler = scheduler
         self._attached = True
-
-    def evicted(self, model: str) -> None:
-        """`model` left the device: tasks claimed ahead for it go back to the queue."""
-        self._spawn(self._claims.release_ahead(model))
-
-    def loading(self, model: str, device: str, evict: Sequence[str], replica: bool = False) -> None:
-        """A swap begins (this worker's, or the attached adapter's): the evicted models' tasks
-        claimed ahead go back, and the cluster hears what is held now, once. `replica`: a
-        second copy of a model this node already holds (what it holds stays as it is)."""
-        for name in evict:
-            self.evicted(name)
-            self.residency.hold(name, None)
-        if not replica:
-            self.residency.hold(model, device, "loading")
-        self.residency.publish(self._spawn)
-
-    def gone(self, model: str, left: Sequence[str] = ()) -> None:
-        """`model`'s copy is being unloaded (see `loading`); `left`: the devices where its
-        other copies run (the node still holds it there)."""
-        if left:
-            self.held(model, left[0])
-            return
-        self.evicted(model)
-        self.held(model, None)
-
-    def held(self, model: str, device: str | None, state: str = "ready") -> None:
-        """Attached: the adapter that does the loads says what this node holds (`device` None:
-        no longer), for the other workers and nodes of the cluster (worker/affinity.py)."""
-        self.residency.hold(model, device, state)
-        self.residency.publish(self._spawn)
 
     def _shown(self, ready: dict[str, dict[Level, int]]) -> set[str]:
         """The models whose waiting tasks this worker's scheduler sees (worker/affinity.py)."""
@@ -194,19 +168,17 @@ class Worker:
     ) -> None:
         evict = [*evict, *sleep]  # in-process handlers cannot sleep: they stop
         self.loads.append((model, tuple(evict)))
-        self.loading(model, device, evict)
-        self._spawn(self._swap(model, device, tuple(evict)))
+        self.node.loading(model, device, evict)
+        self._spawn(self._loads.swap(model, device, tuple(evict)))
 
     def unload(self, model: str, device: str) -> None:
-        self.gone(model)
-        self._spawn(self._unload(model, device))
+        self.node.gone(model)
+        self._spawn(self._loads.unload(model, device))
 
     def abort(self, model: str, device: str) -> None:
-        # In-process handlers load in a thread that cannot be interrupted: it ends unreported,
-        # and the model unloads after it (a later load on the device waits for both).
-        self._aborted[model, device] += 1
-        self.gone(model)
-        self._spawn(self._unload(model, device))
+        self._loads.abort(model, device)
+        self.node.gone(model)
+        self._spawn(self._loads.unload(model, device))
 
     def dispatch(self, request: Request) -> None:
         self.granted(request)
@@ -284,17 +256,17 @@ class Worker:
                             await asyncio.to_thread(
                                 self.store.purge, time.time() - self.settings.retention_s
                             )
-                        self._report_unserved(await asyncio.to_thread(self._presence))
+                        self.presence.report(await asyncio.to_thread(self.presence.look))
                         if next_reclaim == 0.0 and self.settings.affinity:
                             # Workers started together see each other before the first load.
                             await asyncio.sleep(0.3)
                         next_reclaim = now + self.settings.lease_s / 2
                     scan_started = time.monotonic()
-                    seen = self._moves_seen()
+                    seen = self._moves.seen()
                     ready, scan_s = await asyncio.to_thread(self._timed_ready_counts)
                     self._report(ready, seen)
                     if until_idle and self._idle(ready) and await self._drained():
-                        self._report_unserved(await asyncio.to_thread(self._presence))
+                        self.presence.report(await asyncio.to_thread(self.presence.look))
                         return
                 except TRANSIENT as exc:  # the store said so, once; wait and look again
                     log.warning("worker %s waits for the database: %s", self.worker_id, exc)
@@ -322,36 +294,6 @@ class Worker:
     def _woken(self) -> None:
         self._wake.set()
         self._arrived.set()
-
-    def _presence(self) -> dict[str, int]:
-        """Say this worker is alive (in a thread); returns the models with queued tasks that no
-        live worker serves, with how many."""
-        self.store.worker_seen(self.worker_id, self.models, self.settings.url)
-        window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
-        live = self.store.workers(time.time() - window_s)
-        if self.settings.affinity:  # its rows stay fresh
-            self.store.set_residency(self.worker_id, self.residency.rows())
-        served = set(self.models).union(*live.values())
-        counts = self.store.counts()
-        return {
-            m: c[TaskStatus.QUEUED]
-            for m, c in sorted(counts.items())
-            if c.get(TaskStatus.QUEUED) and m not in served
-        }
-
-    def _report_unserved(self, unserved: dict[str, int]) -> None:
-        """Log each model that nobody serves once (again if it was served meanwhile)."""
-        for model, n in unserved.items():
-            if model not in self.unserved:
-                log.warning(
-                    "%d task(s) queued for model %r, which no running worker serves (this one "
-                    "serves %s): they wait until a worker with a handler for %r runs",
-                    n,
-                    model,
-                    ", ".join(self.models) or "nothing",
-                    model,
-                )
-        self.unserved = unserved
 
     def _timed_ready_counts(self) -> tuple[dict[str, dict[Level, int]], float]:
         """The store's ready counts and the seconds the store took: timed inside the thread, so
@@ -381,27 +323,6 @@ class Worker:
         live = (TaskStatus.QUEUED, TaskStatus.RUNNING)
         return not any(counts.get(m, {}).get(s, 0) for m in self.models for s in live)
 
-    def _moves_seen(self) -> dict[str, int | None]:
-        """Per model, the count of finished task moves (claims, releases), or None while one is
-        under way: taken before reading the store, compared after (see `_reconcile`)."""
-        return {m: None if self._moving[m] else self._moved[m] for m in self.models}
-
-    @contextlib.asynccontextmanager
-    async def _move(self, model: str) -> AsyncIterator[None]:
-        """Around a claim or release: tasks of `model` move between the store's queue and this
-        worker, so a store read taken meanwhile would count them twice or not at all (the
-        scheduler hears so: the model's count may be off until the next exact report)."""
-        self._sched().on_backlog_moved(model)
-        self._moving[model] += 1
-        try:
-            yield
-        finally:
-            self._moving[model] -= 1
-            self._moved[model] += 1
-            if model in self._stale:
-                self._stale.discard(model)
-                self._wake.set()  # its last report was a bound: report exactly now
-
     def _report(self, ready: dict[str, dict[Level, int]], seen: dict[str, int | None]) -> None:
         """Tell the scheduler what waits, per model (`Scheduler.on_backlog`): slots per level,
         exactly; or, for a model whose tasks moved while the store was read (its count may be
@@ -420,8 +341,7 @@ class Worker:
                 waiting[level] = waiting.get(level, 0) + n
             self._waiting[model] = sum(waiting.values())  # `_per` follows it
             per = self._claims.per(model)  # one slot of up to `per` tasks
-            if seen.get(model) is None or seen[model] != self._moved[model] or self._moving[model]:
-                self._stale.add(model)
+            if self._moves.off(model, seen):
                 concurrency = self.config.models[model].concurrency
                 slots[model] = -(-sum(waiting.values()) // per) + concurrency + 1
                 continue
@@ -442,7 +362,7 @@ class Worker:
         tasks: list[Task] = []
         per, fill_s = self._claims.per(model), self._slot[model][1]
         want = len(requests) * per
-        async with self._move(model):
+        async with self._moves.move(model):
             try:
                 try:
                     tasks = await self._claims.take(model, want)
@@ -455,7 +375,7 @@ class Worker:
                 # idle with tasks left (and be swapped out, and back).
                 deadline = time.monotonic() + 1.0
                 while len(tasks) < want and (
-                    self._buffer.holding(model) or self._moving[model] > 1
+                    self._buffer.holding(model) or self._moves.moving(model) > 1
                 ):
                     if time.monotonic() > deadline:
                         break
@@ -490,50 +410,6 @@ class Worker:
         if self._sched().on_request_finished(request):
             self._wake.set()
 
-    async def _swap(self, model: str, device: str, evict: tuple[str, ...]) -> None:
-        sched = self._sched()
-        async with self._device_lock[device]:  # after an unload issued before it
-            started = time.monotonic()
-            try:
-                for name in evict:
-                    hooks = self.registry.models.get(name)
-                    if hooks is not None and hooks.unload is not None:
-                        await _maybe_await(hooks.unload)
-                unloaded = time.monotonic()
-                hooks = self.registry.models.get(model)
-                if hooks is not None and hooks.load is not None:
-                    await _maybe_await(hooks.load)
-            except Exception as exc:
-                if not self._unreported(model, device):
-                    self.held(model, None)
-                    sched.on_load_failed(model, describe(exc))
-                return
-        if self._unreported(model, device):
-            return
-        if model in self.residency.held:
-            self.held(model, device)
-        sched.on_load_finished(
-            model,
-            load_s=time.monotonic() - unloaded,
-            unload_s=(unloaded - started) if evict else None,
-        )
-
-    def _unreported(self, model: str, device: str) -> bool:
-        """The load of `model` on `device` that just ended was aborted: no report comes."""
-        if not self._aborted[model, device]:
-            return False
-        self._aborted[model, device] -= 1
-        return True
-
-    async def _unload(self, model: str, device: str) -> None:
-        async with self._device_lock[device]:
-            hooks = self.registry.models.get(model)
-            if hooks is not None and hooks.unload is not None:
-                try:
-                    await _maybe_await(hooks.unload)
-                except Exception as exc:  # the model is gone from the schedule either way
-                    log.warning("model %s: unload hook failed: %s", model, describe(exc))
-
     async def _shutdown(self) -> None:
         running = [t for t in self._running.values() if not t.done()]
         if running:
@@ -561,15 +437,6 @@ class Worker:
     def _sched(self) -> Scheduler:
         assert self.scheduler is not None, "the worker is not running"
         return self.scheduler
-
-
-async def _maybe_await(hook: object) -> None:
-    import inspect
-
-    if inspect.iscoroutinefunction(hook):
-        await hook()
-    else:
-        await asyncio.to_thread(hook)  # type: ignore[arg-type]
 
 
 def _log_failure(t: asyncio.Task[object]) -> None:
