@@ -53,7 +53,7 @@ TRANSIENT = (StoreUnavailable, StoreBusy)
 class Hooks:
     """What the executor asks of its worker."""
 
-    finished: Callable[[Request], None]  # a slot's stand-in ends (the worker tells the scheduler)
+    finished: Callable[[Request], None]  # a slot's request ends (the worker tells the scheduler)
     loop: Callable[[], asyncio.AbstractEventLoop]
     per: Callable[[str], int]  # tasks per scheduling slot of a model
     measured: Callable[[str, float], None]  # a run measured its tasks' time
@@ -94,12 +94,12 @@ class Executor:
         self._per = hooks.per
         self._measured = hooks.measured
 
-    async def run_slot(self, calls: list[list[Task]], stand_in: Request) -> None:
+    async def run_slot(self, calls: list[list[Task]], request: Request) -> None:
         """Run one scheduling slot's handler calls in turn (a task, a batched kind's batch, or
-        consecutive plain sync tasks as one group run), then end its stand-in. Tasks waiting behind
+        consecutive plain sync tasks as one group run), then end its request. Tasks waiting behind
         the first call keep their leases meanwhile."""
         tasks = [t for call in calls for t in call]
-        _device.set(stand_in.device)  # this task's context only: the slot's copy of its model
+        _device.set(request.device)  # this task's context only: the slot's copy of its model
         # Tasks that must run alone go last: they start only when their turn comes, so none
         # other of the slot waits, started, while one of them runs (it may kill the worker).
         calls = sorted(calls, key=lambda call: any(t.started_at is None for t in call))
@@ -153,8 +153,8 @@ class Executor:
             for t in tasks:
                 self._running.pop(t.id, None)
                 self._beats.remove(t.id)
-            if stand_in.state is RequestState.RUNNING:
-                self._finished(stand_in)
+            if request.state is RequestState.RUNNING:
+                self._finished(request)
 
     def _no_handler(self, task: Task) -> NoHandler:
         return NoHandler(

@@ -196,7 +196,7 @@ class Worker:
         self._unclaimed[request.model] += 1
         batch = self._to_claim[request.model]
         batch.append(request)
-        if len(batch) == 1:  # claim every stand-in dispatched in this turn of the loop at once
+        if len(batch) == 1:  # claim every request granted in this turn of the loop at once
             self._loop_().call_soon(self._flush_claims, request.model)
 
     def refused(self, request: Request, reason: str) -> None:
@@ -370,8 +370,8 @@ class Worker:
                     log.warning("model %s: claim failed, will try again: %s", model, exc)
                 # Short, yet tasks are held here: a concurrent claim took them into the buffer
                 # (or is taking them: claims run side by side on a pooled store), or a commit
-                # is writing one's start mark. They are this model's work and the stand-ins
-                # stand for them: take them, or the stand-ins would end empty and the model look
+                # is writing one's start mark. They are this model's work and the requests
+                # stand for them: take them, or the requests would end empty and the model look
                 # idle with tasks left (and be swapped out, and back).
                 deadline = time.monotonic() + 1.0
                 while len(tasks) < want and (
