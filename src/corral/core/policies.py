@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from corral.config import Config, PolicyName
 from corral.core.state import ModelRecord
-from corral.core.stretch import Stretch
+from corral.core.stretch import WaitBound
 
 _NEVER = 1 << 62
 # A predictable model lingers at least this fraction of a reload (see `Cost.linger_s`).
@@ -40,7 +40,7 @@ class Policy:
     strict_order = False  # only the model of the oldest request may take new work
     classes = True  # interactive work before batch work (the baselines ignore classes)
     replicas = False  # a model with a deep queue may get a second copy on another device
-    stretch: Stretch | None = None  # the scheduler's stretched bound (core/stretch.py)
+    wait: WaitBound | None = None  # the scheduler's wait bound (core/stretch.py)
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         return sorted(candidates, key=lambda m: (oldest_seq(m), m.name))
@@ -166,8 +166,9 @@ class Cost(Policy):
 
     def bound_s(self, m: ModelRecord) -> float | None:
         """The wait bound of m's top class."""
-        bound = self.batch_max_wait_s if m.top_batch else self.max_wait_s
-        return bound if self.stretch is None else self.stretch.scale(bound)
+        if self.wait is not None:  # the scheduler's: as the load leaves room for it
+            return self.wait.effective(m.top_batch)
+        return self.batch_max_wait_s if m.top_batch else self.max_wait_s
 
     def rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         """Smith's order, subject to deadlines: queues whose oldest request has used half of

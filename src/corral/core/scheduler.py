@@ -35,7 +35,7 @@ from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
 from corral.core.sleep import Sleepers
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
-from corral.core.stretch import Stretch
+from corral.core.stretch import WaitBound
 from corral.core.swaps import LINGER_TIMER, Swaps
 from corral.core.tiers import SchedulerBug, Tiers
 from corral.core.traffic import demands
@@ -79,15 +79,16 @@ class Scheduler:
             name: ModelRecord(name, spec, self._classes) for name, spec in config.models.items()
         }
         self.devices: list[DeviceRecord] = [DeviceRecord(d) for d in config.devices]
-        self._max_wait_s = config.scheduler.max_wait_s if self.policy.bounded_wait else None
-        self._batch_max_wait_s = (
-            config.batch.max_wait_s if self.policy.bounded_wait and self._classes else None
+        # The wait bound, per class, configured and as the load leaves room for it
+        # (core/stretch.py): one value every part reads.
+        bounded = self.policy.bounded_wait
+        self.wait = WaitBound(
+            config.scheduler.max_wait_s if bounded else None,
+            config.batch.max_wait_s if bounded and self._classes else None,
         )
-        # The bound the load leaves room for (core/stretch.py): the configured bounds are
-        # stretched to it while the switches they force would not fit.
-        self.stretch = Stretch(self._max_wait_s)
+        self.stretch = self.wait.stretch
         self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
-        self.policy.stretch = self.stretch
+        self.policy.wait = self.wait
         self._solo = self._one_at_a_time()
         self._strict = self.policy.strict_order
         self._weights: dict[int, float] = {}
@@ -117,21 +118,18 @@ class Scheduler:
             self._pending,
             lambda m, now: self.swaps.views(m, now),
             self.tiers.start_load,
-            lambda batch: self.swaps.bound_s(batch),
+            self.wait.effective,
         )
-        self.aborts = Aborts(
-            self.devices, self.tiers, self._incoming, lambda batch: self.swaps.bound_s(batch)
-        )
+        self.aborts = Aborts(self.devices, self.tiers, self._incoming, self.wait.effective)
         self.swaps = Swaps(
             self.policy,
             self.models,
             self.devices,
             self.replicas,
-            self.stretch,
+            self.wait,
             self._fx,
             self._incoming,
             self._pending,
-            (self._max_wait_s, self._batch_max_wait_s),
             config.scheduler.min_visit_swaps,
             self._head,
             self.tiers.start_load,
@@ -177,7 +175,7 @@ class Scheduler:
         elif state is _UNLOADED or state is _SLEEPING:
             if not self._solo or self._may_switch_to(m, now):
                 self._need_decide = True
-            bound = self.swaps.bound_s(batch)
+            bound = self.wait.effective(batch)
             if bound is not None and (m.count - m.icount if batch else m.icount) == 1:
                 self._arm_overdue(now + bound)  # its class's first: the earliest deadline
         self._settle(now)
@@ -552,10 +550,12 @@ class Scheduler:
         q = m.primary or m
         assert m.device is not None
         device = m.device.name
+        wait = self.wait
         while m.in_flight < m.concurrency and q.count:
             r = q.best()
             assert r is not None
-            max_wait = self._batch_max_wait_s if r.level < BATCH_BELOW else self._max_wait_s
+            # The configured bound: this order forces no swap (core/stretch.py, WaitBound).
+            max_wait = wait.batch_s if r.level < BATCH_BELOW else wait.interactive_s
             if max_wait is not None:
                 # The oldest of r's class (one class queued: the plain, cheaper scan).
                 old = q.oldest() if q.icount == q.count else q.oldest(r.level < BATCH_BELOW)

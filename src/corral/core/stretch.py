@@ -141,3 +141,30 @@ class Stretch:
         if bound_s is None or self.bound_s is None or self.since is None:
             return bound_s
         return max(bound_s, self.bound_s)
+
+
+class WaitBound:
+    """The wait bound, one value every part reads: per class (interactive: `scheduler.max_wait_s`;
+    batch: `batch.max_wait_s`), as configured and as kept now (`effective`: stretched while the
+    load leaves no room for the switches it would force). None: no bound (a policy that ignores
+    it, a class without one).
+
+    Where each is meant: every decision that forces a swap (an overdue model, a replica, an
+    abort, cost's deadline order) reads the effective bound, since the stretch is about the
+    swaps a bound forces; the order inside a resident model's queue (its oldest request past
+    its class's bound goes first, `Scheduler._dispatch`) reads the configured one, since it
+    forces no swap and costs nothing (docs/design/scheduler.md, "A bound that stretches")."""
+
+    __slots__ = ("batch_s", "interactive_s", "stretch")
+
+    def __init__(self, interactive_s: float | None, batch_s: float | None) -> None:
+        self.interactive_s = interactive_s
+        self.batch_s = batch_s
+        # The interactive bound's stretch (both classes' bounds scale with it).
+        self.stretch = Stretch(interactive_s)
+
+    def configured(self, batch: bool) -> float | None:
+        return self.batch_s if batch else self.interactive_s
+
+    def effective(self, batch: bool) -> float | None:
+        return self.stretch.scale(self.batch_s if batch else self.interactive_s)

@@ -16,7 +16,7 @@ from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.policies import Policy, lingering
 from corral.core.replicas import Replicas
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
-from corral.core.stretch import Stretch
+from corral.core.stretch import WaitBound
 from corral.core.types import Lifecycle, Request
 
 _QUANTUM = "quantum:"  # timer keys; the scheduler's on_timer reads them
@@ -35,11 +35,10 @@ class Swaps:
         models: dict[str, ModelRecord],
         devices: list[DeviceRecord],
         replicas: Replicas,
-        stretch: Stretch,
+        wait: WaitBound,
         fx: Effects,
         incoming: set[ModelRecord],
         pending: dict[ModelRecord, None],
-        max_wait_s: tuple[float | None, float | None],
         min_visit: float,
         head: Callable[[], Request | None],
         start_load: Callable[[ModelRecord, DeviceRecord, list[ModelRecord], float, str], None],
@@ -48,27 +47,22 @@ class Swaps:
         self.models = models
         self.devices = devices
         self.replicas = replicas
-        self.stretch = stretch
+        self.wait = wait  # the wait bound, per class (core/stretch.py)
         self._fx = fx
         self._classes = policy.classes
         self._strict = policy.strict_order
         self._several = len(devices) > 1
         self._incoming = incoming  # models whose room is being freed (draining)
         self._pending = pending  # models with pending work, in order
-        self._max_wait_s, self._batch_max_wait_s = max_wait_s  # interactive, batch
         self._min_visit = min_visit
         self._head = head
         self._start_load = start_load
-
-    def bound_s(self, batch: bool) -> float | None:
-        """The wait bound of a class now: its configured bound, stretched (core/stretch.py)."""
-        return self.stretch.scale(self._batch_max_wait_s if batch else self._max_wait_s)
 
     def overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
         """The non-resident model whose oldest interactive request is oldest among those that
         waited `max_wait_s` (else the same for batch requests and `batch.max_wait_s`), and the
         next deadline of a non-resident model not yet overdue."""
-        bounds = ((False, self.bound_s(False)), (True, self.bound_s(True)))
+        bounds = ((False, self.wait.effective(False)), (True, self.wait.effective(True)))
         forced: list[ModelRecord | None] = [None, None]
         forced_seq = [0, 0]
         next_at: float | None = None
@@ -317,7 +311,7 @@ class Swaps:
 
     def _desperate(self, c: ModelRecord, now: float) -> bool:
         """Overdue `c`'s oldest request of its top class has waited twice its class's bound."""
-        bound = self.bound_s(c.top_batch)
+        bound = self.wait.effective(c.top_batch)
         r = c.oldest_top()
         return bound is not None and r is not None and now - r.arrived_at >= 2 * bound
 
