@@ -298,7 +298,7 @@ def test_llama_swap_filters_rewrite_the_body_in_their_order_at_every_door_and_ba
         assert "temperature" not in ollama
         assert (ollama["model"], ollama["top_k"]) == ("alpha", 9)
         # A Batch API line reaches the server through the same rewrite.
-        line = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions"}
+        line: dict[str, Any] = {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions"}
         line["body"] = chat("a", temperature=0.3, priority=3)
         r = await c.client.post(
             "/v1/files",
