@@ -11,7 +11,8 @@ from typing import Any
 from corral.batch.files import FileStorage
 from corral.batch.jsonl import result_line
 from corral.ratelog import Throttle, no_space
-from corral.store import Batch, FileNotFound, Store, StoredFile, Task
+from corral.store import Batch, FileNotFound, StoredFile, Task
+from corral.store.roles import BatchFiles
 
 FINALIZE_RETRY_S = 5.0  # a batch whose files did not fit (a full disk) is tried again this often
 throttle = Throttle(logging.getLogger("corral.batch"))
@@ -23,7 +24,7 @@ class Finalizer:
 
     def __init__(
         self,
-        store: Store,
+        store: BatchFiles,
         files: FileStorage,
         clock: Callable[[], float],
         add_file: Callable[[str, str, str, int, int | None], StoredFile],

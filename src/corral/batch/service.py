@@ -34,10 +34,10 @@ from corral.store import (
     BatchNotFound,
     FileNotFound,
     NewTask,
-    Store,
     StoredFile,
     TaskStatus,
 )
+from corral.store.roles import BatchWork
 
 _WINDOW = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -70,7 +70,7 @@ class Webhook:
 class BatchService:
     def __init__(
         self,
-        store: Store,
+        store: BatchWork,
         files: FileStorage,
         limits: BatchConfig,
         resolve: Callable[[str], str | None],

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from corral.core import Scheduler
-from corral.store import Lease, Store, Task
+from corral.store import Lease, Task, TaskQueue
 from corral.worker.buffer import ClaimBuffer, Mark, counted, give_back
 from corral.worker.execute import TRANSIENT
 from corral.worker.heartbeats import beat_every_s
@@ -37,7 +37,7 @@ class Claims:
 
     def __init__(
         self,
-        store: Store,
+        store: TaskQueue,
         settings: WorkerSettings,
         worker_id: str,
         buffer: ClaimBuffer,

@@ -20,13 +20,13 @@ from typing import Any
 from corral.core import Request, RequestState
 from corral.store import (
     Finished,
-    Store,
     StoreBusy,
     StoreError,
     StoreUnavailable,
     Task,
     TaskStatus,
 )
+from corral.store.roles import TaskWork
 from corral.worker import batching, isolate
 from corral.worker.buffer import Ahead, ClaimBuffer, counted, give_back
 from corral.worker.heartbeats import Heartbeats
@@ -65,7 +65,7 @@ class Executor:
 
     def __init__(
         self,
-        store: Store,
+        store: TaskWork,
         worker_id: str,
         registry: Registry,
         settings: WorkerSettings,

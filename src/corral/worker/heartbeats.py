@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from corral.store import Lease, Store, StoreUnavailable, Task
+from corral.store import Lease, StoreUnavailable, Task, TaskQueue
 from corral.worker.registry import TaskContext
 
 log = logging.getLogger("corral.worker")
@@ -43,7 +43,7 @@ class Heartbeats:
     cancellation sets the task's context (sync handlers poll it) and cancels an async handler's
     work; a lost lease is logged. `stop()` ends the thread."""
 
-    def __init__(self, store: Store, lease_s: float, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, store: TaskQueue, lease_s: float, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self.lease_s = lease_s
         self.every_s = beat_every_s(lease_s)

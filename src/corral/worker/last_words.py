@@ -38,7 +38,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from corral.store import Store, StoreError, Task
+from corral.store import StoreError, Task
+from corral.store.roles import TaskWork
 
 log = logging.getLogger("corral.worker")
 
@@ -67,7 +68,7 @@ class LastWords:
     """This worker's file. `say` before a handler runs, `unsay` after; both are a copy into
     memory. Does nothing where the store has no `identity` or the file cannot be made."""
 
-    def __init__(self, store: Store, worker_id: str, where: Path | None = None) -> None:
+    def __init__(self, store: TaskWork, worker_id: str, where: Path | None = None) -> None:
         self._mm: mmap.mmap | None = None
         self._fd = -1
         self._free = list(range(SLOTS - 1, -1, -1))
@@ -134,7 +135,7 @@ class LastWords:
         self._mm = None
 
 
-def hear_the_dead(store: Store, where: Path | None = None) -> int:
+def hear_the_dead(store: TaskWork, where: Path | None = None) -> int:
     """Read the last words of this host's dead workers on `store`, tell the store which tasks
     were running (`blame_death`) and remove the files; returns how many dead workers were
     heard. A file stays if the store cannot be reached (read again next time)."""
@@ -166,7 +167,7 @@ def _dead(path: Path) -> bool:
         os.close(fd)
 
 
-def _hear(store: Store, path: Path) -> int:
+def _hear(store: TaskWork, path: Path) -> int:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 
 from corral.limits import PRESENCE_S
-from corral.store import Store, TaskStatus
+from corral.store import TaskStatus
+from corral.store.roles import Liveness
 from corral.worker.residency import Holdings
 from corral.worker.settings import WorkerSettings
 
@@ -22,7 +23,7 @@ class Presence:
 
     def __init__(
         self,
-        store: Store,
+        store: Liveness,
         worker_id: str,
         models: Sequence[str],
         settings: WorkerSettings,
