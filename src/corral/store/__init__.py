@@ -30,10 +30,10 @@ from corral.store.base import (
     TaskNotFound,
     TaskQueue,
     TaskStatus,
-    Wakeups,
     payload_text,
 )
 from corral.store.memory import MemoryStore
+from corral.store.wakeups import Wakeups
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",

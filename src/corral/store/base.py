@@ -35,7 +35,6 @@ import builtins
 import enum
 import json
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -296,33 +295,6 @@ class Batch:
     data: dict[str, Any]
     idempotency_key: str | None = None
     seq: int = 0
-
-
-class Wakeups:
-    """Callbacks to run when tasks may have become claimable. Thread-safe; a callback must be
-    quick and must not raise (it runs on whichever thread noticed the change)."""
-
-    def __init__(self) -> None:
-        self._fns: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-
-    def add(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """Register `fn`; returns the function that removes it."""
-        with self._lock:
-            self._fns.append(fn)
-
-        def remove() -> None:
-            with self._lock:
-                if fn in self._fns:
-                    self._fns.remove(fn)
-
-        return remove
-
-    def fire(self) -> None:
-        with self._lock:
-            fns = list(self._fns)
-        for fn in fns:
-            fn()
 
 
 class TaskQueue(Protocol):

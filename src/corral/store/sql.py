@@ -22,7 +22,6 @@ from corral.store.base import (
     Task,
     TaskNotFound,
     TaskStatus,
-    Wakeups,
     grouped_expiry,
 )
 from corral.store.migrations import Dialect, check_schema, schema_version, upgrade
@@ -41,6 +40,7 @@ from corral.store.queries import (
 )
 from corral.store.sql_batches import SqlBatches, SqlFiles
 from corral.store.sql_cluster import SqlMembership
+from corral.store.wakeups import Wakeups
 
 __all__ = ["SqlStore", "Tx"]
 
