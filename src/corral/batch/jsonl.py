@@ -139,60 +139,75 @@ def check(
             if not isinstance(item, dict):
                 bad("invalid_json_line", "must be a JSON object", n)
                 continue
-            missing = [k for k in ("custom_id", "method", "url", "body") if k not in item]
-            if missing:
-                bad(
-                    "missing_required_parameter",
-                    f"missing {', '.join(missing)}",
-                    n,
-                    missing[0],
-                )
-                continue
-            custom_id, method, url, body = (
-                item["custom_id"],
-                item["method"],
-                item["url"],
-                item["body"],
-            )
-            if not isinstance(custom_id, str) or not custom_id:
-                bad("invalid_request", "custom_id must be a non-empty string", n, "custom_id")
-                continue
-            if custom_id in seen:
-                bad("duplicate_custom_id", f"custom_id {custom_id!r} appears twice", n, "custom_id")
-                continue
-            seen.add(custom_id)
-            if method != "POST":
-                bad("invalid_request", f"method must be POST; got {method!r}", n, "method")
-                continue
-            if url != endpoint:
-                bad(
-                    "invalid_url",
-                    f"url {url!r} differs from the batch's endpoint {endpoint!r}",
-                    n,
-                    "url",
-                )
-                continue
-            if not isinstance(body, dict):
-                bad("invalid_request", "body must be a JSON object", n, "body")
-                continue
-            if body.get("stream"):
-                bad("streaming_unsupported", "stream: true is not allowed in a batch", n, "body")
-                continue
-            if override is not None:
-                out.models.append(override)
-                continue
-            name = body.get("model")
-            if not isinstance(name, str) or not name:
-                bad("missing_required_parameter", "body.model is missing", n, "body.model")
-                continue
-            model = resolve(name)
-            if model is None:
-                bad("model_not_found", f"model {name!r} is not served here", n, "body.model")
-                continue
-            out.models.append(model)
+            model = _request(item, n, endpoint, resolve, override, seen, bad)
+            if model is not None:
+                out.models.append(model)
     if not out.models and not errors:
         errors.append(LineError("empty_file", "the file has no lines"))
     return out
+
+
+def _request(
+    item: dict[str, Any],
+    n: int,
+    endpoint: str,
+    resolve: Callable[[str], str | None],
+    override: str | None,
+    seen: set[str],
+    bad: Callable[..., None],
+) -> str | None:
+    """The model that serves line `n`'s request `item`, or None once `bad` was told what is
+    wrong with it (`seen`: the custom ids so far)."""
+    missing = [k for k in ("custom_id", "method", "url", "body") if k not in item]
+    if missing:
+        bad(
+            "missing_required_parameter",
+            f"missing {', '.join(missing)}",
+            n,
+            missing[0],
+        )
+        return None
+    custom_id, method, url, body = (
+        item["custom_id"],
+        item["method"],
+        item["url"],
+        item["body"],
+    )
+    if not isinstance(custom_id, str) or not custom_id:
+        bad("invalid_request", "custom_id must be a non-empty string", n, "custom_id")
+        return None
+    if custom_id in seen:
+        bad("duplicate_custom_id", f"custom_id {custom_id!r} appears twice", n, "custom_id")
+        return None
+    seen.add(custom_id)
+    if method != "POST":
+        bad("invalid_request", f"method must be POST; got {method!r}", n, "method")
+        return None
+    if url != endpoint:
+        bad(
+            "invalid_url",
+            f"url {url!r} differs from the batch's endpoint {endpoint!r}",
+            n,
+            "url",
+        )
+        return None
+    if not isinstance(body, dict):
+        bad("invalid_request", "body must be a JSON object", n, "body")
+        return None
+    if body.get("stream"):
+        bad("streaming_unsupported", "stream: true is not allowed in a batch", n, "body")
+        return None
+    if override is not None:
+        return override
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        bad("missing_required_parameter", "body.model is missing", n, "body.model")
+        return None
+    model = resolve(name)
+    if model is None:
+        bad("model_not_found", f"model {name!r} is not served here", n, "body.model")
+        return None
+    return model
 
 
 def tasks(
