@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -20,6 +20,9 @@ from rich.progress import (
 from rich.table import Table
 
 from corral.console import err_console, fail, out_console
+
+if TYPE_CHECKING:  # imported when the command runs: the CLI starts without them
+    from corral.bench.loadgen import Point, Spec
 
 
 def _numbers(text: str, kind: type[float] | type[int], what: str) -> list[float] | list[int]:
@@ -62,7 +65,7 @@ def bench_cmd(
 ) -> None:
     """Load an OpenAI-compatible server and measure requests/s, output tokens/s, time to first
     token, inter-token latency and end-to-end latency (p50/p95/p99) per load point."""
-    from corral.bench.loadgen import PATHS, Point, Spec, run_point
+    from corral.bench.loadgen import PATHS, Spec
     from corral.bench.loadgen import tune as best
     from corral.bench.report import write_csv, write_manifest, write_plots
 
@@ -80,6 +83,36 @@ def bench_cmd(
         else [("r", v) for v in _numbers(rate or "", float, "--rate")]
     )
     spec = Spec(url, endpoint, model, requests, prompt_words, max_tokens, api_key)  # type: ignore[arg-type]
+    points = _run(spec, levels, requests)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(points, out / "results.csv")
+    write_manifest(spec, points, out / "manifest.json", ["corral", *sys.argv[1:]])
+    plots = write_plots(points, out)
+    out_console.print(_table(points, f"{endpoint} on {url} ({', '.join(model)})"))
+    err_console.print(
+        f"wrote {out / 'results.csv'}, {out / 'manifest.json'}, "
+        + ", ".join(str(p) for p in plots),
+        highlight=False,
+    )
+    if tune:
+        assert p95_ms is not None
+        chosen = best(points, p95_ms)
+        if chosen is None:
+            raise fail(f"no point kept its end-to-end p95 within {p95_ms:g} ms without errors")
+        row = chosen.summary()
+        out_console.print(
+            f"best within p95 {p95_ms:g} ms: {row['label']} at {row['requests_per_s']:.2f} req/s "
+            f"(p95 {row['e2e_p95_ms']} ms)"
+        )
+        if chosen.concurrency is not None:
+            snippet = "\n".join(f"  {m}:\n    concurrency: {chosen.concurrency}" for m in model)
+            out_console.print(f"models:\n{snippet}", highlight=False)
+
+
+def _run(spec: Spec, levels: list[tuple[str, float]], requests: int) -> list[Point]:
+    """Each load point in turn, with a progress bar each."""
+    from corral.bench.loadgen import run_point
+
     points: list[Point] = []
     columns = (
         TextColumn("{task.description}"),
@@ -104,11 +137,12 @@ def bench_cmd(
                 )
             )
             points.append(point)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(points, out / "results.csv")
-    write_manifest(spec, points, out / "manifest.json", ["corral", *sys.argv[1:]])
-    plots = write_plots(points, out)
-    table = Table(title=f"{endpoint} on {url} ({', '.join(model)})", title_justify="left")
+    return points
+
+
+def _table(points: list[Point], title: str) -> Table:
+    """The load points' figures as a table."""
+    table = Table(title=title, title_justify="left")
     cols = ["point", "req/s", "tok/s", "ttft p50", "ttft p95", "itl p50", "e2e p50", "e2e p95",
             "e2e p99", "errors"]  # fmt: skip
     for c in cols:
@@ -132,22 +166,4 @@ def bench_cmd(
             ms("e2e_p99_ms"),
             str(r["errors"]),
         )
-    out_console.print(table)
-    err_console.print(
-        f"wrote {out / 'results.csv'}, {out / 'manifest.json'}, "
-        + ", ".join(str(p) for p in plots),
-        highlight=False,
-    )
-    if tune:
-        assert p95_ms is not None
-        chosen = best(points, p95_ms)
-        if chosen is None:
-            raise fail(f"no point kept its end-to-end p95 within {p95_ms:g} ms without errors")
-        row = chosen.summary()
-        out_console.print(
-            f"best within p95 {p95_ms:g} ms: {row['label']} at {row['requests_per_s']:.2f} req/s "
-            f"(p95 {row['e2e_p95_ms']} ms)"
-        )
-        if chosen.concurrency is not None:
-            snippet = "\n".join(f"  {m}:\n    concurrency: {chosen.concurrency}" for m in model)
-            out_console.print(f"models:\n{snippet}", highlight=False)
+    return table
