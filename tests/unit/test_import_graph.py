@@ -3,6 +3,8 @@ Read from the source (every import, at any depth, typing-only ones included)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.architecture import cycles, import_graph, measure
@@ -28,3 +30,38 @@ def test_the_gateway_imports_nothing_from_the_worker() -> None:
 
 def test_no_mixin_stack() -> None:
     assert measure().mixin_stacks == []
+
+
+def test_no_stand_ins_no_value_or_response_and_parts_take_their_store_role() -> None:
+    """Issue 37: the scheduler holds the worker's backlog (no stand-in requests); no function
+    returns a value or an error response; at most three parameters take the whole `Store` (the
+    worker, the Batch API's runtime and the CLI's maintenance compose the others)."""
+    figs = measure()
+    assert figs.stand_in_classes == []
+    assert figs.or_response_returns == []
+    assert len(figs.whole_store_params) <= 3, figs.whole_store_params
+
+
+def test_the_figures_see_what_they_measure(tmp_path: Path) -> None:
+    """The measure reads what it claims: a function returning `X | Response`, a stand-in class,
+    a parameter typed as the whole `Store`, a mixin."""
+    from tests.support import architecture
+
+    src = tmp_path / "corral"
+    src.mkdir()
+    (src / "__init__.py").write_text("")
+    (src / "bad.py").write_text(
+        "class StandInThing: ...\n"
+        "class Both(AMixin, B): ...\n"
+        "def f(store: Store) -> int | Response: ...\n"
+    )
+    old = architecture.SRC
+    architecture.SRC = tmp_path
+    try:
+        figs = architecture.measure()
+    finally:
+        architecture.SRC = old
+    assert [x.split()[-1] for x in figs.stand_in_classes] == ["StandInThing"]
+    assert len(figs.mixin_stacks) == 1
+    assert len(figs.whole_store_params) == 1
+    assert len(figs.or_response_returns) == 1
