@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 
 from corral.config import Config
 from corral.core import Request, Scheduler
-from corral.core.backlog import Level as Slots
 from corral.errors import CorralError
 from corral.store import Level, Store, Task, TaskStatus
 from corral.worker import batching
@@ -327,7 +326,7 @@ class Worker:
         """Tell the scheduler what waits, per model (`Scheduler.on_backlog`): slots per level,
         exactly; or, for a model whose tasks moved while the store was read (its count may be
         off either way), only a bound far above its work."""
-        slots: dict[str, Mapping[Slots, int] | int] = {}
+        slots: dict[str, Mapping[Level, int] | int] = {}
         shown = self._shown(ready) if self.residency.clustered() else None
         for model in self.models:
             if time.monotonic() < self._cooldown_until.get(model, 0.0):
@@ -346,7 +345,7 @@ class Worker:
                 slots[model] = -(-sum(waiting.values()) // per) + concurrency + 1
                 continue
             in_flight = self._unclaimed[model] * per
-            targets: dict[Slots, int] = {}
+            targets: dict[Level, int] = {}
             for level in sorted(waiting, reverse=True):
                 targets[level] = -(-max(0, waiting[level] - in_flight) // per)
                 in_flight = max(0, in_flight - waiting[level])
