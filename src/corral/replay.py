@@ -351,7 +351,7 @@ def _batch_timings(folder: Path, batches: list[str], timings: dict[int, _Timing]
     store = open_store(f"sqlite:///{folder / 'corral.db'}")
     try:
         for b in batches:
-            for task in store.batch_tasks(b, limit=10_000_000):
+            for task in store.batches.tasks(b, limit=10_000_000):
                 line = int(task.payload["custom_id"].split("-", 1)[1])
                 tm = timings[line]
                 tm.dispatched, tm.finished = task.started_at, task.finished_at

@@ -797,50 +797,50 @@ def a_file(i: int, purpose: str = "batch") -> StoredFile:
 
 def test_files_round_trip_page_newest_first_and_delete(store: Store) -> None:
     for i in range(5):
-        store.add_file(a_file(i, "batch" if i % 2 == 0 else "batch_output"))
-    assert store.get_file("file-3") == a_file(3, "batch_output")
-    assert [f.id for f in store.list_files()] == ["file-4", "file-3", "file-2", "file-1", "file-0"]
-    assert [f.id for f in store.list_files(after="file-3", limit=2)] == ["file-2", "file-1"]
-    assert [f.id for f in store.list_files(purpose="batch")] == ["file-4", "file-2", "file-0"]
-    assert store.delete_file("file-2").path == "/x/2"
+        store.files.add(a_file(i, "batch" if i % 2 == 0 else "batch_output"))
+    assert store.files.get("file-3") == a_file(3, "batch_output")
+    assert [f.id for f in store.files.list()] == ["file-4", "file-3", "file-2", "file-1", "file-0"]
+    assert [f.id for f in store.files.list(after="file-3", limit=2)] == ["file-2", "file-1"]
+    assert [f.id for f in store.files.list(purpose="batch")] == ["file-4", "file-2", "file-0"]
+    assert store.files.delete("file-2").path == "/x/2"
     with pytest.raises(FileNotFound, match="no file with id 'file-2'"):
-        store.get_file("file-2")
+        store.files.get("file-2")
     with pytest.raises(FileNotFound):
-        store.delete_file("file-2")
+        store.files.delete("file-2")
 
 
 def test_files_page_oldest_first_keep_their_expiry_and_an_unknown_cursor_is_empty(
     store: Store,
 ) -> None:
     for i in range(4):
-        store.add_file(a_file(i, "batch"))
+        store.files.add(a_file(i, "batch"))
     expiring = dataclasses.replace(a_file(9, "batch"), expires_at=5_000.5)
-    store.add_file(expiring)
-    assert store.get_file("file-9").expires_at == 5_000.5
-    assert store.get_file("file-1").expires_at is None
-    asc = [f.id for f in store.list_files(order="asc")]
+    store.files.add(expiring)
+    assert store.files.get("file-9").expires_at == 5_000.5
+    assert store.files.get("file-1").expires_at is None
+    asc = [f.id for f in store.files.list(order="asc")]
     assert asc == ["file-0", "file-1", "file-2", "file-3", "file-9"]
-    assert [f.id for f in store.list_files(order="asc", after="file-1", limit=2)] == [
+    assert [f.id for f in store.files.list(order="asc", after="file-1", limit=2)] == [
         "file-2",
         "file-3",
     ]
-    assert store.list_files(after="file-nope") == []
-    assert store.list_files(after="file-nope", order="asc") == []
+    assert store.files.list(after="file-nope") == []
+    assert store.files.list(after="file-nope", order="asc") == []
 
 
 def test_a_validating_batch_starts_with_its_lines_once(store: Store) -> None:
-    store.create_batch(dataclasses.replace(a_batch(1), status="validating"), [])
-    assert store.batch_counts("batch-1") == {}
-    started = store.start_batch("batch-1", "in_progress", {"n": 2}, lines("batch-1", 3))
+    store.batches.create(dataclasses.replace(a_batch(1), status="validating"), [])
+    assert store.batches.counts("batch-1") == {}
+    started = store.batches.start("batch-1", "in_progress", {"n": 2}, lines("batch-1", 3))
     assert started is not None
     assert (started.status, started.data) == ("in_progress", {"n": 2})
-    assert store.batch_counts("batch-1") == {TaskStatus.QUEUED: 3}
+    assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 3}
     # a second start (another process, a retry) stores nothing more
-    assert store.start_batch("batch-1", "in_progress", {"n": 3}, lines("batch-1", 3)) is None
-    assert store.batch_counts("batch-1") == {TaskStatus.QUEUED: 3}
-    assert store.get_batch("batch-1").data == {"n": 2}
+    assert store.batches.start("batch-1", "in_progress", {"n": 3}, lines("batch-1", 3)) is None
+    assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 3}
+    assert store.batches.get("batch-1").data == {"n": 2}
     with pytest.raises(BatchNotFound):
-        store.start_batch("batch-9", "in_progress", {}, [])
+        store.batches.start("batch-9", "in_progress", {}, [])
 
 
 def a_batch(i: int, key: str | None = None) -> Batch:
@@ -854,106 +854,116 @@ def lines(batch_id: str, n: int) -> list[NewTask]:
 
 
 def test_a_batch_and_its_lines_are_stored_together(store: Store) -> None:
-    b = store.create_batch(a_batch(1), lines("batch-1", 3))
+    b = store.batches.create(a_batch(1), lines("batch-1", 3))
     assert (b.id, b.status, b.data) == ("batch-1", "in_progress", {"n": 1, "meta": {"a": "b"}})
-    assert store.get_batch("batch-1") == b
-    assert store.batch_counts("batch-1") == {TaskStatus.QUEUED: 3}
-    assert [t.payload["line"] for t in store.batch_tasks("batch-1")] == [0, 1, 2]
-    first = store.batch_tasks("batch-1")[0]
-    assert [t.payload["line"] for t in store.batch_tasks("batch-1", after_seq=first.seq)] == [1, 2]
+    assert store.batches.get("batch-1") == b
+    assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 3}
+    assert [t.payload["line"] for t in store.batches.tasks("batch-1")] == [0, 1, 2]
+    first = store.batches.tasks("batch-1")[0]
+    assert [t.payload["line"] for t in store.batches.tasks("batch-1", after_seq=first.seq)] == [
+        1,
+        2,
+    ]
     assert store.ready_counts() == {"m": {(False, -1): 3}}  # claimable like any task
     with pytest.raises(BatchNotFound, match="no batch with id 'nope'"):
-        store.get_batch("nope")
+        store.batches.get("nope")
 
 
 def test_a_batch_that_does_not_store_stores_no_lines(store: Store) -> None:
     bad = [*lines("batch-1", 2), NewTask("openai_batch", "m", {"x": float("nan")})]
     with pytest.raises(BadTask):
-        store.create_batch(a_batch(1), bad)
+        store.batches.create(a_batch(1), bad)
     with pytest.raises(BatchNotFound):
-        store.get_batch("batch-1")
+        store.batches.get("batch-1")
     assert store.counts() == {}
 
 
 def test_an_idempotency_key_returns_the_first_batch(store: Store) -> None:
-    first = store.create_batch(a_batch(1, key="k1"), lines("batch-1", 2))
-    again = store.create_batch(a_batch(2, key="k1"), lines("batch-2", 2))
+    first = store.batches.create(a_batch(1, key="k1"), lines("batch-1", 2))
+    again = store.batches.create(a_batch(2, key="k1"), lines("batch-2", 2))
     assert again == first
     assert store.counts() == {"m": {TaskStatus.QUEUED: 2}}  # the retry stored no lines
     with pytest.raises(BatchNotFound):
-        store.get_batch("batch-2")
+        store.batches.get("batch-2")
 
 
 def test_batches_page_newest_first(store: Store) -> None:
     for i in range(4):
-        store.create_batch(a_batch(i), [])
-    assert [b.id for b in store.list_batches()] == ["batch-3", "batch-2", "batch-1", "batch-0"]
-    assert [b.id for b in store.list_batches(after="batch-2", limit=1)] == ["batch-1"]
-    store.update_batch("batch-1", "completed", {}, expect=["in_progress"])
-    live = store.list_batches(status=["in_progress", "cancelling"])
+        store.batches.create(a_batch(i), [])
+    assert [b.id for b in store.batches.list()] == ["batch-3", "batch-2", "batch-1", "batch-0"]
+    assert [b.id for b in store.batches.list(after="batch-2", limit=1)] == ["batch-1"]
+    store.batches.update("batch-1", "completed", {}, expect=["in_progress"])
+    live = store.batches.list(status=["in_progress", "cancelling"])
     assert [b.id for b in live] == ["batch-3", "batch-2", "batch-0"]
-    assert [b.id for b in store.list_batches(after="batch-3", status=["completed"])] == ["batch-1"]
+    assert [b.id for b in store.batches.list(after="batch-3", status=["completed"])] == ["batch-1"]
 
 
 def test_update_batch_is_compare_and_set_on_status(store: Store) -> None:
-    store.create_batch(a_batch(1), [])
-    done = store.update_batch("batch-1", "finalizing", {"n": 2}, expect=["in_progress"])
+    store.batches.create(a_batch(1), [])
+    done = store.batches.update("batch-1", "finalizing", {"n": 2}, expect=["in_progress"])
     assert done is not None
     assert (done.status, done.data) == ("finalizing", {"n": 2})
-    assert store.update_batch("batch-1", "cancelling", {}, expect=["in_progress"]) is None
-    assert store.get_batch("batch-1").status == "finalizing"  # the losing write changed nothing
+    assert store.batches.update("batch-1", "cancelling", {}, expect=["in_progress"]) is None
+    assert store.batches.get("batch-1").status == "finalizing"  # the losing write changed nothing
     with pytest.raises(BatchNotFound):
-        store.update_batch("nope", "x", {}, expect=["in_progress"])
+        store.batches.update("nope", "x", {}, expect=["in_progress"])
 
 
 def test_cancel_batch_cancels_queued_lines_and_flags_running_ones(store: Store) -> None:
-    store.create_batch(a_batch(1), lines("batch-1", 4))
+    store.batches.create(a_batch(1), lines("batch-1", 4))
     add(store, "other", n=2)  # not the batch's: untouched
     (running,) = store.claim("m", "w", 1, 30.0)
     assert running.batch_id == "batch-1"
-    assert store.cancel_batch("batch-1") == 4
-    assert store.batch_counts("batch-1") == {TaskStatus.CANCELLED: 3, TaskStatus.RUNNING: 1}
+    assert store.batches.cancel("batch-1") == 4
+    assert store.batches.counts("batch-1") == {TaskStatus.CANCELLED: 3, TaskStatus.RUNNING: 1}
     assert store.heartbeat(running.id, running.lease_token or "", 30.0) is Lease.CANCEL
     assert store.counts()["other"] == {TaskStatus.QUEUED: 2}
 
 
 def test_workers_are_seen_refreshed_and_forgotten(store: Store, clock: Clock) -> None:
-    assert store.workers(0) == {}
-    store.worker_seen("w1", ["a", "b"])
+    assert store.members.workers(0) == {}
+    store.members.worker_seen("w1", ["a", "b"])
     clock.t += 10
-    store.worker_seen("w2", ["c"])
-    assert store.workers(clock.t - 60) == {"w1": ["a", "b"], "w2": ["c"]}
-    assert store.workers(clock.t - 5) == {"w2": ["c"]}  # w1 not seen for 10 s
-    store.worker_seen("w1", ["a"])  # seen again, now serving fewer models
-    assert store.workers(clock.t - 5) == {"w1": ["a"], "w2": ["c"]}
-    store.worker_gone("w2")
-    store.worker_gone("w2")  # idempotent
-    assert store.workers(0) == {"w1": ["a"]}
+    store.members.worker_seen("w2", ["c"])
+    assert store.members.workers(clock.t - 60) == {"w1": ["a", "b"], "w2": ["c"]}
+    assert store.members.workers(clock.t - 5) == {"w2": ["c"]}  # w1 not seen for 10 s
+    store.members.worker_seen("w1", ["a"])  # seen again, now serving fewer models
+    assert store.members.workers(clock.t - 5) == {"w1": ["a"], "w2": ["c"]}
+    store.members.worker_gone("w2")
+    store.members.worker_gone("w2")  # idempotent
+    assert store.members.workers(0) == {"w1": ["a"]}
 
 
 def test_nodes_are_the_workers_that_said_a_url(store: Store, clock: Clock) -> None:
-    assert store.nodes(0) == {}
-    store.worker_seen("plain", ["a"])  # a `corral worker`: no URL
-    store.worker_seen("n1", ["a", "b"], url="http://10.0.0.1:8080")
+    assert store.members.nodes(0) == {}
+    store.members.worker_seen("plain", ["a"])  # a `corral worker`: no URL
+    store.members.worker_seen("n1", ["a", "b"], url="http://10.0.0.1:8080")
     clock.t += 10
-    store.worker_seen("n2", ["a"], url="http://10.0.0.2:8080")
-    assert store.nodes(clock.t - 60) == {"n1": "http://10.0.0.1:8080", "n2": "http://10.0.0.2:8080"}
-    assert store.nodes(clock.t - 5) == {"n2": "http://10.0.0.2:8080"}  # n1 silent for 10 s
-    assert set(store.workers(clock.t - 60)) == {"plain", "n1", "n2"}  # nodes are workers too
-    store.worker_seen("n1", ["a"], url="http://10.0.0.9:8080")  # moved
-    assert store.nodes(clock.t - 5)["n1"] == "http://10.0.0.9:8080"
-    store.worker_gone("n2")
-    assert store.nodes(0) == {"n1": "http://10.0.0.9:8080"}
+    store.members.worker_seen("n2", ["a"], url="http://10.0.0.2:8080")
+    assert store.members.nodes(clock.t - 60) == {
+        "n1": "http://10.0.0.1:8080",
+        "n2": "http://10.0.0.2:8080",
+    }
+    assert store.members.nodes(clock.t - 5) == {"n2": "http://10.0.0.2:8080"}  # n1 silent for 10 s
+    assert set(store.members.workers(clock.t - 60)) == {
+        "plain",
+        "n1",
+        "n2",
+    }  # nodes are workers too
+    store.members.worker_seen("n1", ["a"], url="http://10.0.0.9:8080")  # moved
+    assert store.members.nodes(clock.t - 5)["n1"] == "http://10.0.0.9:8080"
+    store.members.worker_gone("n2")
+    assert store.members.nodes(0) == {"n1": "http://10.0.0.9:8080"}
 
 
 def test_residency_is_replaced_per_worker_ages_out_and_goes_with_the_worker(
     store: Store, clock: Clock
 ) -> None:
     start = clock.t
-    store.set_residency("w1", [("gpu0", "a", "loading")])
-    store.set_residency("w2", [("gpu0", "b", "ready"), ("gpu1", "c", "ready")])
-    store.set_residency("w1", [("gpu0", "a", "ready")])  # replaces, not adds
-    rows = store.residency(start - 1)
+    store.members.set_residency("w1", [("gpu0", "a", "loading")])
+    store.members.set_residency("w2", [("gpu0", "b", "ready"), ("gpu1", "c", "ready")])
+    store.members.set_residency("w1", [("gpu0", "a", "ready")])  # replaces, not adds
+    rows = store.members.residency(start - 1)
     assert [(r.worker_id, r.device, r.model, r.state) for r in rows] == [
         ("w1", "gpu0", "a", "ready"),
         ("w2", "gpu0", "b", "ready"),
@@ -961,19 +971,19 @@ def test_residency_is_replaced_per_worker_ages_out_and_goes_with_the_worker(
     ]
     assert all(r.seen_at == start for r in rows)
     clock.t += 30
-    store.set_residency("w1", [("gpu0", "a", "ready")])  # a heartbeat: w1 still holds a
-    assert [(r.worker_id, r.model) for r in store.residency(start + 1)] == [("w1", "a")]
-    store.set_residency("w1", [])  # unloaded everything
-    assert [r.worker_id for r in store.residency(start - 1)] == ["w2", "w2"]
-    store.worker_gone("w2")
-    assert store.residency(start - 1) == []
+    store.members.set_residency("w1", [("gpu0", "a", "ready")])  # a heartbeat: w1 still holds a
+    assert [(r.worker_id, r.model) for r in store.members.residency(start + 1)] == [("w1", "a")]
+    store.members.set_residency("w1", [])  # unloaded everything
+    assert [r.worker_id for r in store.members.residency(start - 1)] == ["w2", "w2"]
+    store.members.worker_gone("w2")
+    assert store.members.residency(start - 1) == []
 
 
 def test_residency_holds_more_models_than_the_alphabet(store: Store, clock: Clock) -> None:
     # A worker with many small models (embeddings, say) on its devices: the list of models it
     # keeps once named its placeholders a-z, and the 27th broke the statement.
     many = [(f"gpu{i % 4}", f"m{i:02d}", "ready") for i in range(60)]
-    store.set_residency("w1", many)
-    store.set_residency("w1", many[:40])  # it unloaded twenty; forty stay
-    rows = store.residency(clock.t - 1)
+    store.members.set_residency("w1", many)
+    store.members.set_residency("w1", many[:40])  # it unloaded twenty; forty stay
+    rows = store.members.residency(clock.t - 1)
     assert sorted(r.model for r in rows) == [f"m{i:02d}" for i in range(40)]

@@ -68,14 +68,14 @@ def test_past_its_window_a_batch_expires_and_reports_every_unrun_line(tmp_path: 
     assert svc.tick() == (1, [])
     clock.t += 3601
     svc.tick()
-    ended = store.get_batch(b.id)
+    ended = store.batches.get(b.id)
     assert ended.status == "expired"
     obj = svc.object(ended)
     assert obj["request_counts"] == {"total": 4, "completed": 1, "failed": 3}
     assert obj["expired_at"] == int(clock.t)
     errors = svc.files.path(obj["error_file_id"]).read_text().splitlines()
     assert [json.loads(x)["error"]["code"] for x in errors] == ["batch_expired"] * 3
-    assert store.batch_counts(b.id) == {TaskStatus.SUCCEEDED: 1, TaskStatus.CANCELLED: 3}
+    assert store.batches.counts(b.id) == {TaskStatus.SUCCEEDED: 1, TaskStatus.CANCELLED: 3}
 
 
 def test_finalizing_twice_changes_nothing(tmp_path: Path) -> None:
@@ -83,14 +83,14 @@ def test_finalizing_twice_changes_nothing(tmp_path: Path) -> None:
     svc, store, _ = service(tmp_path)
     b = svc.create(upload(svc, 2), "/v1/embeddings")
     svc.cancel(b.id)
-    data = {**store.get_batch(b.id).data, "finalizing_at": 1}
-    store.update_batch(b.id, "finalizing", data, ["cancelling"])
+    data = {**store.batches.get(b.id).data, "finalizing_at": 1}
+    store.batches.update(b.id, "finalizing", data, ["cancelling"])
     svc.tick()
-    first = svc.object(store.get_batch(b.id))
+    first = svc.object(store.batches.get(b.id))
     assert first["status"] == "cancelled"
-    store.update_batch(b.id, "finalizing", store.get_batch(b.id).data, ["cancelled"])
+    store.batches.update(b.id, "finalizing", store.batches.get(b.id).data, ["cancelled"])
     svc.tick()
-    again = svc.object(store.get_batch(b.id))
+    again = svc.object(store.batches.get(b.id))
     assert (
         again["request_counts"]
         == first["request_counts"]
@@ -100,7 +100,7 @@ def test_finalizing_twice_changes_nothing(tmp_path: Path) -> None:
             "failed": 2,
         }
     )
-    assert [f.id for f in store.list_files(purpose="batch_output")] == [first["error_file_id"]]
+    assert [f.id for f in store.files.list(purpose="batch_output")] == [first["error_file_id"]]
 
 
 def test_an_undelivered_webhook_is_found_again_after_a_restart(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_an_undelivered_webhook_is_found_again_after_a_restart(tmp_path: Path) -
     assert [w.batch_id for w in due] == [b.id]
     again.webhook_sent(b.id, None)
     assert again.tick() == (0, [])
-    hook = store.get_batch(b.id).data["webhook"]
+    hook = store.batches.get(b.id).data["webhook"]
     assert (hook["tries"], hook["delivered_at"]) == (2, int(clock.t))
 
 
@@ -144,7 +144,7 @@ def test_an_expired_file_is_gone_at_once_and_swept_from_disk(tmp_path: Path) -> 
     clock.t += 3601
     assert svc.sweep() == 1  # the sweep deletes the record and the bytes
     assert not svc.files.path(other).exists()
-    assert [f.id for f in store.list_files()] == [kept]
+    assert [f.id for f in store.files.list()] == [kept]
 
 
 def test_a_validating_batch_cancelled_before_its_check_never_starts(tmp_path: Path) -> None:
@@ -153,6 +153,6 @@ def test_a_validating_batch_cancelled_before_its_check_never_starts(tmp_path: Pa
     assert b.status == "validating"
     assert svc.cancel(b.id).status == "cancelling"
     svc.tick()
-    ended = store.get_batch(b.id)
+    ended = store.batches.get(b.id)
     assert ended.status == "cancelled"
-    assert store.batch_counts(b.id) == {}  # its lines were never stored
+    assert store.batches.counts(b.id) == {}  # its lines were never stored

@@ -39,8 +39,8 @@ def gw(tmp_path: Path) -> Iterator[Gateway]:
 
 
 def cluster(gw: Gateway, store: MemoryStore) -> Cluster:
-    c = Cluster(store, gw, "http://me:1", Upstream(), window_s=10.0)  # never opened: no hop
-    store.worker_seen(gw.node_id, ["a", "b"], url="http://me:1")
+    c = Cluster(store.members, gw, "http://me:1", Upstream(), window_s=10.0)  # never opened: no hop
+    store.members.worker_seen(gw.node_id, ["a", "b"], url="http://me:1")
     return c
 
 
@@ -50,16 +50,16 @@ def test_a_request_goes_to_a_ready_holder_before_a_loading_one_never_to_itself(
     store = MemoryStore()
     c = cluster(gw, store)
     for node in ("n1", "n2"):
-        store.worker_seen(node, ["a", "b"], url=f"http://{node}:1")
-    store.set_residency("n1", [("gpu0", "a", "loading")])
-    store.set_residency("n2", [("gpu0", "a", "ready")])
-    store.set_residency(gw.node_id, [("device0", "b", "ready")])  # said, but not held here
+        store.members.worker_seen(node, ["a", "b"], url=f"http://{node}:1")
+    store.members.set_residency("n1", [("gpu0", "a", "loading")])
+    store.members.set_residency("n2", [("gpu0", "a", "ready")])
+    store.members.set_residency(gw.node_id, [("device0", "b", "ready")])  # said, but not held here
     c.read()
     holder = c.holder("a")
     assert holder is not None
     assert (holder.id, holder.url) == ("n2", "http://n2:1")
     assert c.holder("b") is None  # only this node says it holds b: served here
-    store.set_residency("n2", [])
+    store.members.set_residency("n2", [])
     c.read()
     holder = c.holder("a")
     assert holder is not None
@@ -69,8 +69,8 @@ def test_a_request_goes_to_a_ready_holder_before_a_loading_one_never_to_itself(
 def test_a_model_held_here_is_served_here_and_unreachable_nodes_are_skipped(gw: Gateway) -> None:
     store = MemoryStore()
     c = cluster(gw, store)
-    store.worker_seen("n1", ["a"], url="http://n1:1")
-    store.set_residency("n1", [("gpu0", "a", "ready"), ("gpu0", "b", "ready")])
+    store.members.worker_seen("n1", ["a"], url="http://n1:1")
+    store.members.set_residency("n1", [("gpu0", "a", "ready"), ("gpu0", "b", "ready")])
     c.read()
     assert gw.scheduler is not None
     gw.scheduler.models["a"].state = Lifecycle.READY  # as after a load here
@@ -86,16 +86,16 @@ def test_a_stale_view_forwards_nothing_and_the_lowest_live_node_leads(gw: Gatewa
     store = MemoryStore()
     c = cluster(gw, store)
     assert c.leads()  # nothing read yet: as if alone
-    store.worker_seen("-first", ["a"], url="http://first:1")
-    store.set_residency("-first", [("gpu0", "a", "ready")])
+    store.members.worker_seen("-first", ["a"], url="http://first:1")
+    store.members.set_residency("-first", [("gpu0", "a", "ready")])
     c.read()
     assert not c.leads()  # "-first" sorts before this node's id (a host name never starts with "-")
     assert c.holder("a") is not None
-    store.worker_gone("-first")
+    store.members.worker_gone("-first")
     c.read()
     assert c.leads()
-    store.worker_seen("-first", ["a"], url="http://first:1")
-    store.set_residency("-first", [("gpu0", "a", "ready")])
+    store.members.worker_seen("-first", ["a"], url="http://first:1")
+    store.members.set_residency("-first", [("gpu0", "a", "ready")])
     c.read()
     c._read_at -= c.window_s + 1  # no good read for a lease: the store is away
     assert c.holder("a") is None

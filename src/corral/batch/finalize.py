@@ -50,10 +50,10 @@ class Finalizer:
                 f"cannot write the batch's output files: no space left on the device "
                 f"({self.files.root}); tried again every {FINALIZE_RETRY_S:g} s until there is"
             )
-            b = self.store.get_batch(b.id)
+            b = self.store.batches.get(b.id)
             if (b.data.get("problem") or {}).get("message") != problem:
                 data = {**b.data, "problem": {"message": problem, "since": int(now)}}
-                b = self.store.update_batch(b.id, b.status, data, [b.status]) or b
+                b = self.store.batches.update(b.id, b.status, data, [b.status]) or b
             throttle.warning(f"no space: {self.files.root}", "batch %s: %s", b.id, problem)
             return b
         self._retry_at.pop(b.id, None)
@@ -63,9 +63,9 @@ class Finalizer:
         now = int(self.clock())
         if b.status != "finalizing":
             data = {**b.data, "finalizing_at": now}
-            moved = self.store.update_batch(b.id, "finalizing", data, [b.status])
+            moved = self.store.batches.update(b.id, "finalizing", data, [b.status])
             if moved is None:
-                return self.store.get_batch(b.id)
+                return self.store.batches.get(b.id)
             b = moved
         ending = "batch_cancelled" if "cancelling_at" in b.data else "batch_expired"
         final = (
@@ -81,7 +81,7 @@ class Finalizer:
 
         def lines() -> Iterator[tuple[bool, bytes, Task]]:
             after = 0
-            while page := self.store.batch_tasks(b.id, after_seq=after, limit=1000):
+            while page := self.store.batches.tasks(b.id, after_seq=after, limit=1000):
                 for t in page:
                     yield (*result_line(t, ending), t)
                 after = page[-1].seq
@@ -121,12 +121,12 @@ class Finalizer:
         data["usage"] = usage.as_dict()
         data[f"{final}_at"] = now
         data["run_s"] = round(self.clock() - data.get("started_s", b.created_at), 3)
-        done = self.store.update_batch(b.id, final, data, ["finalizing"])
-        return done if done is not None else self.store.get_batch(b.id)
+        done = self.store.batches.update(b.id, final, data, ["finalizing"])
+        return done if done is not None else self.store.batches.get(b.id)
 
     def _record(self, file_id: str, filename: str, size: int, keep_s: int | None) -> None:
         try:
-            self.store.get_file(file_id)  # recorded by a finalize that crashed after it
+            self.store.files.get(file_id)  # recorded by a finalize that crashed after it
         except FileNotFound:
             self._add_file(file_id, filename, "batch_output", size, keep_s)
 

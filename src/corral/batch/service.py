@@ -107,14 +107,14 @@ class BatchService:
         f = StoredFile(
             file_id, purpose, filename, size, now, str(self.files.path(file_id)), expires_at
         )
-        self.store.add_file(f)
+        self.store.files.add(f)
         return f
 
     def file(self, file_id: str, read: bool = False) -> StoredFile:
         """The file's record; `read`: its bytes must be readable here (503 if another node of a
         cluster wrote them to a folder this one does not share)."""
         try:
-            f = self.store.get_file(file_id)
+            f = self.store.files.get(file_id)
         except FileNotFound:
             raise BatchError(404, f"no file with id {file_id!r}", "file_not_found") from None
         if f.expires_at is not None and f.expires_at <= self.clock():
@@ -136,12 +136,12 @@ class BatchService:
         """A page of files (unexpired) and whether more follow; 400 for an unknown `after`."""
         if after is not None:
             try:
-                self.store.get_file(after)
+                self.store.files.get(after)
             except FileNotFound:
                 raise BatchError(
                     400, f"after: no file with id {after!r}", "invalid_value", "after"
                 ) from None
-        page = self.store.list_files(
+        page = self.store.files.list(
             purpose, after, limit + 1, order="asc" if order == "asc" else "desc"
         )
         now = self.clock()
@@ -153,17 +153,17 @@ class BatchService:
         `after`."""
         if after is not None:
             try:
-                self.store.get_batch(after)
+                self.store.batches.get(after)
             except BatchNotFound:
                 raise BatchError(
                     400, f"after: no batch with id {after!r}", "invalid_value", "after"
                 ) from None
-        page = self.store.list_batches(after, limit + 1)
+        page = self.store.batches.list(after, limit + 1)
         return page[:limit], len(page) > limit
 
     def _forget(self, f: StoredFile) -> None:
         with contextlib.suppress(FileNotFound):
-            self.store.delete_file(f.id)
+            self.store.files.delete(f.id)
         self.files.remove(f.id)
 
     def sweep(self) -> int:
@@ -173,7 +173,7 @@ class BatchService:
         now = self.clock()
         gone = 0
         after = None
-        while page := self.store.list_files(after=after, limit=500, order="asc"):
+        while page := self.store.files.list(after=after, limit=500, order="asc"):
             for f in page:
                 if f.expires_at is not None and f.expires_at <= now:
                     self._forget(f)
@@ -183,7 +183,7 @@ class BatchService:
 
     def delete_file(self, file_id: str) -> StoredFile:
         try:
-            f = self.store.delete_file(file_id)
+            f = self.store.files.delete(file_id)
         except FileNotFound:
             raise BatchError(404, f"no file with id {file_id!r}", "file_not_found") from None
         self.files.remove(file_id)
@@ -262,11 +262,11 @@ class BatchService:
         }
         batch_id = f"batch_{uuid.uuid4().hex}"
         if source.bytes > self.limits.validate_inline_mb * 1024 * 1024:
-            return self.store.create_batch(
+            return self.store.batches.create(
                 Batch(batch_id, "validating", now, data, idempotency_key), []
             )
         status, data, lines = self._checked(batch_id, data, Path(source.path), now)
-        return self.store.create_batch(Batch(batch_id, status, now, data, idempotency_key), lines)
+        return self.store.batches.create(Batch(batch_id, status, now, data, idempotency_key), lines)
 
     def _checked(
         self, batch_id: str, data: dict[str, Any], path: Path, now: float
@@ -312,8 +312,8 @@ class BatchService:
             problem = {"code": exc.code, "message": str(exc), "param": exc.param, "line": None}
             status, data, lines = "failed", {**b.data, "errors": [problem]}, []
             data["failed_at"] = int(now)
-        started = self.store.start_batch(b.id, status, data, lines)
-        return started if started is not None else self.store.get_batch(b.id)
+        started = self.store.batches.start(b.id, status, data, lines)
+        return started if started is not None else self.store.batches.get(b.id)
 
     def _check_room(self) -> None:
         live = sum(1 for _ in self._pages(_LIVE))
@@ -333,7 +333,7 @@ class BatchService:
 
     def batch(self, batch_id: str) -> Batch:
         try:
-            return self.store.get_batch(batch_id)
+            return self.store.batches.get(batch_id)
         except BatchNotFound:
             raise BatchError(404, f"no batch with id {batch_id!r}", "batch_not_found") from None
 
@@ -348,10 +348,10 @@ class BatchService:
                 "invalid_state",
             )
         data = {**b.data, "cancelling_at": int(self.clock())}
-        updated = self.store.update_batch(batch_id, "cancelling", data, expect=[b.status])
+        updated = self.store.batches.update(batch_id, "cancelling", data, expect=[b.status])
         if updated is None:  # it ended meanwhile
             return self.cancel(batch_id)
-        self.store.cancel_batch(batch_id)
+        self.store.batches.cancel(batch_id)
         return updated
 
     def live(self) -> list[Batch]:
@@ -364,7 +364,7 @@ class BatchService:
         counts: dict[str, int] | None = d.get("request_counts")
         live = counts is None
         if counts is None:
-            by = self.store.batch_counts(b.id)
+            by = self.store.batches.counts(b.id)
             done = by.get(TaskStatus.SUCCEEDED, 0)
             failed = by.get(TaskStatus.FAILED, 0)
             counts = {"total": d["request_total"], "completed": done, "failed": failed}
@@ -404,7 +404,7 @@ class BatchService:
         if b.status == "in_progress":
             # Batches created before it and still running: a rough place in line (the
             # scheduler, not arrival, decides which lines run next).
-            ahead = self.store.list_batches(after=b.id, limit=1000, status=["in_progress"])
+            ahead = self.store.batches.list(after=b.id, limit=1000, status=["in_progress"])
             extension["queue_position"] = len(ahead)
         started = d.get("in_progress_at")
         if live and b.status == "in_progress" and started and ended:
@@ -430,11 +430,11 @@ class BatchService:
                 b = self._validate(b)
             if b.status == "in_progress" and now >= b.data["expires_at"]:
                 data = {**b.data, "expiring": True}
-                if self.store.update_batch(b.id, "in_progress", data, ["in_progress"]):
-                    self.store.cancel_batch(b.id)
-                b = self.store.get_batch(b.id)
+                if self.store.batches.update(b.id, "in_progress", data, ["in_progress"]):
+                    self.store.batches.cancel(b.id)
+                b = self.store.batches.get(b.id)
             if b.status in ("in_progress", "cancelling", "finalizing"):
-                by = self.store.batch_counts(b.id)
+                by = self.store.batches.counts(b.id)
                 if not by.get(TaskStatus.QUEUED) and not by.get(TaskStatus.RUNNING):
                     b = self._finalizer.finish(b, now)
             if b.status in _ENDED and _hook_pending(b):
@@ -451,7 +451,7 @@ class BatchService:
 
     def webhook_sent(self, batch_id: str, error: str | None) -> None:
         """Record a delivery attempt; a failed one is tried again with backoff."""
-        b = self.store.get_batch(batch_id)
+        b = self.store.batches.get(batch_id)
         hook = dict(b.data.get("webhook") or {})
         hook["tries"] = hook.get("tries", 0) + 1
         if error is None:
@@ -459,7 +459,7 @@ class BatchService:
         else:
             hook["last_error"] = error
             hook["next_at"] = self.clock() + 2 ** hook["tries"]
-        self.store.update_batch(batch_id, b.status, {**b.data, "webhook": hook}, [b.status])
+        self.store.batches.update(batch_id, b.status, {**b.data, "webhook": hook}, [b.status])
 
     def _batches(self) -> Iterator[Batch]:
         """Batches that may have something to do: live ones, and ended ones whose webhook is
@@ -472,13 +472,13 @@ class BatchService:
         yield from self._pages(_LIVE)
         for batch_id in list(self._hooks):
             try:
-                yield self.store.get_batch(batch_id)
+                yield self.store.batches.get(batch_id)
             except BatchNotFound:
                 self._hooks.discard(batch_id)
 
     def _pages(self, status: Sequence[str] | None) -> Iterator[Batch]:
         after = None
-        while page := self.store.list_batches(after=after, limit=500, status=status):
+        while page := self.store.batches.list(after=after, limit=500, status=status):
             yield from page
             after = page[-1].id
             if len(page) < 500:

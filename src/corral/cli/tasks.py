@@ -92,7 +92,7 @@ def tasks_list(
     try:
         rows = store.list(status=status, model=model, limit=limit, full=False)
         counts = store.counts()
-        workers = store.workers(time.time() - PRESENCE_S)
+        workers = store.members.workers(time.time() - PRESENCE_S)
     except StoreError as exc:
         raise _fail(exc) from None
     finally:

@@ -203,7 +203,7 @@ def create_app(
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
     cluster = (
         Cluster(
-            batches.store,
+            batches.store.members,
             gateway,
             config.server.advertised_url(),
             pool,

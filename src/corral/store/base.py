@@ -417,8 +417,6 @@ class TaskControl(Protocol):
         and `run_after` respected: what a worker's scheduler should see as waiting."""
         ...
 
-    # --- files and batches (the Batch API) -------------------------------------------------------
-
     def cancel(self, task_id: str) -> TaskStatus:
         """Cancel: a queued task never starts; a running one is flagged for its worker. Returns
         the status after the call (a finished task keeps its status)."""
@@ -450,11 +448,6 @@ class TaskControl(Protocol):
 
 class Membership(Protocol):
     """The workers and nodes on this store, and the models each holds (cluster.md)."""
-
-    def ping(self) -> None:
-        """Check, within about `connect_timeout_s` and without retrying, that the database
-        answers; raises `StoreUnavailable` (saying why) if not. For health checks."""
-        ...
 
     def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
         """Record that worker `worker_id` is alive and serves `models` (now); `url`: where a
@@ -488,15 +481,15 @@ class Membership(Protocol):
 class FileStore(Protocol):
     """The Batch API's files (their records: the bytes live on disk)."""
 
-    def add_file(self, file: StoredFile) -> None:
+    def add(self, file: StoredFile) -> None:
         """Record a file whose bytes are already at `file.path`."""
         ...
 
-    def get_file(self, file_id: str) -> StoredFile:
+    def get(self, file_id: str) -> StoredFile:
         """The file's record, or `FileNotFound`."""
         ...
 
-    def list_files(
+    def list(
         self,
         purpose: str | None = None,
         after: str | None = None,
@@ -507,7 +500,7 @@ class FileStore(Protocol):
         id in that order (none if no file has that id)."""
         ...
 
-    def delete_file(self, file_id: str) -> StoredFile:
+    def delete(self, file_id: str) -> StoredFile:
         """Forget the file (the caller removes its bytes); `FileNotFound` if there is none."""
         ...
 
@@ -515,59 +508,72 @@ class FileStore(Protocol):
 class BatchStore(Protocol):
     """The Batch API's batches, whose lines are tasks."""
 
-    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+    def create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
         """Store `batch` and its line tasks in one transaction (`tasks` may be a generator: it
         is consumed in chunks, so a large batch never sits in memory whole). With an
         `idempotency_key` that an earlier batch has, store nothing and return that batch."""
         ...
 
-    def start_batch(
+    def start(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
     ) -> Batch | None:
         """Move a `validating` batch to `status` with `data` and store its line tasks, in one
-        transaction (`tasks` consumed in chunks, as in `create_batch`); None, storing nothing,
+        transaction (`tasks` consumed in chunks, as in `create`); None, storing nothing,
         if the batch is no longer `validating` (cancelled meanwhile, or started by another
         process). `BatchNotFound` if there is none."""
         ...
 
-    def get_batch(self, batch_id: str) -> Batch:
+    def get(self, batch_id: str) -> Batch:
         """The batch, or `BatchNotFound`."""
         ...
 
-    def list_batches(
+    def list(
         self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
     ) -> builtins.list[Batch]:
         """Batches newest first; `after`: only those older than that batch id; `status`: only
         those in one of these statuses."""
         ...
 
-    def update_batch(
+    def update(
         self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
     ) -> Batch | None:
         """Set the batch's status and data if its status is one of `expect` (compare and set);
         None if it was not. `BatchNotFound` if there is no such batch."""
         ...
 
-    def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
+    def counts(self, batch_id: str) -> dict[TaskStatus, int]:
         """The batch's tasks per status."""
         ...
 
-    def batch_tasks(
-        self, batch_id: str, after_seq: int = 0, limit: int = 1000
-    ) -> builtins.list[Task]:
+    def tasks(self, batch_id: str, after_seq: int = 0, limit: int = 1000) -> builtins.list[Task]:
         """The batch's tasks in line order (seq), those after `after_seq`."""
         ...
 
-    def cancel_batch(self, batch_id: str) -> int:
+    def cancel(self, batch_id: str) -> int:
         """Cancel the batch's unfinished tasks: queued ones at once, running ones are flagged
         for their worker. Returns how many were queued or running."""
         ...
 
 
-class Store(TaskQueue, TaskControl, Membership, FileStore, BatchStore, Protocol):
-    """Every role, as the stores implement them (memory, SQLite, PostgreSQL). Every method is
-    one atomic transaction; none blocks beyond the busy timeout. Times are seconds since the
-    epoch from the store's clock. A part that needs one role takes that role's Protocol."""
+class Store(TaskQueue, TaskControl, Protocol):
+    """The tasks themselves (`TaskQueue`, `TaskControl`) and the other roles as attributes, as
+    the stores implement them (memory, SQLite, PostgreSQL). Every method is one atomic
+    transaction; none blocks beyond the busy timeout. Times are seconds since the epoch from the
+    store's clock. A part that needs one role takes that role: `store.files`, not the store."""
+
+    @property
+    def files(self) -> FileStore: ...
+
+    @property
+    def batches(self) -> BatchStore: ...
+
+    @property
+    def members(self) -> Membership: ...
+
+    def ping(self) -> None:
+        """Check, within about `connect_timeout_s` and without retrying, that the database
+        answers; raises `StoreUnavailable` (saying why) if not. For health checks."""
+        ...
 
     def close(self) -> None:
         """Release connections. Idempotent."""

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from corral.store.base import StoreUnavailable
 
@@ -38,6 +38,32 @@ class Lost(Exception):
         # libpq's messages run over several lines: one line each in the log
         super().__init__(" ".join(str(cause).split()) or type(cause).__name__)
         self.maybe_done = maybe_done
+
+
+class Guard(Protocol):
+    """How a store runs one operation: `Outage.call` where connections drop, `unguarded`
+    where they cannot (SQLite). Each operation says whether it is `idempotent` and how to
+    `resolve` whether a try whose commit was lost took effect."""
+
+    def __call__(
+        self,
+        op: str,
+        fn: Callable[[], T],
+        *,
+        idempotent: bool = True,
+        resolve: Callable[[], T | None] | None = None,
+    ) -> T: ...
+
+
+def unguarded(
+    op: str,
+    fn: Callable[[], T],
+    *,
+    idempotent: bool = True,
+    resolve: Callable[[], T | None] | None = None,
+) -> T:
+    """Runs `fn` once: a database in this process has no connection to lose."""
+    return fn()
 
 
 class Outage:

@@ -12,15 +12,13 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from corral.store.base import (
-    Batch,
     Finished,
     NewTask,
-    StoredFile,
     StoreError,
     StoreUnavailable,
     Task,
@@ -167,7 +165,8 @@ class PostgresStore(SqlStore):
         side); `patience_s`: how long an operation keeps trying through an outage before
         `StoreUnavailable`; `connect_timeout_s`: for each connection attempt (the first one, at
         start, fails with `StoreError` after it)."""
-        super().__init__(clock)
+        self.outage = Outage(f"PostgreSQL at {_redact(url)}", patience_s)
+        super().__init__(clock, guard=self.outage.call)
         try:
             import psycopg
             from psycopg.rows import dict_row
@@ -179,7 +178,6 @@ class PostgresStore(SqlStore):
         self.url = url
         self.schema = schema
         self.connect_timeout_s = connect_timeout_s
-        self.outage = Outage(f"PostgreSQL at {_redact(url)}", patience_s)
         try:  # the schema first, so that every pooled connection can use it
             with psycopg.connect(url, connect_timeout=max(1, round(connect_timeout_s))) as conn:
                 conn.autocommit = True
@@ -413,49 +411,6 @@ class PostgresStore(SqlStore):
             resolve=lambda: self._claim(_CLAIMED, params, lease_s) or None,  # what it leased
         )
 
-    def add_file(self, file: StoredFile) -> None:
-        self.outage.call(
-            "a file's record",
-            lambda: SqlStore.add_file(self, file),
-            idempotent=False,
-            resolve=lambda: True if self._file_stored(file.id) else None,
-        )
-
-    def _file_stored(self, file_id: str) -> bool:
-        with self._tx(write=False, single=True) as tx:
-            return bool(tx.run("SELECT 1 AS x FROM corral_files WHERE id = :id", {"id": file_id}))
-
-    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
-        # `tasks` may be a generator: tried again only if it was not read yet.
-        return self.outage.call(
-            "a batch's creation",
-            lambda: SqlStore.create_batch(self, batch, tasks),
-            idempotent=False,
-        )
-
-    def start_batch(
-        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
-    ) -> Batch | None:
-        return self.outage.call(
-            "a batch's start",
-            lambda: SqlStore.start_batch(self, batch_id, status, data, tasks),
-            idempotent=False,
-        )
-
-    def update_batch(
-        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
-    ) -> Batch | None:
-        return self.outage.call(  # a compare-and-set: a lost "set" would read as a lost race
-            "a batch's update",
-            lambda: SqlStore.update_batch(self, batch_id, status, data, expect),
-            idempotent=False,
-        )
-
-    def delete_file(self, file_id: str) -> StoredFile:
-        return self.outage.call(
-            "a file's deletion", lambda: SqlStore.delete_file(self, file_id), idempotent=False
-        )
-
 
 def _through_outages(name: str) -> Callable[..., Any]:
     """`SqlStore.<name>`, tried again through an outage: it is idempotent, a read, or a write
@@ -486,20 +441,7 @@ for _name in (
     "reclaim_expired",
     "blame_death",
     "purge",
-    "get_file",
-    "list_files",
-    "get_batch",
-    "list_batches",
-    "batch_counts",
-    "batch_tasks",
-    "cancel_batch",
     "get",
-    "worker_seen",
-    "worker_gone",
-    "workers",
-    "nodes",
-    "set_residency",  # replaces the worker's rows: the same rows again
-    "residency",
     "list",
     "counts",
     "ready_counts",

@@ -185,3 +185,15 @@ def task_filters(status: TaskStatus | None, model: str | None) -> tuple[str, dic
         clauses.append("model = :model")
         params["model"] = model
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def run_one(
+    transactions: Transactions,
+    sql: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    write: bool = False,
+) -> list[Mapping[str, Any]]:
+    """One statement in a transaction of its own; its rows."""
+    with transactions(write=write, single=True) as tx:
+        return tx.run(sql, params)

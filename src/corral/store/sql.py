@@ -9,22 +9,20 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any
 
 from corral.store.base import (
-    Batch,
     Lease,
     Level,
     NewTask,
     QueueFull,
-    Residency,
-    StoredFile,
     Task,
     TaskNotFound,
     TaskStatus,
     grouped_expiry,
 )
 from corral.store.migrations import Dialect, check_schema, schema_version, upgrade
+from corral.store.outage import Guard, unguarded
 from corral.store.queries import (
     CLAIMABLE,
     COLUMNS,
@@ -52,15 +50,16 @@ class SqlStore:
     wakes_other_processes = False
     identity: str | None = None
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, guard: Guard = unguarded) -> None:
+        """`guard`: how each operation of the other roles runs (store/outage.py)."""
         self._clock = clock
         self._wakeups = Wakeups()
-        # The parts for the other roles: they share this store's transactions.
-        self._files = SqlFiles(self._tx)
-        self._batches = SqlBatches(
-            self._tx, clock, self._insert_chunks, self._woken, self._announce
+        # The other roles: they share this store's transactions.
+        self.files = SqlFiles(self._tx, guard)
+        self.batches = SqlBatches(
+            self._tx, guard, clock, self._insert_chunks, self._woken, self._announce
         )
-        self._members = SqlMembership(self._tx, clock)
+        self.members = SqlMembership(self._tx, guard, clock)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         return self._wakeups.add(wake)
@@ -484,76 +483,6 @@ RETURNING {QUALIFIED}"""
         if added:
             self._announce(tx)
         return added
-
-    # --- files and batches (store/sql_batches.py) ---------------------------------------------
-    def add_file(self, file: StoredFile) -> None:
-        self._files.add(file)
-
-    def get_file(self, file_id: str) -> StoredFile:
-        return self._files.get(file_id)
-
-    def list_files(
-        self,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 100,
-        order: Literal["asc", "desc"] = "desc",
-    ) -> builtins.list[StoredFile]:
-        return self._files.list(purpose, after, limit, order)
-
-    def delete_file(self, file_id: str) -> StoredFile:
-        return self._files.delete(file_id)
-
-    def create_batch(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
-        return self._batches.create(batch, tasks)
-
-    def start_batch(
-        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
-    ) -> Batch | None:
-        return self._batches.start(batch_id, status, data, tasks)
-
-    def get_batch(self, batch_id: str) -> Batch:
-        return self._batches.get(batch_id)
-
-    def list_batches(
-        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
-    ) -> builtins.list[Batch]:
-        return self._batches.list(after, limit, status)
-
-    def update_batch(
-        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
-    ) -> Batch | None:
-        return self._batches.update(batch_id, status, data, expect)
-
-    def batch_counts(self, batch_id: str) -> dict[TaskStatus, int]:
-        return self._batches.counts(batch_id)
-
-    def batch_tasks(
-        self, batch_id: str, after_seq: int = 0, limit: int = 1000
-    ) -> builtins.list[Task]:
-        return self._batches.tasks(batch_id, after_seq, limit)
-
-    def cancel_batch(self, batch_id: str) -> int:
-        return self._batches.cancel(batch_id)
-
-    # --- membership (store/sql_cluster.py) ----------------------------------------------------
-    def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
-        self._members.worker_seen(worker_id, models, url)
-
-    def worker_gone(self, worker_id: str) -> None:
-        self._members.worker_gone(worker_id)
-
-    def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
-        self._members.set_residency(worker_id, resident)
-
-    def residency(self, seen_after: float) -> builtins.list[Residency]:
-        return self._members.residency(seen_after)
-
-    def workers(self, seen_after: float) -> dict[str, builtins.list[str]]:
-        return self._members.workers(seen_after)
-
-    def nodes(self, seen_after: float) -> dict[str, str]:
-        return self._members.nodes(seen_after)
 
     # --- reads --------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:

@@ -1,13 +1,13 @@
-"""The Batch API's files and batches over SQL (the `FileStore` and `BatchStore` roles): parts
-the SQL store owns and calls; it supplies the transactions and, for a batch's lines, the task
-insert."""
+"""The Batch API's files and batches over SQL (the `FileStore` and `BatchStore` roles): the SQL
+store's `files` and `batches`. The store supplies the transactions, the guard each operation
+runs under (store/outage.py) and, for a batch's lines, the task insert."""
 
 from __future__ import annotations
 
 import builtins
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from corral.store.base import (
@@ -19,6 +19,7 @@ from corral.store.base import (
     Task,
     TaskStatus,
 )
+from corral.store.outage import Guard
 from corral.store.queries import (
     BATCH_COLUMNS,
     COLUMNS,
@@ -27,6 +28,7 @@ from corral.store.queries import (
     Tx,
     in_list,
     page,
+    run_one,
     to_batch,
     to_file,
     to_task,
@@ -36,23 +38,31 @@ from corral.store.queries import (
 class SqlFiles:
     """Uploaded files' records (`corral_files`); the bytes live on disk (batch/files.py)."""
 
-    def __init__(self, tx: Transactions) -> None:
+    def __init__(self, tx: Transactions, guard: Guard) -> None:
         self._tx = tx
+        self._guard = guard
 
     def add(self, file: StoredFile) -> None:
-        with self._tx(write=True, single=True) as tx:
-            tx.run(
-                "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, "
-                "expires_at) VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, "
-                ":expires_at)",
-                dataclasses.asdict(file),
-            )
+        sql = (
+            "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, "
+            "expires_at) VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, "
+            ":expires_at) RETURNING id"
+        )
+        self._guard(
+            "a file's record",
+            lambda: run_one(self._tx, sql, dataclasses.asdict(file), write=True),
+            idempotent=False,
+            resolve=lambda: self._stored(file.id),
+        )
+
+    def _stored(self, file_id: str) -> builtins.list[Mapping[str, Any]] | None:
+        """The record whose commit may have been lost, if it landed."""
+        sql = "SELECT id FROM corral_files WHERE id = :id"
+        return run_one(self._tx, sql, {"id": file_id}) or None
 
     def get(self, file_id: str) -> StoredFile:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE id = :id", {"id": file_id}
-            )
+        sql = f"SELECT {FILE_COLUMNS} FROM corral_files WHERE id = :id"
+        rows = self._guard("files.get", lambda: run_one(self._tx, sql, {"id": file_id}))
         if not rows:
             raise FileNotFound(f"no file with id {file_id!r}")
         return to_file(rows[0])
@@ -63,25 +73,26 @@ class SqlFiles:
         after: str | None = None,
         limit: int = 100,
         order: Literal["asc", "desc"] = "desc",
-    ) -> list[StoredFile]:
+    ) -> builtins.list[StoredFile]:
         where, params = page("corral_files", after, limit, order)
         if purpose is not None:
             where += " AND purpose = :purpose"
             params["purpose"] = purpose
         direction = "ASC" if order == "asc" else "DESC"
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {FILE_COLUMNS} FROM corral_files WHERE {where} "
-                f"ORDER BY seq {direction} LIMIT :limit",
-                params,
-            )
+        sql = (
+            f"SELECT {FILE_COLUMNS} FROM corral_files WHERE {where} "
+            f"ORDER BY seq {direction} LIMIT :limit"
+        )
+        rows = self._guard("files.list", lambda: run_one(self._tx, sql, params))
         return [to_file(r) for r in rows]
 
     def delete(self, file_id: str) -> StoredFile:
-        with self._tx(write=True, single=True) as tx:
-            rows = tx.run(
-                f"DELETE FROM corral_files WHERE id = :id RETURNING {FILE_COLUMNS}", {"id": file_id}
-            )
+        sql = f"DELETE FROM corral_files WHERE id = :id RETURNING {FILE_COLUMNS}"
+        rows = self._guard(
+            "a file's deletion",
+            lambda: run_one(self._tx, sql, {"id": file_id}, write=True),
+            idempotent=False,
+        )
         if not rows:
             raise FileNotFound(f"no file with id {file_id!r}")
         return to_file(rows[0])
@@ -95,18 +106,26 @@ class SqlBatches:
     def __init__(
         self,
         tx: Transactions,
+        guard: Guard,
         clock: Callable[[], float],
         add_tasks: Callable[[Tx, Iterable[NewTask]], int],
         woken: Callable[[], None],
         announce: Callable[[Tx], None],
     ) -> None:
         self._tx = tx
+        self._guard = guard
         self._clock = clock
         self._add_tasks = add_tasks
         self._woken = woken
         self._announce = announce
 
     def create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        # `tasks` may be a generator: tried again only if it was not read yet.
+        return self._guard(
+            "a batch's creation", lambda: self._create(batch, tasks), idempotent=False
+        )
+
+    def _create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
         added = 0
         with self._tx(write=True) as tx:
             if batch.idempotency_key is not None:
@@ -135,6 +154,15 @@ class SqlBatches:
     def start(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
     ) -> Batch | None:
+        return self._guard(
+            "a batch's start",
+            lambda: self._start(batch_id, status, data, tasks),
+            idempotent=False,
+        )
+
+    def _start(
+        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
+    ) -> Batch | None:
         added = 0
         with self._tx(write=True) as tx:
             rows = tx.run(
@@ -152,29 +180,35 @@ class SqlBatches:
         return to_batch(rows[0])
 
     def get(self, batch_id: str) -> Batch:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE id = :id", {"id": batch_id}
-            )
+        sql = f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE id = :id"
+        rows = self._guard("batches.get", lambda: run_one(self._tx, sql, {"id": batch_id}))
         if not rows:
             raise BatchNotFound(f"no batch with id {batch_id!r}")
         return to_batch(rows[0])
 
     def list(
         self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
-    ) -> list[Batch]:
+    ) -> builtins.list[Batch]:
         where, params = page("corral_batches", after, limit)
         if status is not None:
             where += f" AND status IN ({in_list('status', status, params)})"
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE {where} "
-                "ORDER BY seq DESC LIMIT :limit",
-                params,
-            )
+        sql = (
+            f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE {where} "
+            "ORDER BY seq DESC LIMIT :limit"
+        )
+        rows = self._guard("batches.list", lambda: run_one(self._tx, sql, params))
         return [to_batch(r) for r in rows]
 
     def update(
+        self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
+    ) -> Batch | None:
+        return self._guard(  # a compare-and-set: a lost "set" would read as a lost race
+            "a batch's update",
+            lambda: self._update(batch_id, status, data, expect),
+            idempotent=False,
+        )
+
+    def _update(
         self, batch_id: str, status: str, data: dict[str, Any], expect: Sequence[str]
     ) -> Batch | None:
         params: dict[str, Any] = {"id": batch_id, "status": status, "data": json.dumps(data)}
@@ -192,24 +226,24 @@ class SqlBatches:
         return to_batch(rows[0]) if rows else None
 
     def counts(self, batch_id: str) -> dict[TaskStatus, int]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT status, COUNT(*) AS n FROM corral_tasks WHERE batch_id = :b "
-                "GROUP BY status",
-                {"b": batch_id},
-            )
+        sql = "SELECT status, COUNT(*) AS n FROM corral_tasks WHERE batch_id = :b GROUP BY status"
+        rows = self._guard("batches.counts", lambda: run_one(self._tx, sql, {"b": batch_id}))
         return {TaskStatus(r["status"]): int(r["n"]) for r in rows}
 
     def tasks(self, batch_id: str, after_seq: int = 0, limit: int = 1000) -> builtins.list[Task]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
-                "ORDER BY seq LIMIT :limit",
-                {"b": batch_id, "after": after_seq, "limit": limit},
-            )
-        return [to_task(r) for r in rows]
+        sql = (
+            f"SELECT {COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
+            "ORDER BY seq LIMIT :limit"
+        )
+        params = {"b": batch_id, "after": after_seq, "limit": limit}
+        return [
+            to_task(r) for r in self._guard("batches.tasks", lambda: run_one(self._tx, sql, params))
+        ]
 
     def cancel(self, batch_id: str) -> int:
+        return self._guard("batches.cancel", lambda: self._cancel(batch_id))
+
+    def _cancel(self, batch_id: str) -> int:
         now = self._clock()
         with self._tx(write=True) as tx:
             queued = tx.run(

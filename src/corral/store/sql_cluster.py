@@ -1,5 +1,6 @@
 """Cluster membership over SQL (the `Membership` role): which workers and nodes are alive, and
-what each holds. A part the SQL store owns and calls; it supplies the transactions."""
+what each holds: the SQL store's `members`. The store supplies the transactions and the guard
+each operation runs under (store/outage.py); every one of them may run again."""
 
 from __future__ import annotations
 
@@ -8,35 +9,44 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from corral.store.base import Residency
-from corral.store.queries import Transactions, in_list
+from corral.store.outage import Guard
+from corral.store.queries import Transactions, in_list, run_one
 
 
 class SqlMembership:
-    def __init__(self, tx: Transactions, clock: Callable[[], float]) -> None:
+    def __init__(self, tx: Transactions, guard: Guard, clock: Callable[[], float]) -> None:
         self._tx = tx
+        self._guard = guard
         self._clock = clock
 
     def worker_seen(self, worker_id: str, models: Sequence[str], url: str | None = None) -> None:
-        with self._tx(write=True, single=True) as tx:
-            tx.run(
-                "INSERT INTO corral_workers (id, models, seen_at, url) "
-                "VALUES (:id, :models, :now, :url) "
-                "ON CONFLICT (id) DO UPDATE SET models = excluded.models, "
-                "seen_at = excluded.seen_at, url = excluded.url",
-                {
-                    "id": worker_id,
-                    "models": json.dumps(list(models)),
-                    "now": self._clock(),
-                    "url": url,
-                },
-            )
+        sql = (
+            "INSERT INTO corral_workers (id, models, seen_at, url) "
+            "VALUES (:id, :models, :now, :url) "
+            "ON CONFLICT (id) DO UPDATE SET models = excluded.models, "
+            "seen_at = excluded.seen_at, url = excluded.url"
+        )
+        params = {
+            "id": worker_id,
+            "models": json.dumps(list(models)),
+            "now": self._clock(),
+            "url": url,
+        }
+        self._guard("members.worker_seen", lambda: run_one(self._tx, sql, params, write=True))
 
     def worker_gone(self, worker_id: str) -> None:
+        self._guard("members.worker_gone", lambda: self._gone(worker_id))
+
+    def _gone(self, worker_id: str) -> None:
         with self._tx(write=True) as tx:
             tx.run("DELETE FROM corral_workers WHERE id = :id", {"id": worker_id})
             tx.run("DELETE FROM corral_residency WHERE worker_id = :id", {"id": worker_id})
 
     def set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
+        # It replaces the worker's rows: the same rows again if it runs twice.
+        self._guard("members.set_residency", lambda: self._set_residency(worker_id, resident))
+
+    def _set_residency(self, worker_id: str, resident: Sequence[tuple[str, str, str]]) -> None:
         now = self._clock()
         params: dict[str, Any] = {"id": worker_id}
         others = ""  # the rows of models it no longer holds go (all of them if it holds none)
@@ -58,30 +68,24 @@ class SqlMembership:
                 )
 
     def residency(self, seen_after: float) -> list[Residency]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT worker_id, device, model, state, seen_at FROM corral_residency "
-                "WHERE seen_at > :t ORDER BY worker_id, model",
-                {"t": seen_after},
-            )
+        sql = (
+            "SELECT worker_id, device, model, state, seen_at FROM corral_residency "
+            "WHERE seen_at > :t ORDER BY worker_id, model"
+        )
+        rows = self._guard("members.residency", lambda: run_one(self._tx, sql, {"t": seen_after}))
         return [
             Residency(r["worker_id"], r["device"], r["model"], r["state"], float(r["seen_at"]))
             for r in rows
         ]
 
     def workers(self, seen_after: float) -> dict[str, list[str]]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT id, models FROM corral_workers WHERE seen_at > :t ORDER BY id",
-                {"t": seen_after},
-            )
+        sql = "SELECT id, models FROM corral_workers WHERE seen_at > :t ORDER BY id"
+        rows = self._guard("members.workers", lambda: run_one(self._tx, sql, {"t": seen_after}))
         return {r["id"]: json.loads(r["models"]) for r in rows}
 
     def nodes(self, seen_after: float) -> dict[str, str]:
-        with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT id, url FROM corral_workers WHERE seen_at > :t AND url IS NOT NULL "
-                "ORDER BY id",
-                {"t": seen_after},
-            )
+        sql = (
+            "SELECT id, url FROM corral_workers WHERE seen_at > :t AND url IS NOT NULL ORDER BY id"
+        )
+        rows = self._guard("members.nodes", lambda: run_one(self._tx, sql, {"t": seen_after}))
         return {r["id"]: r["url"] for r in rows}

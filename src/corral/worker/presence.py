@@ -39,11 +39,11 @@ class Presence:
     def look(self) -> dict[str, int]:
         """Say this worker is alive (blocking: run it in a thread); returns the models with
         queued tasks that no live worker serves, with how many."""
-        self.store.worker_seen(self.worker_id, self.models, self.settings.url)
+        self.store.members.worker_seen(self.worker_id, self.models, self.settings.url)
         window_s = max(PRESENCE_S, 2 * self.settings.lease_s)
-        live = self.store.workers(time.time() - window_s)
+        live = self.store.members.workers(time.time() - window_s)
         if self.settings.affinity:  # its rows stay fresh
-            self.store.set_residency(self.worker_id, self.residency.rows())
+            self.store.members.set_residency(self.worker_id, self.residency.rows())
         served = set(self.models).union(*live.values())
         counts = self.store.counts()
         return {

@@ -126,7 +126,7 @@ class Worker:
         self._executor: Executor  # set by `run`
         # Model affinity (worker/affinity.py): what this worker holds, (device, state) per
         # model; the live workers and the models each serves (each lease/2); the table's rows.
-        self.residency = Holdings(self.store, self.settings, self.worker_id, self.models)
+        self.residency = Holdings(self.store.members, self.settings, self.worker_id, self.models)
         # What this node holds, told as it swaps (worker/node.py); the gateway tells it too.
         self.node = Node(self.residency, self._claims.release_ahead, self._spawn)
         self._loads = Loads(registry, self.node, self._sched)  # the model hooks (worker/loads.py)
@@ -287,7 +287,7 @@ class Worker:
             finally:
                 self._beats.stop()
                 with contextlib.suppress(Exception):  # a store already gone: it ages out
-                    await asyncio.to_thread(self.store.worker_gone, self.worker_id)
+                    await asyncio.to_thread(self.store.members.worker_gone, self.worker_id)
                 self._words.close()
 
     def _woken(self) -> None:
