@@ -26,8 +26,10 @@ from corral.store.base import (
 )
 from corral.store.migrations import Dialect
 from corral.store.outage import Lost, Outage
-from corral.store.queries import CLAIMABLE, QUALIFIED
+from corral.store.queries import SQL, load
 from corral.store.sql import SqlStore, Tx
+
+_SQL = load("postgres.sql", SQL)  # its own statements: the claim, group commit, NOTIFY
 
 DIALECT = Dialect(
     serial_pk="BIGSERIAL PRIMARY KEY",
@@ -35,9 +37,8 @@ DIALECT = Dialect(
     new_token="replace(gen_random_uuid()::text, '-', '')",
     lock_skip="FOR UPDATE SKIP LOCKED",
     cte_writes=True,
-    kind_lock="SELECT pg_advisory_xact_lock(hashtext('corral_kind:' || :kind)) AS x",
-    migrate_lock="SELECT pg_advisory_xact_lock(hashtext('corral_migrate:' || current_schema())) "
-    "AS x",
+    kind_lock=_SQL["kind_lock"],
+    migrate_lock=_SQL["migrate_lock"],
 )
 _PARAM = re.compile(r"(?<!:):([a-z_]+)")
 log = logging.getLogger("corral.store")
@@ -77,58 +78,6 @@ class _PgTx:
         with self._conn.cursor() as cur:  # psycopg pipelines executemany: no round trip per row
             cur.executemany(_pg(sql), params)
 
-
-# Group commit (`finish_many`) in one statement: start the next tasks, commit the finished
-# ones, and announce a freed serial key, if any, to other processes.
-_FINISH_MANY = """
-WITH started AS (
-    UPDATE corral_tasks SET attempts = attempts + 1, started_at = :now, started_in_group = :grp
-    FROM unnest(:s_ids::text[], :s_tokens::text[]) AS s(id, token)
-    WHERE corral_tasks.id = s.id AND corral_tasks.status = 'running'
-      AND corral_tasks.lease_token = s.token AND corral_tasks.started_at IS NULL
-      AND (:grp = 0 OR corral_tasks.run_alone = 0)
-    RETURNING corral_tasks.id),
-done AS (
-    UPDATE corral_tasks SET status = 'succeeded', result = f.result, lease_token = NULL,
-        lease_expires_at = NULL, finished_at = :now
-    FROM unnest(:ids::text[], :tokens::text[], :results::text[]) AS f(id, token, result)
-    WHERE corral_tasks.id = f.id AND corral_tasks.status = 'running'
-      AND corral_tasks.lease_token = f.token
-    RETURNING corral_tasks.id, corral_tasks.serial_key)
-SELECT id, serial_key,
-       CASE WHEN serial_key IS NULL THEN NULL ELSE pg_notify(:channel, '') END AS notified
-FROM done"""
-
-# The claim. The picked rows' seqs go in one array: the update then finds them through the
-# primary key (joined to a ranked subquery instead, the planner hashes the whole table, which
-# grows with every stored result). Its commit is asynchronous (`synchronous_commit` off for
-# this transaction only): a claim the database loses in a crash only puts tasks back (their
-# leases, hence their commits, are gone: at-least-once holds), and a result's synchronous
-# commit flushes every claim before it anyway. It spares a WAL flush per claim.
-_STARTS = (
-    "array_position(p.a, corral_tasks.seq) <= :start "
-    "AND ((:grp = 0 AND (:start <= 1 OR cardinality(p.a) <= 1)) OR corral_tasks.run_alone = 0)"
-)
-_CLAIM = f"""
-WITH p AS (SELECT ARRAY(SELECT t.seq FROM corral_tasks t
-                        WHERE t.model = :model AND {CLAIMABLE}
-                        ORDER BY t.interactive DESC, t.priority DESC, t.seq
-                        LIMIT :limit FOR UPDATE SKIP LOCKED) AS a,
-                  set_config('synchronous_commit', 'off', true) AS async_commit)
-UPDATE corral_tasks SET status = 'running',
-    attempts = attempts + CASE WHEN {_STARTS} THEN 1 ELSE 0 END,
-    started_at = CASE WHEN {_STARTS} THEN :now ELSE NULL END,
-    started_in_group = CASE WHEN {_STARTS} AND (:grp = 1 OR (:start > 1 AND cardinality(p.a) > 1))
-                       THEN 1 ELSE 0 END,
-    lease_token = :nonce || lpad(to_hex(corral_tasks.seq), 16, '0'),
-    lease_expires_at = :expires, worker_id = :worker
-FROM p
-WHERE corral_tasks.seq = ANY(p.a)
-RETURNING {QUALIFIED}"""
-# A claim whose connection dropped while it committed: the tasks it leased, if it did. Its
-# tokens start with the claim's nonce, which nothing else knows.
-_CLAIMED = f"""SELECT {QUALIFIED} FROM corral_tasks
-WHERE worker_id = :worker AND status = 'running' AND left(lease_token, 32) = :nonce"""
 
 _INSERT_COLUMNS = (
     "id",
@@ -286,17 +235,17 @@ class PostgresStore(SqlStore):
             "channel": self._channel,
         }
         with self._tx(write=True, single=True) as tx:
-            rows = tx.run(_FINISH_MANY, params)
+            rows = tx.run(_SQL["finish_many"], params)
         committed = [r["id"] for r in rows]
         if any(r["serial_key"] is not None for r in rows):
             self._wakeups.fire()  # the statement announced it to other processes
         return committed
 
     def _announce(self, tx: Tx) -> None:
-        tx.run("SELECT pg_notify(:channel, '')", {"channel": self._channel})
+        tx.run(_SQL["announce"], {"channel": self._channel})
 
     def _notify_sql(self) -> str:
-        return f"SELECT pg_notify('{self._channel}', '') AS notified"
+        return _SQL["notify"].format(channel=self._channel)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         remove = super().subscribe(wake)
@@ -382,9 +331,7 @@ class PostgresStore(SqlStore):
         """Whether an enqueue whose commit may have been lost landed (all or none: one
         transaction)."""
         with self._tx(write=False, single=True) as tx:
-            return bool(
-                ids and tx.run("SELECT 1 AS x FROM corral_tasks WHERE id = :id", {"id": ids[0]})
-            )
+            return bool(ids and tx.run(SQL["task_stored"], {"id": ids[0]}))
 
     def claim(
         self,
@@ -406,9 +353,9 @@ class PostgresStore(SqlStore):
         }
         return self.outage.call(
             "a claim",
-            lambda: self._claim(_CLAIM, params, lease_s),
+            lambda: self._claim(_SQL["claim"], params, lease_s),
             idempotent=False,
-            resolve=lambda: self._claim(_CLAIMED, params, lease_s) or None,  # what it leased
+            resolve=lambda: self._claim(_SQL["claimed"], params, lease_s) or None,  # what it leased
         )
 
 

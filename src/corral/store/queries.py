@@ -1,11 +1,13 @@
-"""The store's SQL, named: the task columns, the statements the SQL stores share, and rows
-turned into the store's types. Dialect-specific statements live with their adapter."""
+"""The store's SQL, named: `SQL` holds the statements of queries.sql (`load` reads a dialect's
+file beside its adapter); rows turned into the store's types; the transaction Protocols."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from importlib import resources
 from typing import Any, Protocol
 
 from corral.store.base import Batch, NewTask, StoredFile, Task, TaskStatus, new_ids
@@ -28,42 +30,32 @@ class Transactions(Protocol):
     def __call__(self, write: bool, single: bool = False) -> AbstractContextManager[Tx]: ...
 
 
-COLUMNS = (
-    "seq, id, kind, model, payload, priority, serial_key, status, attempts, max_attempts, "
-    "created_at, run_after, lease_token, lease_expires_at, worker_id, started_at, finished_at, "
-    "result, error, errors, cancel_requested, batch_id, interactive, started_in_group, run_alone"
-)
-# The same columns without the payload and the result (`list(full=False)`).
-LIGHT = COLUMNS.replace("payload,", "'null' AS payload,").replace("result,", "NULL AS result,")
-QUALIFIED = ", ".join(f"corral_tasks.{c.strip()}" for c in COLUMNS.split(","))
+_ENTRY = re.compile(r"^-- name: (\w+)\n((?:--[^\n]*\n)*)(.*?)(?=^-- name: |\Z)", re.S | re.M)
+_INCLUDE = re.compile(r"\{(\w+)\}")
 
 
-INSERT = (
-    "INSERT INTO corral_tasks (id, kind, model, payload, priority, interactive, serial_key, "
-    "status, max_attempts, created_at, run_after, batch_id) VALUES (:id, :kind, :model, "
-    ":payload, :priority, :interactive, :serial_key, :status, :max_attempts, :created_at, "
-    ":run_after, :batch_id)"
-)
-CLAIMABLE = """t.status = 'queued' AND t.run_after <= :now
-      AND (t.serial_key IS NULL OR (
-        NOT EXISTS (SELECT 1 FROM corral_tasks r
-                    WHERE r.serial_key = t.serial_key AND r.status = 'running')
-        AND t.seq = (SELECT MIN(q.seq) FROM corral_tasks q
-                     WHERE q.serial_key = t.serial_key AND q.status = 'queued')))"""
+def load(filename: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The named statements of `filename`, a file of this package (see `parse`)."""
+    text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
+    return parse(text, filename, base)
 
 
-# Start a reserved task: its attempt counts from here. In a group (`:start_group` 1), never a
-# task that must run alone.
-START = (
-    "UPDATE corral_tasks SET attempts = attempts + 1, started_at = :start_now, "
-    "started_in_group = :start_group "
-    "WHERE id = :start_id AND status = 'running' AND lease_token = :start_token "
-    "AND started_at IS NULL AND (:start_group = 0 OR run_alone = 0) RETURNING id"
-)
-FINISH_SETS = (
-    "status = 'succeeded', result = :result, lease_token = NULL, lease_expires_at = NULL, "
-    "finished_at = :now"
-)
+def parse(text: str, filename: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each `-- name: x` entry of `text`, its leading comment lines dropped. `{y}` includes
+    entry `y` of this text or of `base`; other `{...}` are left for the caller to fill in."""
+    entries = [(m[1], m[3].strip().removesuffix(";")) for m in _ENTRY.finditer(text)]
+    raw = dict(entries)
+    if len(raw) != len(entries):  # a second entry of one name would hide the first
+        raise ValueError(f"{filename}: an entry name appears twice")
+    known = {**(base or {}), **raw}
+
+    def expand(sql: str) -> str:
+        return _INCLUDE.sub(lambda m: expand(known[m[1]]) if m[1] in known else m[0], sql)
+
+    return {name: expand(sql) for name, sql in raw.items()}
+
+
+SQL = load("queries.sql")
 
 
 def to_task(row: Mapping[str, Any]) -> Task:
@@ -94,10 +86,6 @@ def to_task(row: Mapping[str, Any]) -> Task:
         started_in_group=bool(row["started_in_group"]),
         run_alone=bool(row["run_alone"]),
     )
-
-
-FILE_COLUMNS = "id, purpose, filename, bytes, created_at, path, expires_at"
-BATCH_COLUMNS = "seq, id, status, created_at, idempotency_key, data"
 
 
 def to_file(row: Mapping[str, Any]) -> StoredFile:

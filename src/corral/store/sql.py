@@ -23,19 +23,7 @@ from corral.store.base import (
 )
 from corral.store.migrations import Dialect, check_schema, schema_version, upgrade
 from corral.store.outage import Guard, unguarded
-from corral.store.queries import (
-    CLAIMABLE,
-    COLUMNS,
-    FINISH_SETS,
-    INSERT,
-    LIGHT,
-    QUALIFIED,
-    START,
-    Tx,
-    task_filters,
-    task_rows,
-    to_task,
-)
+from corral.store.queries import SQL, Tx, task_filters, task_rows, to_task
 from corral.store.sql_batches import SqlBatches, SqlFiles
 from corral.store.sql_cluster import SqlMembership
 from corral.store.wakeups import Wakeups
@@ -107,7 +95,7 @@ class SqlStore:
     def _store_row(self, row: dict[str, Any]) -> None:
         """One statement, so one round trip in autocommit: the insert and its announcement."""
         with self._tx(write=True, single=True) as tx:
-            tx.run(f"WITH added AS ({INSERT} RETURNING 1 AS x) {self._notify_sql()}", row)
+            tx.run(SQL["insert_announced"].format(notify=self._notify_sql()), row)
         self._woken()
 
     def _notify_sql(self) -> str:
@@ -135,17 +123,13 @@ class SqlStore:
         submitters of one kind are serialised first (SQLite: by BEGIN IMMEDIATE already)."""
         if self.dialect.kind_lock:
             tx.run(self.dialect.kind_lock, {"kind": kind})
-        rows = tx.run(
-            "SELECT count(*) AS n FROM corral_tasks "  # the partial index on queued tasks
-            "WHERE model = :model AND status = 'queued' AND kind = :kind",
-            {"model": model, "kind": kind},
-        )
+        rows = tx.run(SQL["queued_of_kind"], {"model": model, "kind": kind})
         queued = int(rows[0]["n"])
         if queued + adding > max_queued:
             raise QueueFull.of(kind, queued, adding, max_queued)
 
     def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
-        tx.run_many(INSERT, rows)
+        tx.run_many(SQL["insert_task"], rows)
 
     def claim(
         self,
@@ -177,29 +161,9 @@ class SqlStore:
     def _claim_sql(self) -> str:
         """The claim: one statement taking `:limit` claimable tasks of `:model`, the first
         `:start` of them started, the rest reserved; RETURNING the tasks' columns."""
-        # Rank the picked rows so the best `start` of them start and the rest are reserved, in
-        # one statement (window functions cannot share a SELECT with FOR UPDATE: hence the nest).
-        # Several started at once are a group, which never includes a task that must run alone
-        # (it comes back reserved: the worker starts it by itself).
-        starts = (
-            "p.rn <= :start AND ((:grp = 0 AND (:start <= 1 OR p.picked <= 1)) OR p.run_alone = 0)"
+        return SQL["claim"].format(
+            new_token=self.dialect.new_token, lock_skip=self.dialect.lock_skip
         )
-        return f"""
-UPDATE corral_tasks SET status = 'running',
-    attempts = attempts + CASE WHEN {starts} THEN 1 ELSE 0 END,
-    started_at = CASE WHEN {starts} THEN :now ELSE NULL END,
-    started_in_group = CASE WHEN {starts} AND (:grp = 1 OR (:start > 1 AND p.picked > 1))
-                       THEN 1 ELSE 0 END,
-    lease_token = {self.dialect.new_token}, lease_expires_at = :expires, worker_id = :worker
-FROM (SELECT s.seq, s.run_alone,
-             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
-             count(*) OVER () AS picked
-      FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone FROM corral_tasks t
-            WHERE t.model = :model AND {CLAIMABLE}
-            ORDER BY t.interactive DESC, t.priority DESC, t.seq
-            LIMIT :limit {self.dialect.lock_skip}) s) p
-WHERE corral_tasks.seq = p.seq
-RETURNING {QUALIFIED}"""
 
     def start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         with self._tx(write=True, single=len(tasks) == 1) as tx:
@@ -211,7 +175,7 @@ RETURNING {QUALIFIED}"""
         grouped = int(group or len(tasks) > 1)
         for task_id, token in tasks:
             rows = tx.run(
-                START,
+                SQL["start"],
                 {
                     "start_id": task_id,
                     "start_token": token,
@@ -230,24 +194,20 @@ RETURNING {QUALIFIED}"""
         params: dict[str, Any],
         then_start: Sequence[tuple[str, str]] = (),
     ) -> list[Mapping[str, Any]]:
-        sql = (
-            f"UPDATE corral_tasks SET {sets} WHERE id = :id AND status = 'running' "
-            f"AND lease_token = :token RETURNING cancel_requested, serial_key"
-        )
         params = {"id": task_id, "token": token, **params}
         if len(then_start) == 1 and self.dialect.cte_writes:
             (params["start_id"], params["start_token"]) = then_start[0]
             params["start_now"] = self._clock()
             params["start_group"] = 0
             with self._tx(write=True, single=True) as tx:
-                return tx.run(f"WITH started AS ({START}) {sql}", params)
+                return tx.run(SQL["update_held_then_start"].format(sets=sets), params)
         with self._tx(write=True, single=not then_start) as tx:
             self._start(tx, then_start)
-            return tx.run(sql, params)
+            return tx.run(SQL["update_held"].format(sets=sets), params)
 
     def heartbeat(self, task_id: str, token: str, lease_s: float) -> Lease:
         rows = self._update_held(
-            task_id, token, "lease_expires_at = :expires", {"expires": self._clock() + lease_s}
+            task_id, token, SQL["heartbeat_sets"], {"expires": self._clock() + lease_s}
         )
         if not rows:
             return Lease.LOST
@@ -261,7 +221,7 @@ RETURNING {QUALIFIED}"""
             self._update_held(
                 task_id,
                 token,
-                FINISH_SETS,
+                SQL["finish_sets"],
                 {"result": encoded, "now": self._clock()},
                 then_start,
             )
@@ -284,11 +244,7 @@ RETURNING {QUALIFIED}"""
         now = self._clock()
         with self._tx(write=True) as tx:
             self._start(tx, then_start)
-            rows = tx.run(
-                "SELECT attempts, max_attempts, errors, serial_key FROM corral_tasks "
-                "WHERE id = :id AND status = 'running' AND lease_token = :token",
-                {"id": task_id, "token": token},
-            )
+            rows = tx.run(SQL["held_for_fail"], {"id": task_id, "token": token})
             if not rows:
                 return False
             row = rows[0]
@@ -301,18 +257,8 @@ RETURNING {QUALIFIED}"""
                 ]
             )
             again = retry_in_s is not None and int(row["attempts"]) < int(row["max_attempts"])
-            if again:
-                sets = (
-                    "status = 'queued', run_after = :after, lease_token = NULL, "
-                    "lease_expires_at = NULL, worker_id = NULL"
-                )
-            else:
-                sets = (
-                    "status = 'failed', lease_token = NULL, lease_expires_at = NULL, "
-                    "finished_at = :now"
-                )
             tx.run(
-                f"UPDATE corral_tasks SET {sets}, error = :error, errors = :errors WHERE id = :id",
+                SQL["fail_again" if again else "fail_for_good"],
                 {
                     "after": now + (retry_in_s or 0.0),
                     "now": now,
@@ -330,9 +276,7 @@ RETURNING {QUALIFIED}"""
             self._update_held(
                 task_id,
                 token,
-                "status = 'queued', attempts = attempts - CASE WHEN started_at IS NULL THEN 0 "
-                "ELSE 1 END, lease_token = NULL, started_in_group = 0, "
-                "lease_expires_at = NULL, worker_id = NULL, started_at = NULL",
+                SQL["release_sets"],
                 {},
             )
         )
@@ -347,8 +291,7 @@ RETURNING {QUALIFIED}"""
             self._update_held(
                 task_id,
                 token,
-                "status = 'cancelled', lease_token = NULL, lease_expires_at = NULL, "
-                "finished_at = :now",
+                SQL["cancelled_sets"],
                 {"now": self._clock()},
                 then_start,
             )
@@ -356,28 +299,15 @@ RETURNING {QUALIFIED}"""
 
     def cancel(self, task_id: str) -> TaskStatus:
         with self._tx(write=True, single=True) as tx:
-            rows = tx.run(
-                "UPDATE corral_tasks SET "
-                "cancel_requested = CASE WHEN status = 'running' THEN 1 ELSE cancel_requested END, "
-                "finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END, "
-                "status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END "
-                "WHERE id = :id RETURNING status",
-                {"id": task_id, "now": self._clock()},
-            )
+            rows = tx.run(SQL["cancel"], {"id": task_id, "now": self._clock()})
         if not rows:
             raise TaskNotFound(f"no task with id {task_id!r}")
         return TaskStatus(rows[0]["status"])
 
     def retry(self, task_id: str) -> TaskStatus:
         with self._tx(write=True) as tx:
-            tx.run(
-                "UPDATE corral_tasks SET status = 'queued', attempts = 0, run_after = :now, "
-                "finished_at = NULL, cancel_requested = 0, worker_id = NULL, started_at = NULL, "
-                "started_in_group = 0, run_alone = 0 "
-                "WHERE id = :id AND status IN ('failed', 'cancelled')",
-                {"id": task_id, "now": self._clock()},
-            )
-            rows = tx.run("SELECT status FROM corral_tasks WHERE id = :id", {"id": task_id})
+            tx.run(SQL["retry"], {"id": task_id, "now": self._clock()})
+            rows = tx.run(SQL["task_status"], {"id": task_id})
             if rows and rows[0]["status"] == "queued":
                 self._announce(tx)
         if not rows:
@@ -388,12 +318,7 @@ RETURNING {QUALIFIED}"""
     def reclaim_expired(self) -> int:
         now = self._clock()
         with self._tx(write=True) as tx:
-            rows = tx.run(
-                "SELECT id, attempts, max_attempts, worker_id, errors, started_at, "
-                "started_in_group, cancel_requested FROM corral_tasks "
-                "WHERE status = 'running' AND lease_expires_at < :now",
-                {"now": now},
-            )
+            rows = tx.run(SQL["expired"], {"now": now})
             for row in rows:
                 error, errors, refund = None, row["errors"], 0
                 if row["cancel_requested"]:
@@ -416,13 +341,7 @@ RETURNING {QUALIFIED}"""
                     final = int(row["attempts"]) >= int(row["max_attempts"])
                     status = "failed" if final else "queued"
                 tx.run(
-                    "UPDATE corral_tasks SET status = :status, lease_token = NULL, "
-                    "lease_expires_at = NULL, worker_id = CASE WHEN :status = 'queued' THEN NULL "
-                    "ELSE worker_id END, finished_at = :finished, error = COALESCE(:error, error), "
-                    "errors = :errors, attempts = attempts - CASE WHEN :refund > 0 THEN 1 "
-                    "ELSE 0 END, started_in_group = 0, "
-                    "run_alone = CASE WHEN :refund = 1 THEN 1 ELSE run_alone END "
-                    "WHERE id = :id AND status = 'running'",
+                    SQL["reclaim"],
                     {
                         "status": status,
                         "finished": None if status == "queued" else now,
@@ -443,33 +362,17 @@ RETURNING {QUALIFIED}"""
         `reclaim_expired`); a blamed one goes to 0, as if started alone."""
         with self._tx(write=True) as tx:
             for task_id, token in running:
-                if not tx.run(
-                    "SELECT 1 AS x FROM corral_tasks WHERE id = :id AND lease_token = :token "
-                    "AND worker_id = :worker AND status = 'running' AND started_at IS NOT NULL",
-                    {"id": task_id, "token": token, "worker": worker_id},
-                ):
+                held = {"id": task_id, "token": token, "worker": worker_id}
+                if not tx.run(SQL["running_under"], held):
                     return 0
-            cleared = tx.run(
-                "UPDATE corral_tasks SET started_in_group = 2 WHERE worker_id = :worker "
-                "AND status = 'running' AND started_in_group IN (1, 2) RETURNING id",
-                {"worker": worker_id},
-            )
+            cleared = tx.run(SQL["clear_groups"], {"worker": worker_id})
             for task_id, token in running:
-                tx.run(
-                    "UPDATE corral_tasks SET started_in_group = 0 WHERE id = :id "
-                    "AND lease_token = :token",
-                    {"id": task_id, "token": token},
-                )
+                tx.run(SQL["blame"], {"id": task_id, "token": token})
         return len({r["id"] for r in cleared} | {task_id for task_id, _ in running})
 
     def purge(self, finished_before: float, limit: int = 10_000) -> int:
         with self._tx(write=True, single=True) as tx:
-            rows = tx.run(
-                "DELETE FROM corral_tasks WHERE seq IN (SELECT seq FROM corral_tasks "
-                "WHERE status IN ('succeeded', 'failed', 'cancelled') AND batch_id IS NULL "
-                "AND finished_at < :before ORDER BY finished_at LIMIT :limit) RETURNING seq",
-                {"before": finished_before, "limit": limit},
-            )
+            rows = tx.run(SQL["purge"], {"before": finished_before, "limit": limit})
         return len(rows)
 
     def _insert_chunks(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
@@ -487,7 +390,7 @@ RETURNING {QUALIFIED}"""
     # --- reads --------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(f"SELECT {COLUMNS} FROM corral_tasks WHERE id = :id", {"id": task_id})
+            rows = tx.run(SQL["get_task"], {"id": task_id})
         if not rows:
             raise TaskNotFound(f"no task with id {task_id!r}")
         return to_task(rows[0])
@@ -501,18 +404,14 @@ RETURNING {QUALIFIED}"""
     ) -> builtins.list[Task]:
         where, params = task_filters(status, model)
         params["limit"] = limit
-        columns = COLUMNS if full else LIGHT
+        shown = SQL["columns" if full else "light_columns"]
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT {columns} FROM corral_tasks{where} ORDER BY seq DESC LIMIT :limit", params
-            )
+            rows = tx.run(SQL["list_tasks"].format(shown=shown, where=where), params)
         return [to_task(r) for r in rows]
 
     def counts(self) -> dict[str, dict[TaskStatus, int]]:
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                "SELECT model, status, COUNT(*) AS n FROM corral_tasks GROUP BY model, status"
-            )
+            rows = tx.run(SQL["counts"])
         out: dict[str, dict[TaskStatus, int]] = {}
         for r in rows:
             out.setdefault(r["model"], {})[TaskStatus(r["status"])] = int(r["n"])
@@ -520,11 +419,7 @@ RETURNING {QUALIFIED}"""
 
     def ready_counts(self) -> dict[str, dict[Level, int]]:
         with self._tx(write=False, single=True) as tx:
-            rows = tx.run(
-                f"SELECT t.model, t.interactive, t.priority, COUNT(*) AS n FROM corral_tasks t "
-                f"WHERE {CLAIMABLE} GROUP BY t.model, t.interactive, t.priority",
-                {"now": self._clock()},
-            )
+            rows = tx.run(SQL["ready_counts"], {"now": self._clock()})
         out: dict[str, dict[Level, int]] = {}
         for r in rows:
             level = (bool(r["interactive"]), int(r["priority"]))

@@ -21,9 +21,7 @@ from corral.store.base import (
 )
 from corral.store.outage import Guard
 from corral.store.queries import (
-    BATCH_COLUMNS,
-    COLUMNS,
-    FILE_COLUMNS,
+    SQL,
     Transactions,
     Tx,
     in_list,
@@ -43,26 +41,19 @@ class SqlFiles:
         self._guard = guard
 
     def add(self, file: StoredFile) -> None:
-        sql = (
-            "INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, "
-            "expires_at) VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, "
-            ":expires_at) RETURNING id"
-        )
         self._guard(
             "a file's record",
-            lambda: run_one(self._tx, sql, dataclasses.asdict(file), write=True),
+            lambda: run_one(self._tx, SQL["add_file"], dataclasses.asdict(file), write=True),
             idempotent=False,
             resolve=lambda: self._stored(file.id),
         )
 
     def _stored(self, file_id: str) -> builtins.list[Mapping[str, Any]] | None:
         """The record whose commit may have been lost, if it landed."""
-        sql = "SELECT id FROM corral_files WHERE id = :id"
-        return run_one(self._tx, sql, {"id": file_id}) or None
+        return run_one(self._tx, SQL["file_stored"], {"id": file_id}) or None
 
     def get(self, file_id: str) -> StoredFile:
-        sql = f"SELECT {FILE_COLUMNS} FROM corral_files WHERE id = :id"
-        rows = self._guard("files.get", lambda: run_one(self._tx, sql, {"id": file_id}))
+        rows = self._guard("files.get", lambda: run_one(self._tx, SQL["get_file"], {"id": file_id}))
         if not rows:
             raise FileNotFound(f"no file with id {file_id!r}")
         return to_file(rows[0])
@@ -79,18 +70,14 @@ class SqlFiles:
             where += " AND purpose = :purpose"
             params["purpose"] = purpose
         direction = "ASC" if order == "asc" else "DESC"
-        sql = (
-            f"SELECT {FILE_COLUMNS} FROM corral_files WHERE {where} "
-            f"ORDER BY seq {direction} LIMIT :limit"
-        )
+        sql = SQL["list_files"].format(where=where, direction=direction)
         rows = self._guard("files.list", lambda: run_one(self._tx, sql, params))
         return [to_file(r) for r in rows]
 
     def delete(self, file_id: str) -> StoredFile:
-        sql = f"DELETE FROM corral_files WHERE id = :id RETURNING {FILE_COLUMNS}"
         rows = self._guard(
             "a file's deletion",
-            lambda: run_one(self._tx, sql, {"id": file_id}, write=True),
+            lambda: run_one(self._tx, SQL["delete_file"], {"id": file_id}, write=True),
             idempotent=False,
         )
         if not rows:
@@ -129,15 +116,11 @@ class SqlBatches:
         added = 0
         with self._tx(write=True) as tx:
             if batch.idempotency_key is not None:
-                found = tx.run(
-                    f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE idempotency_key = :k",
-                    {"k": batch.idempotency_key},
-                )
+                found = tx.run(SQL["batch_by_key"], {"k": batch.idempotency_key})
                 if found:
                     return to_batch(found[0])
             (row,) = tx.run(
-                "INSERT INTO corral_batches (id, status, created_at, idempotency_key, data) "
-                f"VALUES (:id, :status, :created_at, :key, :data) RETURNING {BATCH_COLUMNS}",
+                SQL["add_batch"],
                 {
                     "id": batch.id,
                     "status": batch.status,
@@ -166,12 +149,10 @@ class SqlBatches:
         added = 0
         with self._tx(write=True) as tx:
             rows = tx.run(
-                "UPDATE corral_batches SET status = :status, data = :data "
-                f"WHERE id = :id AND status = 'validating' RETURNING {BATCH_COLUMNS}",
-                {"id": batch_id, "status": status, "data": json.dumps(data)},
+                SQL["start_batch"], {"id": batch_id, "status": status, "data": json.dumps(data)}
             )
             if not rows:
-                if not tx.run("SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}):
+                if not tx.run(SQL["batch_exists"], {"id": batch_id}):
                     raise BatchNotFound(f"no batch with id {batch_id!r}")
                 return None
             added = self._add_tasks(tx, tasks)
@@ -180,7 +161,7 @@ class SqlBatches:
         return to_batch(rows[0])
 
     def get(self, batch_id: str) -> Batch:
-        sql = f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE id = :id"
+        sql = SQL["get_batch"]
         rows = self._guard("batches.get", lambda: run_one(self._tx, sql, {"id": batch_id}))
         if not rows:
             raise BatchNotFound(f"no batch with id {batch_id!r}")
@@ -192,10 +173,7 @@ class SqlBatches:
         where, params = page("corral_batches", after, limit)
         if status is not None:
             where += f" AND status IN ({in_list('status', status, params)})"
-        sql = (
-            f"SELECT {BATCH_COLUMNS} FROM corral_batches WHERE {where} "
-            "ORDER BY seq DESC LIMIT :limit"
-        )
+        sql = SQL["list_batches"].format(where=where)
         rows = self._guard("batches.list", lambda: run_one(self._tx, sql, params))
         return [to_batch(r) for r in rows]
 
@@ -214,27 +192,18 @@ class SqlBatches:
         params: dict[str, Any] = {"id": batch_id, "status": status, "data": json.dumps(data)}
         marks = in_list("expect", expect, params)
         with self._tx(write=True) as tx:
-            rows = tx.run(
-                "UPDATE corral_batches SET status = :status, data = :data "
-                f"WHERE id = :id AND status IN ({marks}) RETURNING {BATCH_COLUMNS}",
-                params,
-            )
-            if not rows and not tx.run(
-                "SELECT 1 AS x FROM corral_batches WHERE id = :id", {"id": batch_id}
-            ):
+            rows = tx.run(SQL["update_batch"].format(expect=marks), params)
+            if not rows and not tx.run(SQL["batch_exists"], {"id": batch_id}):
                 raise BatchNotFound(f"no batch with id {batch_id!r}")
         return to_batch(rows[0]) if rows else None
 
     def counts(self, batch_id: str) -> dict[TaskStatus, int]:
-        sql = "SELECT status, COUNT(*) AS n FROM corral_tasks WHERE batch_id = :b GROUP BY status"
+        sql = SQL["batch_counts"]
         rows = self._guard("batches.counts", lambda: run_one(self._tx, sql, {"b": batch_id}))
         return {TaskStatus(r["status"]): int(r["n"]) for r in rows}
 
     def tasks(self, batch_id: str, after_seq: int = 0, limit: int = 1000) -> builtins.list[Task]:
-        sql = (
-            f"SELECT {COLUMNS} FROM corral_tasks WHERE batch_id = :b AND seq > :after "
-            "ORDER BY seq LIMIT :limit"
-        )
+        sql = SQL["batch_tasks"]
         params = {"b": batch_id, "after": after_seq, "limit": limit}
         return [
             to_task(r) for r in self._guard("batches.tasks", lambda: run_one(self._tx, sql, params))
@@ -246,16 +215,8 @@ class SqlBatches:
     def _cancel(self, batch_id: str) -> int:
         now = self._clock()
         with self._tx(write=True) as tx:
-            queued = tx.run(
-                "UPDATE corral_tasks SET status = 'cancelled', finished_at = :now "
-                "WHERE batch_id = :b AND status = 'queued' RETURNING id",
-                {"b": batch_id, "now": now},
-            )
-            running = tx.run(
-                "UPDATE corral_tasks SET cancel_requested = 1 "
-                "WHERE batch_id = :b AND status = 'running' RETURNING id",
-                {"b": batch_id},
-            )
+            queued = tx.run(SQL["cancel_batch_queued"], {"b": batch_id, "now": now})
+            running = tx.run(SQL["cancel_batch_running"], {"b": batch_id})
             self._announce(tx)
         self._woken()  # workers drop the cancelled lines from their schedule now
         return len(queued) + len(running)

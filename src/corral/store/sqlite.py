@@ -20,6 +20,7 @@ from typing import Any
 
 from corral.store.base import Finished, StoreBusy, StoreError
 from corral.store.migrations import Dialect
+from corral.store.queries import SQL, load
 from corral.store.sql import SqlStore, Tx
 
 DIALECT = Dialect(
@@ -30,21 +31,7 @@ DIALECT = Dialect(
 )
 
 
-# Group commit's statements (`finish_many`): rows as a JSON array of [id, token(, result)].
-_START_MANY = """
-UPDATE corral_tasks SET attempts = attempts + 1, started_at = :now, started_in_group = 1
-FROM (SELECT value ->> 0 AS id, value ->> 1 AS token FROM json_each(:items)) AS s
-WHERE corral_tasks.id = s.id AND corral_tasks.status = 'running'
-  AND corral_tasks.lease_token = s.token AND corral_tasks.started_at IS NULL
-  AND corral_tasks.run_alone = 0"""
-_FINISH_MANY = """
-UPDATE corral_tasks SET status = 'succeeded', result = f.result, lease_token = NULL,
-    lease_expires_at = NULL, finished_at = :now
-FROM (SELECT value ->> 0 AS id, value ->> 1 AS token, value ->> 2 AS result
-      FROM json_each(:items)) AS f
-WHERE corral_tasks.id = f.id AND corral_tasks.status = 'running'
-  AND corral_tasks.lease_token = f.token
-RETURNING corral_tasks.id, corral_tasks.serial_key"""
+_SQL = load("sqlite.sql", SQL)  # its own statements (group commit)
 
 
 class _SqliteTx:
@@ -143,10 +130,10 @@ class SqliteStore(SqlStore):
             if len(then_start) == 1:
                 self._start(tx, then_start)
             elif then_start:
-                tx.run(_START_MANY, {"now": now, "items": json.dumps(then_start)})
+                tx.run(_SQL["start_many"], {"now": now, "items": json.dumps(then_start)})
             if done:
                 items = json.dumps([[d.task_id, d.token, d.result_json] for d in done])
-                for r in tx.run(_FINISH_MANY, {"now": now, "items": items}):
+                for r in tx.run(_SQL["finish_many"], {"now": now, "items": items}):
                     committed.append(r["id"])
                     keyed = keyed or r["serial_key"] is not None
         if keyed:
@@ -155,7 +142,7 @@ class SqliteStore(SqlStore):
 
     def ping(self) -> None:
         with self._tx(write=False) as tx:
-            tx.run("SELECT 1 AS x")
+            tx.run(_SQL["ping"])
 
     def close(self) -> None:
         """Close the connection once no transaction is running on it: a thread still inside
