@@ -548,7 +548,7 @@ def test_concurrent_claims_never_hand_out_a_task_twice(
     if isinstance(store, SqliteStore) and not isinstance(store, MemoryStore):  # the same file
         stores += [SqliteStore(store.path) for _ in range(2)]
     elif isinstance(store, PostgresStore):
-        stores += [PostgresStore(PG_URL, schema=store.schema) for _ in range(2)]
+        stores += [PostgresStore(PG_URL, schema=store.namespace) for _ in range(2)]
     threads = [
         threading.Thread(target=worker, args=(stores[i % len(stores)], f"w{i}")) for i in range(4)
     ]
@@ -584,7 +584,7 @@ def test_max_queued_bounds_a_kind_atomically_and_counts_only_queued_tasks(
     if isinstance(store, SqliteStore) and not isinstance(store, MemoryStore):
         stores += [SqliteStore(store.path) for _ in range(2)]
     elif isinstance(store, PostgresStore):
-        stores += [PostgresStore(PG_URL, schema=store.schema) for _ in range(2)]
+        stores += [PostgresStore(PG_URL, schema=store.namespace) for _ in range(2)]
     taken: list[str] = []
     lock = threading.Lock()
 
@@ -674,10 +674,10 @@ LATEST = migrations(SQLITE_DIALECT)[-1][0]
 
 def test_schema_is_versioned_and_reopening_applies_nothing(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path / "t.db")
-    assert s.schema_version() == LATEST
+    assert s.schema.version() == LATEST
     s.close()
     again = SqliteStore(tmp_path / "t.db", migrate=False)
-    assert again.upgrade() == []
+    assert again.schema.upgrade() == []
     again.close()
 
 
@@ -700,8 +700,8 @@ def test_a_database_from_schema_1_upgrades_and_keeps_its_tasks(
             "max_attempts, created_at, run_after) VALUES ('old', 'k', 'm', '{}', 0, 'queued', "
             "3, 0, 0)"
         )
-    assert old.upgrade() == list(range(2, LATEST + 1))
-    assert old.schema_version() == LATEST
+    assert old.schema.upgrade() == list(range(2, LATEST + 1))
+    assert old.schema.version() == LATEST
     (new,) = add(old, interactive=True)
     claimed = old.claim("m", "w", limit=5, lease_s=30)
     assert [(t.id, t.interactive) for t in claimed] == [(new, True), ("old", False)]
@@ -780,7 +780,7 @@ def test_open_store_by_url(tmp_path: Path, pg_schema: str) -> None:
     s.close()
     p = open_store(f"{PG_URL}?schema={pg_schema}")
     assert isinstance(p, PostgresStore)
-    assert p.schema == pg_schema
+    assert p.namespace == pg_schema
     p.close()
     with pytest.raises(StoreError, match="unknown store URL 'redis://x'"):
         open_store("redis://x")

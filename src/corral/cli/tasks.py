@@ -70,8 +70,8 @@ def db_upgrade(db: DbOption = DEFAULT_DB) -> None:
     try:
         store = open_store(db, migrate=False)
         assert isinstance(store, SqlStore)
-        applied = store.upgrade()
-        version = store.schema_version()
+        applied = store.schema.upgrade()
+        version = store.schema.version()
         store.close()
     except CorralError as exc:
         raise _fail(exc) from None

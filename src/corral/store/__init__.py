@@ -9,30 +9,33 @@ from corral.store.base import (
     BadTask,
     Batch,
     BatchNotFound,
-    BatchStore,
     FileNotFound,
-    FileStore,
     Finished,
     Lease,
     Level,
-    Membership,
     NewTask,
     QueueFull,
     Residency,
     SchemaTooNew,
-    Store,
     StoreBusy,
     StoredFile,
     StoreError,
     StoreUnavailable,
     Task,
-    TaskControl,
     TaskNotFound,
-    TaskQueue,
     TaskStatus,
     payload_text,
 )
 from corral.store.memory import MemoryStore
+from corral.store.roles import (
+    BatchStore,
+    FileStore,
+    Membership,
+    Schema,
+    Store,
+    TaskControl,
+    TaskQueue,
+)
 from corral.store.wakeups import Wakeups
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "NewTask",
     "QueueFull",
     "Residency",
+    "Schema",
     "SchemaTooNew",
     "Store",
     "StoreBusy",

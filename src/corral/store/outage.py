@@ -19,16 +19,18 @@ threads that noticed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from corral.store.base import StoreUnavailable
 
 log = logging.getLogger("corral.store")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Lost(Exception):
@@ -64,6 +66,28 @@ def unguarded(
 ) -> T:
     """Runs `fn` once: a database in this process has no connection to lose."""
     return fn()
+
+
+class Guarded(Protocol):
+    """An object whose operations run under its `_guard`."""
+
+    _guard: Guard
+
+
+G = TypeVar("G", bound=Guarded)
+
+
+def guarded(method: Callable[Concatenate[G, P], T]) -> Callable[Concatenate[G, P], T]:
+    """A method run under its object's guard, as the operation of its name: one that may run
+    again, because it is idempotent, a read, or a write fenced by a lease token (one that
+    landed before its connection dropped writes nothing the second time and returns what a
+    lost lease does)."""
+
+    @functools.wraps(method)
+    def run(self: G, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._guard(method.__name__, lambda: method(self, *args, **kwargs))
+
+    return run
 
 
 class Outage:

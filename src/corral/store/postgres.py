@@ -18,16 +18,15 @@ from typing import Any
 
 from corral.store.base import (
     Finished,
-    NewTask,
     StoreError,
     StoreUnavailable,
     Task,
     new_ids,
 )
 from corral.store.migrations import Dialect
-from corral.store.outage import Lost, Outage
+from corral.store.outage import Lost, Outage, guarded
 from corral.store.queries import SQL, load
-from corral.store.sql import SqlStore, Tx
+from corral.store.sql import SqlStore, Tx, claimed
 
 _SQL = load("postgres.sql", SQL)  # its own statements: the claim, group commit, NOTIFY
 
@@ -125,7 +124,7 @@ class PostgresStore(SqlStore):
         if schema is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", schema):
             raise StoreError(f"schema must be a lower-case SQL identifier; got {schema!r}")
         self.url = url
-        self.schema = schema
+        self.namespace = schema  # the PostgreSQL schema its tables live in (None: public)
         self.connect_timeout_s = connect_timeout_s
         try:  # the schema first, so that every pooled connection can use it
             with psycopg.connect(url, connect_timeout=max(1, round(connect_timeout_s))) as conn:
@@ -170,11 +169,12 @@ class PostgresStore(SqlStore):
         self._lock = threading.Lock()
         # NOTIFY channels are per database: one per schema keeps test schemas apart.
         self._channel = f"corral_{schema or 'public'}"
+        self._notify = _SQL["notify"].format(channel=self._channel)
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         if migrate:
             try:
-                self.upgrade()
+                self.schema.upgrade()
             except BaseException:  # a schema too new, an unreachable database: no pool left open
                 self._pool.close()
                 raise
@@ -216,6 +216,7 @@ class PostgresStore(SqlStore):
             return
         tx.copy_rows("corral_tasks", _INSERT_COLUMNS, rows)
 
+    @guarded
     def finish_many(
         self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
     ) -> list[str]:
@@ -243,9 +244,6 @@ class PostgresStore(SqlStore):
 
     def _announce(self, tx: Tx) -> None:
         tx.run(_SQL["announce"], {"channel": self._channel})
-
-    def _notify_sql(self) -> str:
-        return _SQL["notify"].format(channel=self._channel)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         remove = super().subscribe(wake)
@@ -305,34 +303,6 @@ class PostgresStore(SqlStore):
         self._pool.close()
 
     # --- through an outage (store/outage.py) --------------------------------------------------
-    def enqueue(self, task: NewTask) -> str:
-        (row,) = self._rows([task])  # its id is known before the first try
-        task_id = str(row["id"])
-        self.outage.call(
-            "an enqueue",
-            lambda: self._store_row(row),
-            idempotent=False,
-            resolve=lambda: True if self._stored([task_id]) else None,
-        )
-        return task_id
-
-    def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
-        rows = self._rows(tasks)
-        ids = [str(r["id"]) for r in rows]
-        self.outage.call(
-            "an enqueue",
-            lambda: self._store_rows(rows, max_queued),
-            idempotent=False,
-            resolve=lambda: True if self._stored(ids) else None,
-        )
-        return ids
-
-    def _stored(self, ids: Sequence[str]) -> bool:
-        """Whether an enqueue whose commit may have been lost landed (all or none: one
-        transaction)."""
-        with self._tx(write=False, single=True) as tx:
-            return bool(ids and tx.run(SQL["task_stored"], {"id": ids[0]}))
-
     def claim(
         self,
         model: str,
@@ -353,47 +323,13 @@ class PostgresStore(SqlStore):
         }
         return self.outage.call(
             "a claim",
-            lambda: self._claim(_SQL["claim"], params, lease_s),
+            lambda: claimed(self._tx, _SQL["claim"], params, self._clock(), lease_s),
             idempotent=False,
-            resolve=lambda: self._claim(_SQL["claimed"], params, lease_s) or None,  # what it leased
+            # what it leased, if it did
+            resolve=lambda: (
+                claimed(self._tx, _SQL["claimed"], params, self._clock(), lease_s) or None
+            ),
         )
-
-
-def _through_outages(name: str) -> Callable[..., Any]:
-    """`SqlStore.<name>`, tried again through an outage: it is idempotent, a read, or a write
-    fenced by a lease token (one that landed before its connection dropped writes nothing the
-    second time and returns what a lost lease does)."""
-    base = getattr(PostgresStore, name)  # its own, or SqlStore's
-
-    @functools.wraps(base)
-    def method(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
-        return self.outage.call(name, lambda: base(self, *args, **kwargs))
-
-    return method
-
-
-for _name in (
-    "schema_version",
-    "check_schema",
-    "upgrade",  # each migration checks the version in its own transaction
-    "start",
-    "heartbeat",
-    "finish",
-    "finish_many",
-    "fail",
-    "release",
-    "acknowledge_cancel",
-    "cancel",
-    "retry",
-    "reclaim_expired",
-    "blame_death",
-    "purge",
-    "get",
-    "list",
-    "counts",
-    "ready_counts",
-):
-    setattr(PostgresStore, _name, _through_outages(_name))
 
 
 def _redact(url: str) -> str:

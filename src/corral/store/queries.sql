@@ -290,3 +290,13 @@ SELECT id, models FROM corral_workers WHERE seen_at > :t ORDER BY id
 
 -- name: nodes
 SELECT id, url FROM corral_workers WHERE seen_at > :t AND url IS NOT NULL ORDER BY id
+
+-- name: schema_table
+-- The applied migrations' versions (migrations.py).
+CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
+
+-- name: schema_version
+SELECT MAX(version) AS v FROM corral_schema
+
+-- name: record_version
+INSERT INTO corral_schema (version) VALUES (:v)

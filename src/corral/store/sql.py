@@ -4,10 +4,9 @@ transactions and the few phrases that differ (see `Dialect`)."""
 from __future__ import annotations
 
 import builtins
-import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -21,9 +20,9 @@ from corral.store.base import (
     TaskStatus,
     grouped_expiry,
 )
-from corral.store.migrations import Dialect, check_schema, schema_version, upgrade
-from corral.store.outage import Guard, unguarded
-from corral.store.queries import SQL, Tx, task_filters, task_rows, to_task
+from corral.store.migrations import Dialect, Schema
+from corral.store.outage import Guard, guarded, unguarded
+from corral.store.queries import SQL, Transactions, Tx, run_one, task_filters, task_rows, to_task
 from corral.store.sql_batches import SqlBatches, SqlFiles
 from corral.store.sql_cluster import SqlMembership
 from corral.store.wakeups import Wakeups
@@ -32,21 +31,27 @@ __all__ = ["SqlStore", "Tx"]
 
 
 class SqlStore:
-    """The `Store` over SQL. Subclasses implement `_tx(write)` and set `dialect`."""
+    """The `Store` over SQL: the tasks' operations, and the other roles as attributes.
+    Subclasses implement `_tx(write)` and set `dialect`. Every operation runs under `guard`
+    (store/outage.py: `@guarded` here, the roles' own calls there)."""
 
     dialect: Dialect
     wakes_other_processes = False
     identity: str | None = None
 
     def __init__(self, clock: Callable[[], float] = time.time, guard: Guard = unguarded) -> None:
-        """`guard`: how each operation of the other roles runs (store/outage.py)."""
         self._clock = clock
+        self._guard = guard
         self._wakeups = Wakeups()
-        # The other roles: they share this store's transactions.
-        self.files = SqlFiles(self._tx, guard)
-        self.batches = SqlBatches(
-            self._tx, guard, clock, self._insert_chunks, self._woken, self._announce
+        # A SELECT announcing new work to other processes, where there are any (PostgreSQL).
+        self._notify = ""
+        self._claim_sql = SQL["claim"].format(
+            new_token=self.dialect.new_token, lock_skip=self.dialect.lock_skip
         )
+        # The other roles: they share this store's transactions and guard.
+        self.schema = Schema(self._tx, self.dialect, guard)
+        self.files = SqlFiles(self._tx, guard)
+        self.batches = SqlBatches(self._tx, guard, clock, self._insert, self._woken, self._announce)
         self.members = SqlMembership(self._tx, guard, clock)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
@@ -69,67 +74,37 @@ class SqlStore:
         its own, so an adapter may skip BEGIN/COMMIT round trips."""
         raise NotImplementedError
 
-    # --- schema (store/migrations.py) -------------------------------------------------------
-    def schema_version(self) -> int:
-        return schema_version(self._tx)
-
-    def check_schema(self) -> None:
-        """For a store opened without migrating, read-only: its schema must be this code's
-        (reads name columns that older schemas lack). Writes nothing."""
-        check_schema(self._tx, self.dialect)
-
-    def upgrade(self) -> list[int]:
-        """Apply pending migrations, each in its own transaction; returns the versions applied.
-        Raises `SchemaTooNew` if the database is ahead of this code."""
-        return upgrade(self._tx, self.dialect)
+    def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
+        """Insert task rows (`task_rows`); an adapter may stream many (PostgreSQL's COPY)."""
+        tx.run_many(SQL["insert_task"], rows)
 
     # --- writes -------------------------------------------------------------------------------
     def enqueue(self, task: NewTask) -> str:
-        notify = self._notify_sql()
-        if not (notify and self.dialect.cte_writes):
-            return self.enqueue_many([task])[0]
-        (row,) = self._rows([task])
-        self._store_row(row)
-        return str(row["id"])
-
-    def _store_row(self, row: dict[str, Any]) -> None:
-        """One statement, so one round trip in autocommit: the insert and its announcement."""
-        with self._tx(write=True, single=True) as tx:
-            tx.run(SQL["insert_announced"].format(notify=self._notify_sql()), row)
-        self._woken()
-
-    def _notify_sql(self) -> str:
-        """A SELECT that announces new work to other processes, or "" where there are none."""
-        return ""
+        return self.enqueue_many([task])[0]
 
     def enqueue_many(self, tasks: Sequence[NewTask], max_queued: int | None = None) -> list[str]:
-        rows = self._rows(tasks)
-        self._store_rows(rows, max_queued)
-        return [r["id"] for r in rows]
+        rows = task_rows(tasks, self._clock())  # the ids are known before the first try
+        ids = [str(r["id"]) for r in rows]
 
-    def _store_rows(self, rows: list[dict[str, Any]], max_queued: int | None) -> None:
-        with self._tx(write=True) as tx:
-            if max_queued is not None and rows:
-                self._check_room(tx, rows[0]["kind"], rows[0]["model"], len(rows), max_queued)
-            self._insert(tx, rows)
-            self._announce(tx)
-        self._woken()
+        def store() -> list[str]:
+            if len(rows) == 1 and max_queued is None and self._notify and self.dialect.cte_writes:
+                # One statement, so one round trip in autocommit: the insert, announced.
+                statement = SQL["insert_announced"].format(notify=self._notify)
+                run_one(self._tx, statement, rows[0], write=True)
+            else:
+                with self._tx(write=True) as tx:
+                    if max_queued is not None and rows:
+                        check_room(tx, self.dialect, rows[0], len(rows), max_queued)
+                    self._insert(tx, rows)
+                    self._announce(tx)
+            self._woken()
+            return ids
 
-    def _rows(self, tasks: Sequence[NewTask]) -> list[dict[str, Any]]:
-        return task_rows(tasks, self._clock())
+        def stored() -> list[str] | None:
+            """Whether a try whose commit was lost landed (all or none: one transaction)."""
+            return ids if not ids or run_one(self._tx, SQL["task_stored"], {"id": ids[0]}) else None
 
-    def _check_room(self, tx: Tx, kind: str, model: str, adding: int, max_queued: int) -> None:
-        """Raise `QueueFull` if `kind` cannot take `adding` more queued tasks. Concurrent
-        submitters of one kind are serialised first (SQLite: by BEGIN IMMEDIATE already)."""
-        if self.dialect.kind_lock:
-            tx.run(self.dialect.kind_lock, {"kind": kind})
-        rows = tx.run(SQL["queued_of_kind"], {"model": model, "kind": kind})
-        queued = int(rows[0]["n"])
-        if queued + adding > max_queued:
-            raise QueueFull.of(kind, queued, adding, max_queued)
-
-    def _insert(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
-        tx.run_many(SQL["insert_task"], rows)
+        return self._guard("an enqueue", store, idempotent=False, resolve=stored)
 
     def claim(
         self,
@@ -147,44 +122,13 @@ class SqlStore:
             "start": limit if start is None else start,
             "grp": int(group),
         }
-        return self._claim(self._claim_sql(), params, lease_s)
+        # Not tried again where a connection may drop: PostgresStore claims its own way.
+        return claimed(self._tx, self._claim_sql, params, self._clock(), lease_s)
 
-    def _claim(self, sql: str, params: Mapping[str, Any], lease_s: float) -> builtins.list[Task]:
-        """Run a claim statement (or a read of a claim's tasks) with `:now` and `:expires`
-        added; the tasks in claim order."""
-        now = self._clock()
-        with self._tx(write=True, single=True) as tx:
-            rows = tx.run(sql, {**params, "now": now, "expires": now + lease_s})
-        tasks = (to_task(r) for r in rows)
-        return sorted(tasks, key=lambda t: (not t.interactive, -t.priority, t.seq))
-
-    def _claim_sql(self) -> str:
-        """The claim: one statement taking `:limit` claimable tasks of `:model`, the first
-        `:start` of them started, the rest reserved; RETURNING the tasks' columns."""
-        return SQL["claim"].format(
-            new_token=self.dialect.new_token, lock_skip=self.dialect.lock_skip
-        )
-
+    @guarded
     def start(self, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
         with self._tx(write=True, single=len(tasks) == 1) as tx:
-            return self._start(tx, tasks, group)
-
-    def _start(self, tx: Tx, tasks: Sequence[tuple[str, str]], group: bool = False) -> list[str]:
-        started: list[str] = []
-        now = self._clock()
-        grouped = int(group or len(tasks) > 1)
-        for task_id, token in tasks:
-            rows = tx.run(
-                SQL["start"],
-                {
-                    "start_id": task_id,
-                    "start_token": token,
-                    "start_now": now,
-                    "start_group": grouped,
-                },
-            )
-            started.extend(r["id"] for r in rows)
-        return started
+            return start_reserved(tx, tasks, self._clock(), group)
 
     def _update_held(
         self,
@@ -193,46 +137,43 @@ class SqlStore:
         sets: str,
         params: dict[str, Any],
         then_start: Sequence[tuple[str, str]] = (),
+        ends: bool = False,
     ) -> list[Mapping[str, Any]]:
+        """A write by the worker holding the lease: its row (none if the lease was lost);
+        `then_start` as in `finish`. `ends`: the task's attempt ended, so its serial key's next
+        task may run."""
         params = {"id": task_id, "token": token, **params}
         if len(then_start) == 1 and self.dialect.cte_writes:
             (params["start_id"], params["start_token"]) = then_start[0]
             params["start_now"] = self._clock()
             params["start_group"] = 0
-            with self._tx(write=True, single=True) as tx:
-                return tx.run(SQL["update_held_then_start"].format(sets=sets), params)
-        with self._tx(write=True, single=not then_start) as tx:
-            self._start(tx, then_start)
-            return tx.run(SQL["update_held"].format(sets=sets), params)
+            statement = SQL["update_held_then_start"].format(sets=sets)
+            rows = run_one(self._tx, statement, params, write=True)
+        else:
+            with self._tx(write=True, single=not then_start) as tx:
+                start_reserved(tx, then_start, self._clock())
+                rows = tx.run(SQL["update_held"].format(sets=sets), params)
+        if ends and rows and rows[0]["serial_key"] is not None:
+            self._woken(announce=True)
+        return rows
 
+    @guarded
     def heartbeat(self, task_id: str, token: str, lease_s: float) -> Lease:
-        rows = self._update_held(
-            task_id, token, SQL["heartbeat_sets"], {"expires": self._clock() + lease_s}
-        )
+        expires = {"expires": self._clock() + lease_s}
+        rows = self._update_held(task_id, token, SQL["heartbeat_sets"], expires)
         if not rows:
             return Lease.LOST
         return Lease.CANCEL if rows[0]["cancel_requested"] else Lease.HELD
 
+    @guarded
     def finish(
         self, task_id: str, token: str, result: Any, then_start: Sequence[tuple[str, str]] = ()
     ) -> bool:
         encoded = json.dumps(result, allow_nan=False)
-        return self._ended(
-            self._update_held(
-                task_id,
-                token,
-                SQL["finish_sets"],
-                {"result": encoded, "now": self._clock()},
-                then_start,
-            )
-        )
+        params = {"result": encoded, "now": self._clock()}
+        return bool(self._update_held(task_id, token, SQL["finish_sets"], params, then_start, True))
 
-    def _ended(self, rows: list[Mapping[str, Any]]) -> bool:
-        """After a task's attempt ended: its serial key's next task may run now."""
-        if rows and rows[0]["serial_key"] is not None:
-            self._woken(announce=True)
-        return bool(rows)
-
+    @guarded
     def fail(
         self,
         task_id: str,
@@ -243,7 +184,7 @@ class SqlStore:
     ) -> bool:
         now = self._clock()
         with self._tx(write=True) as tx:
-            self._start(tx, then_start)
+            start_reserved(tx, then_start, now)
             rows = tx.run(SQL["held_for_fail"], {"id": task_id, "token": token})
             if not rows:
                 return False
@@ -271,32 +212,23 @@ class SqlStore:
             self._woken()
         return True
 
+    @guarded
     def release(self, task_id: str, token: str) -> bool:
-        released = bool(
-            self._update_held(
-                task_id,
-                token,
-                SQL["release_sets"],
-                {},
-            )
-        )
+        released = bool(self._update_held(task_id, token, SQL["release_sets"], {}))
         if released:
             self._woken(announce=True)
         return released
 
+    @guarded
     def acknowledge_cancel(
         self, task_id: str, token: str, then_start: Sequence[tuple[str, str]] = ()
     ) -> bool:
-        return self._ended(
-            self._update_held(
-                task_id,
-                token,
-                SQL["cancelled_sets"],
-                {"now": self._clock()},
-                then_start,
-            )
+        params = {"now": self._clock()}
+        return bool(
+            self._update_held(task_id, token, SQL["cancelled_sets"], params, then_start, True)
         )
 
+    @guarded
     def cancel(self, task_id: str) -> TaskStatus:
         with self._tx(write=True, single=True) as tx:
             rows = tx.run(SQL["cancel"], {"id": task_id, "now": self._clock()})
@@ -304,6 +236,7 @@ class SqlStore:
             raise TaskNotFound(f"no task with id {task_id!r}")
         return TaskStatus(rows[0]["status"])
 
+    @guarded
     def retry(self, task_id: str) -> TaskStatus:
         with self._tx(write=True) as tx:
             tx.run(SQL["retry"], {"id": task_id, "now": self._clock()})
@@ -315,6 +248,7 @@ class SqlStore:
         self._woken()
         return TaskStatus(rows[0]["status"])
 
+    @guarded
     def reclaim_expired(self) -> int:
         now = self._clock()
         with self._tx(write=True) as tx:
@@ -357,6 +291,7 @@ class SqlStore:
             self._woken()
         return len(rows)
 
+    @guarded
     def blame_death(self, worker_id: str, running: Sequence[tuple[str, str]]) -> int:
         """`started_in_group` 2 marks a grouped task cleared by its worker's last words (see
         `reclaim_expired`); a blamed one goes to 0, as if started alone."""
@@ -370,24 +305,13 @@ class SqlStore:
                 tx.run(SQL["blame"], {"id": task_id, "token": token})
         return len({r["id"] for r in cleared} | {task_id for task_id, _ in running})
 
+    @guarded
     def purge(self, finished_before: float, limit: int = 10_000) -> int:
         with self._tx(write=True, single=True) as tx:
             rows = tx.run(SQL["purge"], {"before": finished_before, "limit": limit})
         return len(rows)
 
-    def _insert_chunks(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
-        """Insert `tasks` (maybe a generator) 2,000 at a time, announcing them if any; returns
-        how many (the caller wakes this process's workers after the commit)."""
-        added = 0
-        it = iter(tasks)
-        while chunk := list(itertools.islice(it, 2000)):
-            self._insert(tx, self._rows(chunk))
-            added += len(chunk)
-        if added:
-            self._announce(tx)
-        return added
-
-    # --- reads --------------------------------------------------------------------------------
+    @guarded
     def get(self, task_id: str) -> Task:
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(SQL["get_task"], {"id": task_id})
@@ -395,6 +319,7 @@ class SqlStore:
             raise TaskNotFound(f"no task with id {task_id!r}")
         return to_task(rows[0])
 
+    @guarded
     def list(
         self,
         status: TaskStatus | None = None,
@@ -409,6 +334,7 @@ class SqlStore:
             rows = tx.run(SQL["list_tasks"].format(shown=shown, where=where), params)
         return [to_task(r) for r in rows]
 
+    @guarded
     def counts(self) -> dict[str, dict[TaskStatus, int]]:
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(SQL["counts"])
@@ -417,6 +343,7 @@ class SqlStore:
             out.setdefault(r["model"], {})[TaskStatus(r["status"])] = int(r["n"])
         return out
 
+    @guarded
     def ready_counts(self) -> dict[str, dict[Level, int]]:
         with self._tx(write=False, single=True) as tx:
             rows = tx.run(SQL["ready_counts"], {"now": self._clock()})
@@ -425,3 +352,51 @@ class SqlStore:
             level = (bool(r["interactive"]), int(r["priority"]))
             out.setdefault(r["model"], {})[level] = int(r["n"])
         return out
+
+
+def check_room(
+    tx: Tx, dialect: Dialect, row: Mapping[str, Any], adding: int, max_queued: int
+) -> None:
+    """Raise `QueueFull` if the kind of task `row` cannot take `adding` more queued tasks of
+    its model. Concurrent submitters of one kind are serialised first (SQLite: by BEGIN
+    IMMEDIATE already)."""
+    kind, model = row["kind"], row["model"]
+    if dialect.kind_lock:
+        tx.run(dialect.kind_lock, {"kind": kind})
+    queued = int(tx.run(SQL["queued_of_kind"], {"model": model, "kind": kind})[0]["n"])
+    if queued + adding > max_queued:
+        raise QueueFull.of(kind, queued, adding, max_queued)
+
+
+def claimed(
+    transactions: Transactions,
+    statement: str,
+    params: Mapping[str, Any],
+    now: float,
+    lease_s: float,
+) -> list[Task]:
+    """Run a claim statement (or a read of a claim's tasks) with `:now` and `:expires`
+    added; the tasks in claim order."""
+    rows = run_one(
+        transactions, statement, {**params, "now": now, "expires": now + lease_s}, write=True
+    )
+    tasks = (to_task(r) for r in rows)
+    return sorted(tasks, key=lambda t: (not t.interactive, -t.priority, t.seq))
+
+
+def start_reserved(
+    tx: Tx, tasks: Sequence[tuple[str, str]], now: float, group: bool = False
+) -> list[str]:
+    """Start reserved tasks, (id, lease token) each, in `tx`: the ids started (see
+    `TaskQueue.start`)."""
+    started: list[str] = []
+    grouped = int(group or len(tasks) > 1)
+    for task_id, token in tasks:
+        params = {
+            "start_id": task_id,
+            "start_token": token,
+            "start_now": now,
+            "start_group": grouped,
+        }
+        started.extend(r["id"] for r in tx.run(SQL["start"], params))
+    return started

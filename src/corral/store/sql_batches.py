@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from corral.store.queries import (
     in_list,
     page,
     run_one,
+    task_rows,
     to_batch,
     to_file,
     to_task,
@@ -87,22 +89,22 @@ class SqlFiles:
 
 class SqlBatches:
     """Batches (`corral_batches`) and their lines, which are tasks with a `batch_id`.
-    `add_tasks(tx, tasks)` inserts lines and announces them (returns how many); `woken` tells
-    this process's workers after the commit; `announce(tx)` tells other processes."""
+    `insert(tx, rows)` inserts task rows (the store's); `woken` tells this process's workers
+    after the commit; `announce(tx)` tells other processes."""
 
     def __init__(
         self,
         tx: Transactions,
         guard: Guard,
         clock: Callable[[], float],
-        add_tasks: Callable[[Tx, Iterable[NewTask]], int],
+        insert: Callable[[Tx, list[dict[str, Any]]], None],
         woken: Callable[[], None],
         announce: Callable[[Tx], None],
     ) -> None:
         self._tx = tx
         self._guard = guard
         self._clock = clock
-        self._add_tasks = add_tasks
+        self._insert = insert
         self._woken = woken
         self._announce = announce
 
@@ -129,7 +131,7 @@ class SqlBatches:
                     "data": json.dumps(batch.data),
                 },
             )
-            added = self._add_tasks(tx, tasks)
+            added = self._add_lines(tx, tasks)
         if added:
             self._woken()
         return to_batch(row)
@@ -155,10 +157,22 @@ class SqlBatches:
                 if not tx.run(SQL["batch_exists"], {"id": batch_id}):
                     raise BatchNotFound(f"no batch with id {batch_id!r}")
                 return None
-            added = self._add_tasks(tx, tasks)
+            added = self._add_lines(tx, tasks)
         if added:
             self._woken()
         return to_batch(rows[0])
+
+    def _add_lines(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
+        """Insert `tasks` (maybe a generator) 2,000 at a time, announcing them if any; returns
+        how many (the caller wakes this process's workers after the commit)."""
+        added = 0
+        it = iter(tasks)
+        while chunk := list(itertools.islice(it, 2000)):
+            self._insert(tx, task_rows(chunk, self._clock()))
+            added += len(chunk)
+        if added:
+            self._announce(tx)
+        return added
 
     def get(self, batch_id: str) -> Batch:
         sql = SQL["get_batch"]

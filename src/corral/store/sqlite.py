@@ -20,8 +20,9 @@ from typing import Any
 
 from corral.store.base import Finished, StoreBusy, StoreError
 from corral.store.migrations import Dialect
+from corral.store.outage import guarded
 from corral.store.queries import SQL, load
-from corral.store.sql import SqlStore, Tx
+from corral.store.sql import SqlStore, Tx, start_reserved
 
 DIALECT = Dialect(
     serial_pk="INTEGER PRIMARY KEY AUTOINCREMENT",
@@ -90,9 +91,9 @@ class SqliteStore(SqlStore):
         self._lock = threading.Lock()
         try:
             if read_only:
-                self.check_schema()
+                self.schema.check()
             elif migrate:
-                self.upgrade()
+                self.schema.upgrade()
         except sqlite3.DatabaseError as exc:  # not SQLite, or not Corral's, or damaged
             self._conn.close()
             raise StoreError(
@@ -118,6 +119,7 @@ class SqliteStore(SqlStore):
                 self._conn.execute("ROLLBACK")
                 raise _busy(exc, self.path) from None
 
+    @guarded
     def finish_many(
         self, done: Sequence[Finished], then_start: Sequence[tuple[str, str]] = ()
     ) -> list[str]:
@@ -128,7 +130,7 @@ class SqliteStore(SqlStore):
         keyed = False
         with self._tx(write=True) as tx:
             if len(then_start) == 1:
-                self._start(tx, then_start)
+                start_reserved(tx, then_start, now)
             elif then_start:
                 tx.run(_SQL["start_many"], {"now": now, "items": json.dumps(then_start)})
             if done:
