@@ -3,6 +3,7 @@ line numbers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,21 @@ _MODEL_MAPPED = {  # key -> what it becomes (listed by `corral config check`)
 }
 
 
+@dataclass
+class _Doc:
+    """One conversion's context: the document's source, what was mapped or ignored, the
+    problems found, and the document-wide settings a model falls back to."""
+
+    source: str
+    out: Mapping
+    problems: list[Problem]
+    data: dict[str, Any]
+    macros: dict[str, Any]
+
+    def problem(self, where: str, message: str) -> None:
+        self.problems.append(Problem(self.source, None, where, message))
+
+
 def convert(
     data: dict[str, Any], source: str, lines: dict[str, int] | None = None
 ) -> tuple[Config, Mapping]:
@@ -167,12 +183,53 @@ def convert(
         if isinstance(m, dict) and isinstance(m.get("cmd"), str):
             m["cmd"] = strip_comments(m["cmd"])
     data = expand_env(data, (), problems)
+    doc = _Doc(source, out, problems, data, _macros(data, problems))
+    server = _top_level(doc)
+    models: dict[str, dict[str, Any]] = {}
+    for name, m in (data.get("models") or {}).items():
+        if not isinstance(m, dict):
+            doc.problem(f"models.{name}", "must be a mapping")
+            continue
+        models[str(name)] = _model(doc, str(name), m)
+    devices = map_groups(data.get("groups") or {}, models, source, out, problems)
+    routing = data.get("routing")
+    if isinstance(routing, dict):
+        devices = devices or map_routing(routing, models, source, out, problems)
+    elif isinstance(data.get("matrix"), dict):  # before `routing`, llama-swap had it on top
+        devices = devices or map_matrix(data["matrix"], models, out, problems, "matrix")
+    peers = data.get("peers") or {}
+    if isinstance(peers, dict) and peers:
+        devices = map_peers(peers, models, devices, out, problems, texts(doc.macros))
+    _hooks(data.get("hooks") or {}, models, server, out)
+    if problems:
+        raise ConfigError(
+            [Problem(source, p.line or _line(lines, p.where), p.where, p.message) for p in problems]
+        )
+    converted: dict[str, Any] = {"models": models}
+    if devices:
+        converted["devices"] = devices
+    if server:
+        converted["server"] = server
+    try:
+        return parse_config(yaml.safe_dump(converted, sort_keys=False), source), out
+    except ConfigError as exc:  # name the user's key and line, not those of the converted file
+        raise ConfigError([_theirs(p, source, lines) for p in exc.problems]) from None
+
+
+def _macros(data: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    """The document's macros, each expanded with those defined before it."""
     macros: dict[str, Any] = {}
-    for k, v in (data.get("macros") or {}).items():  # may use the macros defined before them
+    for k, v in (data.get("macros") or {}).items():
         macros[str(k)] = (
             v if not isinstance(v, str) else expand(v, texts(macros), f"macros.{k}", problems)
         )
-    if macros:
+    return macros
+
+
+def _top_level(doc: _Doc) -> dict[str, Any]:
+    """The document's own keys, mapped or ignored; returns Corral's `server` section."""
+    data, out = doc.data, doc.out
+    if doc.macros:
         out.mapped.append(
             (
                 "macros",
@@ -180,8 +237,7 @@ def convert(
                 "and aliases (typed in metadata)",
             )
         )
-    health_timeout = data.get("healthCheckTimeout")
-    if health_timeout is not None:
+    if data.get("healthCheckTimeout") is not None:
         out.mapped.append(("healthCheckTimeout", "models.*.health_timeout_s"))
     for key in data:
         if key in _TOP_MAPPED:
@@ -192,8 +248,7 @@ def convert(
         out.mapped.append(("unloadTimeout", "models.*.stop_grace_s"))
     if "sendLoadingState" in data:
         out.mapped.append(("sendLoadingState", "models.*.send_loading_state"))
-    global_ttl = data.get("globalTTL")
-    if global_ttl is not None:
+    if data.get("globalTTL") is not None:
         out.mapped.append(("globalTTL", "models.*.ttl_s (where a model sets no ttl)"))
     server: dict[str, Any] = {}
     if "includeAliasesInList" in data:
@@ -202,141 +257,152 @@ def convert(
     if data.get("apiKeys"):
         server["api_keys"] = [str(k) for k in data["apiKeys"]]
         out.mapped.append(("apiKeys", "server.api_keys (${env.*} expanded)"))
-    models: dict[str, dict[str, Any]] = {}
-    for name, m in (data.get("models") or {}).items():
-        if not isinstance(m, dict):
-            problems.append(Problem(source, None, f"models.{name}", "must be a mapping"))
-            continue
-        where = f"models.{name}"
-        typed = dict(macros)
-        for k, v in (m.get("macros") or {}).items():
-            typed[str(k)] = (
-                v
-                if not isinstance(v, str)
-                else expand(v, texts(typed), f"{where}.macros.{k}", problems)
-            )
-        own = texts(typed)
-        for key in m:
-            if key in _MODEL_MAPPED:
-                out.mapped.append((f"{where}.{key}", _MODEL_MAPPED[str(key)]))
-            else:
-                why = _MODEL_IGNORED.get(str(key), "not a key Corral knows of llama-swap's format")
-                out.ignored.append((f"{where}.{key}", why))
-        model: dict[str, Any] = {}
-        if "cmd" in m:
-            model["cmd"] = " ".join(expand(str(m["cmd"]), own, f"{where}.cmd", problems).split())
-        if "cmdStop" in m:
-            model["cmd_stop"] = expand(str(m["cmdStop"]), own, f"{where}.cmdStop", problems)
-        model["proxy"] = expand(
-            str(m.get("proxy", "http://127.0.0.1:${PORT}")), own, f"{where}.proxy", problems
-        ).replace("localhost", "127.0.0.1")
-        env = m.get("env") or []
-        if env:
-            pairs = {}
-            for item in env:
-                k, sep, v = str(item).partition("=")
-                if not sep:
-                    problems.append(Problem(source, None, f"{where}.env", f"{item!r} is not K=V"))
-                    continue
-                pairs[k] = expand(v, own, f"{where}.env.{k}", problems)
-            model["env"] = pairs
-        if "checkEndpoint" in m:
-            model["check_endpoint"] = expand(
-                str(m["checkEndpoint"]), own, f"{where}.checkEndpoint", problems
-            )
-        timeout = m.get("healthCheckTimeout", health_timeout)
-        if timeout is not None:
-            # llama-swap raises anything under 15 s to 15 s.
-            try:
-                model["health_timeout_s"] = max(15.0, float(timeout))
-            except (TypeError, ValueError):
-                key = "healthCheckTimeout"
-                at = f"{where}.{key}" if key in m else key
-                problems.append(Problem(source, None, at, f"{timeout!r} is not seconds"))
-        loading = m.get("sendLoadingState", data.get("sendLoadingState"))
-        if loading is not None:
-            model["send_loading_state"] = loading is True
-        grace = m.get("unloadTimeout", data.get("unloadTimeout"))
-        if grace is not None:
-            try:
-                model["stop_grace_s"] = float(grace)
-            except (TypeError, ValueError):
-                problems.append(
-                    Problem(source, None, f"{where}.unloadTimeout", f"{grace!r} is not seconds")
-                )
-        if "useModelName" in m:
-            with_id = {**own, "MODEL_ID": str(name)}
-            model["upstream_model"] = expand(
-                scalar(m["useModelName"]), with_id, f"{where}.useModelName", problems
-            )
-        aliases = []
-        for a in m.get("aliases") or []:
-            alias = a.get("id") if isinstance(a, dict) else a
-            if alias is not None:
-                with_id = {**own, "MODEL_ID": str(name)}
-                aliases.append(expand(scalar(alias), with_id, f"{where}.aliases", problems))
-        if aliases:
-            model["aliases"] = aliases
-        for key in ("name", "description"):  # macros work in any value in llama-swap's
-            if m.get(key):
-                text = scalar(m[key])
-                model[key] = expand(
-                    text, {**own, "MODEL_ID": str(name)}, f"{where}.{key}", problems
-                )
-        if isinstance(m.get("metadata"), dict):
-            model["metadata"] = expand_typed(
-                m["metadata"], typed, f"{where}.metadata", problems, str(name)
-            )
-        caps = m.get("capabilities")
-        if isinstance(caps, dict):
-            model["capabilities"] = {
-                "inputs": caps.get("in") or [],
-                "outputs": caps.get("out") or [],
-                "tools": caps.get("tools") is True,
-                "reranker": caps.get("reranker") is True,
-                "context": caps.get("context") or 0,
-            }
-        elif caps is not None:
-            out.ignored.append((f"{where}.capabilities", "must be a mapping (in, out, ...)"))
-        if isinstance(m.get("filters"), dict):
-            model["filters"] = filters_of(m["filters"], own, str(name), where, problems)
-            by_id = model["filters"].get("set_params_by_id", {})
-            model["aliases"] = [*aliases, *(i for i in by_id if i != name and i not in aliases)]
-        if "unlisted" in m:
-            model["unlisted"] = m["unlisted"] is True
-        ttl = m.get("ttl", -1)
-        if ttl == -1:  # llama-swap's default: use globalTTL
-            ttl = global_ttl
-        if ttl is not None:
-            try:
-                seconds = float(ttl)
-            except (TypeError, ValueError):
-                problems.append(Problem(source, None, f"{where}.ttl", f"{ttl!r} is not seconds"))
-            else:
-                if seconds > 0:  # llama-swap's 0 (and negative) means never
-                    model["ttl_s"] = seconds
-        # llama-swap lets up to concurrencyLimit requests (0 or absent: 10) reach the server at
-        # once: Corral's `concurrency`. Beyond it Corral queues them (llama-swap answers 429).
-        limit = m.get("concurrencyLimit", 0)
+    return server
+
+
+def _model(doc: _Doc, name: str, m: dict[str, Any]) -> dict[str, Any]:
+    """One model's entry as Corral's: its keys mapped or ignored, then its values."""
+    where = f"models.{name}"
+    typed = dict(doc.macros)
+    for k, v in (m.get("macros") or {}).items():
+        typed[str(k)] = (
+            v
+            if not isinstance(v, str)
+            else expand(v, texts(typed), f"{where}.macros.{k}", doc.problems)
+        )
+    for key in m:
+        if key in _MODEL_MAPPED:
+            doc.out.mapped.append((f"{where}.{key}", _MODEL_MAPPED[str(key)]))
+        else:
+            why = _MODEL_IGNORED.get(str(key), "not a key Corral knows of llama-swap's format")
+            doc.out.ignored.append((f"{where}.{key}", why))
+    model: dict[str, Any] = {}
+    _commands(doc, m, where, texts(typed), model)
+    _listing(doc, name, m, where, typed, model)
+    _limits(doc, m, where, model)
+    return model
+
+
+def _commands(
+    doc: _Doc, m: dict[str, Any], where: str, own: dict[str, str], model: dict[str, Any]
+) -> None:
+    """How the model's server starts, stops, is reached and checked."""
+    problems, data = doc.problems, doc.data
+    if "cmd" in m:
+        model["cmd"] = " ".join(expand(str(m["cmd"]), own, f"{where}.cmd", problems).split())
+    if "cmdStop" in m:
+        model["cmd_stop"] = expand(str(m["cmdStop"]), own, f"{where}.cmdStop", problems)
+    model["proxy"] = expand(
+        str(m.get("proxy", "http://127.0.0.1:${PORT}")), own, f"{where}.proxy", problems
+    ).replace("localhost", "127.0.0.1")
+    env = m.get("env") or []
+    if env:
+        pairs = {}
+        for item in env:
+            k, sep, v = str(item).partition("=")
+            if not sep:
+                doc.problem(f"{where}.env", f"{item!r} is not K=V")
+                continue
+            pairs[k] = expand(v, own, f"{where}.env.{k}", problems)
+        model["env"] = pairs
+    if "checkEndpoint" in m:
+        model["check_endpoint"] = expand(
+            str(m["checkEndpoint"]), own, f"{where}.checkEndpoint", problems
+        )
+    timeout = m.get("healthCheckTimeout", data.get("healthCheckTimeout"))
+    if timeout is not None:
+        # llama-swap raises anything under 15 s to 15 s.
         try:
-            limit = int(limit)
+            model["health_timeout_s"] = max(15.0, float(timeout))
         except (TypeError, ValueError):
-            problems.append(
-                Problem(source, None, f"{where}.concurrencyLimit", f"{limit!r} is not a number")
-            )
-            limit = 0
-        model["concurrency"] = limit if limit > 0 else _DEFAULT_CONCURRENCY
-        models[str(name)] = model
-    devices = map_groups(data.get("groups") or {}, models, source, out, problems)
-    routing = data.get("routing")
-    if isinstance(routing, dict):
-        devices = devices or map_routing(routing, models, source, out, problems)
-    elif isinstance(data.get("matrix"), dict):  # before `routing`, llama-swap had it on top
-        devices = devices or map_matrix(data["matrix"], models, out, problems, "matrix")
-    peers = data.get("peers") or {}
-    if isinstance(peers, dict) and peers:
-        devices = map_peers(peers, models, devices, out, problems, texts(macros))
-    hooks = data.get("hooks") or {}
+            key = "healthCheckTimeout"
+            doc.problem(f"{where}.{key}" if key in m else key, f"{timeout!r} is not seconds")
+    loading = m.get("sendLoadingState", data.get("sendLoadingState"))
+    if loading is not None:
+        model["send_loading_state"] = loading is True
+    grace = m.get("unloadTimeout", data.get("unloadTimeout"))
+    if grace is not None:
+        try:
+            model["stop_grace_s"] = float(grace)
+        except (TypeError, ValueError):
+            doc.problem(f"{where}.unloadTimeout", f"{grace!r} is not seconds")
+
+
+def _listing(
+    doc: _Doc,
+    name: str,
+    m: dict[str, Any],
+    where: str,
+    typed: dict[str, Any],
+    model: dict[str, Any],
+) -> None:
+    """The names it answers to and what /v1/models says of it."""
+    problems = doc.problems
+    own = texts(typed)
+    with_id = {**own, "MODEL_ID": name}
+    if "useModelName" in m:
+        model["upstream_model"] = expand(
+            scalar(m["useModelName"]), with_id, f"{where}.useModelName", problems
+        )
+    aliases = []
+    for a in m.get("aliases") or []:
+        alias = a.get("id") if isinstance(a, dict) else a
+        if alias is not None:
+            aliases.append(expand(scalar(alias), with_id, f"{where}.aliases", problems))
+    if aliases:
+        model["aliases"] = aliases
+    for key in ("name", "description"):  # macros work in any value in llama-swap's
+        if m.get(key):
+            model[key] = expand(scalar(m[key]), with_id, f"{where}.{key}", problems)
+    if isinstance(m.get("metadata"), dict):
+        model["metadata"] = expand_typed(m["metadata"], typed, f"{where}.metadata", problems, name)
+    caps = m.get("capabilities")
+    if isinstance(caps, dict):
+        model["capabilities"] = {
+            "inputs": caps.get("in") or [],
+            "outputs": caps.get("out") or [],
+            "tools": caps.get("tools") is True,
+            "reranker": caps.get("reranker") is True,
+            "context": caps.get("context") or 0,
+        }
+    elif caps is not None:
+        doc.out.ignored.append((f"{where}.capabilities", "must be a mapping (in, out, ...)"))
+    if isinstance(m.get("filters"), dict):
+        model["filters"] = filters_of(m["filters"], own, name, where, problems)
+        by_id = model["filters"].get("set_params_by_id", {})
+        model["aliases"] = [*aliases, *(i for i in by_id if i != name and i not in aliases)]
+    if "unlisted" in m:
+        model["unlisted"] = m["unlisted"] is True
+
+
+def _limits(doc: _Doc, m: dict[str, Any], where: str, model: dict[str, Any]) -> None:
+    """How long it stays idle, and how many requests reach it at once."""
+    ttl = m.get("ttl", -1)
+    if ttl == -1:  # llama-swap's default: use globalTTL
+        ttl = doc.data.get("globalTTL")
+    if ttl is not None:
+        try:
+            seconds = float(ttl)
+        except (TypeError, ValueError):
+            doc.problem(f"{where}.ttl", f"{ttl!r} is not seconds")
+        else:
+            if seconds > 0:  # llama-swap's 0 (and negative) means never
+                model["ttl_s"] = seconds
+    # llama-swap lets up to concurrencyLimit requests (0 or absent: 10) reach the server at
+    # once: Corral's `concurrency`. Beyond it Corral queues them (llama-swap answers 429).
+    limit = m.get("concurrencyLimit", 0)
+    try:
+        limit = int(limit)
+    except (TypeError, ValueError):
+        doc.problem(f"{where}.concurrencyLimit", f"{limit!r} is not a number")
+        limit = 0
+    model["concurrency"] = limit if limit > 0 else _DEFAULT_CONCURRENCY
+
+
+def _hooks(
+    hooks: Any, models: dict[str, dict[str, Any]], server: dict[str, Any], out: Mapping
+) -> None:
+    """`hooks.on_startup.preload` as `server.preload`; the other hooks are ignored."""
     for key, value in hooks.items() if isinstance(hooks, dict) else ():
         startup = value if key == "on_startup" and isinstance(value, dict) else {}
         for hook, what in startup.items():
@@ -354,19 +420,6 @@ def convert(
                 out.ignored.append((f"hooks.on_startup.{hook}", "not supported"))
         if key != "on_startup":
             out.ignored.append((f"hooks.{key}", "not supported"))
-    if problems:
-        raise ConfigError(
-            [Problem(source, p.line or _line(lines, p.where), p.where, p.message) for p in problems]
-        )
-    doc: dict[str, Any] = {"models": models}
-    if devices:
-        doc["devices"] = devices
-    if server:
-        doc["server"] = server
-    try:
-        return parse_config(yaml.safe_dump(doc, sort_keys=False), source), out
-    except ConfigError as exc:  # name the user's key and line, not those of the converted file
-        raise ConfigError([_theirs(p, source, lines) for p in exc.problems]) from None
 
 
 # Corral's key -> llama-swap's, to name the user's key in errors about a converted value.
