@@ -14,6 +14,7 @@ The estimate is what llama-server holds once loaded:
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import struct
@@ -289,6 +290,19 @@ class _Walk:
             raise GgufError(f"a key at byte {self.at - n} is not UTF-8") from None
 
 
+@functools.cache
+def _fixed() -> dict[Any, str]:
+    """GGUF's fixed-size value types, each with its `struct` format."""
+    from gguf import GGUFValueType
+
+    return {
+        GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
+        GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
+        GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
+        GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+    }  # fmt: skip
+
+
 def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
     """The metadata and, per tensor, (elements, bytes), read from the file's header.
 
@@ -296,14 +310,6 @@ def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
     on this VM, for facts that take 0.2 s. This walks the same layout (`gguf.constants`'
     types and block sizes), skipping long arrays by their lengths, within the bounds above
     (GgufError past them)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-
-    fixed = {
-        GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-        GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-        GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
-        GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
-    }  # fmt: skip
     if not path.is_file():  # a FIFO or device named *.gguf would block the open
         raise GgufError("not a regular file")
     with path.open("rb") as f:
@@ -318,77 +324,93 @@ def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
             raise GgufError(f"GGUF version {version} is too old")
         if n_kv > MAX_KEYS or n_tensors > MAX_TENSORS:
             raise GgufError(f"it claims {n_kv:,} keys and {n_tensors:,} tensors")
-
-        def kind_of(raw: int) -> GGUFValueType:
-            try:
-                return GGUFValueType(raw)
-            except ValueError:
-                raise GgufError(f"unknown value type {raw} at byte {w.at}") from None
-
-        def value(t: GGUFValueType, depth: int) -> Any:
-            if t == GGUFValueType.STRING:
-                return w.string()
-            if t == GGUFValueType.ARRAY:
-                if depth >= MAX_DEPTH:
-                    raise GgufError(f"arrays nested more than {MAX_DEPTH} deep")
-                inner_raw, n = w.take("<IQ")
-                inner = kind_of(inner_raw)
-                if inner in fixed:
-                    size = struct.calcsize("<" + fixed[inner])
-                    if n > (w.end - w.at) // size:
-                        raise GgufError(f"an array of {n:,} values runs past the end")
-                    if n > _SHORT:
-                        w.skip(n * size)
-                        return _Array(n, [])
-                elif n > (w.end - w.at) // 8:  # a string or an array takes 8 bytes at least
-                    raise GgufError(f"an array of {n:,} values runs past the end")
-                w.tick(n)
-                if inner == GGUFValueType.STRING and n > _SHORT:
-                    w.skip_strings(n)
-                    return _Array(n, [])
-                w.keep(n)
-                return _Array(n, [value(inner, depth + 1) for _ in range(n)])
-            (v,) = w.take("<" + fixed[t])
-            return v
-
         fields: dict[str, Any] = {}
         for _ in range(n_kv):
             w.tick()
             key = w.key()
             (raw,) = w.take("<I")
-            fields[key] = value(kind_of(raw), 0)
-        tensors = []
-        for _ in range(n_tensors):
-            w.tick()
-            w.string(limit=MAX_KEY_BYTES)
-            (dims,) = w.take("<I")
-            if not 0 < dims <= MAX_DIMS:
-                raise GgufError(f"a tensor of {dims} dimensions")
-            shape = w.take(f"<{dims}Q")
-            raw_kind, offset = w.take("<IQ")
-            elements = math.prod(shape)
-            if elements > 1 << 50:
-                raise GgufError(f"a tensor of {elements:,} elements")
-            try:
-                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_kind)]
-            except (ValueError, KeyError):
-                raise GgufError(f"a tensor of unknown type {raw_kind}") from None
-            tensors.append((elements, elements // block * size, offset))
-        # Every tensor's data lies in the file: a file cut short (an unfinished download)
-        # or one that claims more than it holds is found here, not by llama-server.
-        alignment = fields.get("general.alignment", 32)
-        if not isinstance(alignment, int) or not 0 < alignment <= 1 << 16:
-            raise GgufError(f"general.alignment is {str(alignment)[:20]}")
-        data_bytes = w.end - (w.at + -w.at % alignment)
-        needed = max((offset + n for _, n, offset in tensors), default=0)
-        if needed > data_bytes:
-            raise GgufError(
-                f"truncated: its tensors need {needed:,} bytes of data, the file holds "
-                f"{max(0, data_bytes):,} (an unfinished download?)"
-            )
+            fields[key] = _value(w, _kind_of(w, raw), 0)
+        tensors = [_tensor(w) for _ in range(n_tensors)]
+        _check_data(w, fields, tensors)
         return fields, [(elements, n) for elements, n, _ in tensors]
     finally:
         data.close()
+
+
+def _kind_of(w: _Walk, raw: int) -> Any:
+    from gguf import GGUFValueType
+
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise GgufError(f"unknown value type {raw} at byte {w.at}") from None
+
+
+def _value(w: _Walk, t: Any, depth: int) -> Any:
+    """The value of type `t` at `w`: long arrays are skipped by their lengths (`_Array`)."""
+    from gguf import GGUFValueType
+
+    fixed = _fixed()
+    if t == GGUFValueType.STRING:
+        return w.string()
+    if t == GGUFValueType.ARRAY:
+        if depth >= MAX_DEPTH:
+            raise GgufError(f"arrays nested more than {MAX_DEPTH} deep")
+        inner_raw, n = w.take("<IQ")
+        inner = _kind_of(w, inner_raw)
+        if inner in fixed:
+            size = struct.calcsize("<" + fixed[inner])
+            if n > (w.end - w.at) // size:
+                raise GgufError(f"an array of {n:,} values runs past the end")
+            if n > _SHORT:
+                w.skip(n * size)
+                return _Array(n, [])
+        elif n > (w.end - w.at) // 8:  # a string or an array takes 8 bytes at least
+            raise GgufError(f"an array of {n:,} values runs past the end")
+        w.tick(n)
+        if inner == GGUFValueType.STRING and n > _SHORT:
+            w.skip_strings(n)
+            return _Array(n, [])
+        w.keep(n)
+        return _Array(n, [_value(w, inner, depth + 1) for _ in range(n)])
+    (v,) = w.take("<" + fixed[t])
+    return v
+
+
+def _tensor(w: _Walk) -> tuple[int, int, int]:
+    """The next tensor's record: (elements, bytes, offset of its data)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    w.tick()
+    w.string(limit=MAX_KEY_BYTES)
+    (dims,) = w.take("<I")
+    if not 0 < dims <= MAX_DIMS:
+        raise GgufError(f"a tensor of {dims} dimensions")
+    shape = w.take(f"<{dims}Q")
+    raw_kind, offset = w.take("<IQ")
+    elements = math.prod(shape)
+    if elements > 1 << 50:
+        raise GgufError(f"a tensor of {elements:,} elements")
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_kind)]
+    except (ValueError, KeyError):
+        raise GgufError(f"a tensor of unknown type {raw_kind}") from None
+    return elements, elements // block * size, offset
+
+
+def _check_data(w: _Walk, fields: dict[str, Any], tensors: list[tuple[int, int, int]]) -> None:
+    """Every tensor's data lies in the file: a file cut short (an unfinished download) or one
+    that claims more than it holds is found here, not by llama-server."""
+    alignment = fields.get("general.alignment", 32)
+    if not isinstance(alignment, int) or not 0 < alignment <= 1 << 16:
+        raise GgufError(f"general.alignment is {str(alignment)[:20]}")
+    data_bytes = w.end - (w.at + -w.at % alignment)
+    needed = max((offset + n for _, n, offset in tensors), default=0)
+    if needed > data_bytes:
+        raise GgufError(
+            f"truncated: its tensors need {needed:,} bytes of data, the file holds "
+            f"{max(0, data_bytes):,} (an unfinished download?)"
+        )
 
 
 def _pad(n: int, to: int = 256) -> int:
