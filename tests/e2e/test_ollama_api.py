@@ -434,3 +434,22 @@ def test_logprobs_through_the_official_client_whole_and_streamed(gw: Gateway) ->
         c.chat(model="alpha", messages=hi, logprobs=True, top_logprobs=21)
     assert caught.value.status_code == 400
     assert "top_logprobs" in caught.value.error
+
+
+def test_a_model_servers_error_reaches_ollamas_clients_in_ollamas_shape(gw: Gateway) -> None:
+    """The server's own error (OpenAI's shape: it takes at most 8,192 dimensions) is written
+    once, by the Ollama door's dialect: `{"error": "<the server's message>"}`, its status, and
+    the gateway's headers as on any answer."""
+    with pytest.raises(ollama.ResponseError) as refused:
+        client(gw).embed(model="alpha", input="x", dimensions=100_000)
+    assert refused.value.status_code == 400
+    assert "from 1 to 8192" in refused.value.error
+    r = httpx.post(
+        f"{gw.url}/api/embed",
+        headers=AUTH,
+        json={"model": "alpha", "input": "x", "dimensions": 100_000},
+    )
+    assert r.status_code == 400
+    assert r.json() == {"error": "dimensions must be an integer from 1 to 8192"}
+    assert r.headers["content-type"] == "application/json"
+    assert "x-corral-wait-ms" in r.headers

@@ -55,10 +55,15 @@ GET_ROUTES = ("/v1/audio/voices", "/sdapi/v1/loras", "/props")
 
 class Dialect(Protocol):
     """A front door that speaks another API than the model servers' (OpenAI's): it turns
-    their answers into its own (`ollama_answers.OllamaAnswer`). Its errors come to it as
-    `GatewayError`s, or answers in OpenAI's shape, to map once at its door."""
+    their answers into its own (`ollama_answers.OllamaAnswer`), their errors included
+    (`error`); the gateway's own refusals reach its door as `GatewayError`s, which it writes
+    the same way."""
 
     media_type: str
+
+    def error(self, message: str) -> bytes:
+        """An error answer's body, saying `message` (its status is the server's)."""
+        ...
 
     def whole(self, content: bytes, wait_s: float) -> bytes:
         """A complete answer; raises ValueError if it cannot be read."""

@@ -170,15 +170,44 @@ def upstream_body(
     (no /v1/responses, no /infill) answers a bare "File Not Found"."""
     if status < 400:
         return None
+    said = _said(content, content_type)
+    if said is not None and not (status == 404 and route):
+        return None
+    wrapped = {
+        "error": {
+            "message": _message(status, said, content, route),
+            "type": "upstream_error" if status >= 500 else "invalid_request_error",
+            "param": None,
+            "code": f"upstream_{status}",
+        }
+    }
+    return json.dumps(wrapped).encode()
+
+
+def upstream_message(
+    status: int, content: bytes, content_type: str, route: str | None = None
+) -> str:
+    """What a model server's error answer says, for a door that writes errors its own way:
+    the server's own message where it sent an error object, else `upstream_body`'s."""
+    said = _said(content, content_type)
+    if said is not None and not (status == 404 and route):
+        inner = said.get("message") if isinstance(said, dict) else said
+        return str(inner or f"HTTP {status}")
+    return _message(status, said, content, route)
+
+
+def _said(content: bytes, content_type: str) -> Any:
+    """The `error` of a JSON error answer, or None."""
     parsed: Any = None
     if "json" in content_type:
         try:
             parsed = json.loads(content)
         except ValueError:
             parsed = None
-    said = parsed.get("error") if isinstance(parsed, dict) else None
-    if said is not None and not (status == 404 and route):
-        return None
+    return parsed.get("error") if isinstance(parsed, dict) else None
+
+
+def _message(status: int, said: Any, content: bytes, route: str | None) -> str:
     if isinstance(said, dict):
         text = str(said.get("message") or said)[:1000]
     elif said is not None:
@@ -191,15 +220,7 @@ def upstream_body(
             f"the model server answered 404 to {route}: {text} (a server that does not serve "
             f"{route} answers so)"
         )
-    wrapped = {
-        "error": {
-            "message": message,
-            "type": "upstream_error" if status >= 500 else "invalid_request_error",
-            "param": None,
-            "code": f"upstream_{status}",
-        }
-    }
-    return json.dumps(wrapped).encode()
+    return message
 
 
 # Anthropic's error types by status (its Messages API's errors page); 529 is its "overloaded".

@@ -25,8 +25,14 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+def error_body(message: str) -> bytes:
+    """An error as Ollama writes one: `{"error": "..."}`."""
+    return json.dumps({"error": message}, separators=(",", ":")).encode()
+
+
 def error_line(message: str) -> bytes:
-    return json.dumps({"error": message}).encode() + b"\n"
+    """The same, as a line of a stream."""
+    return error_body(message) + b"\n"
 
 
 def _ns(seconds: float) -> int:
@@ -63,6 +69,9 @@ class OllamaAnswer:
         # line's `context`; None: no context (chat, raw prompts, fill-in-the-middle).
         self.turns: list[tuple[str, str]] | None = None
         self._said: list[str] = []  # the answer's text so far, for the context
+
+    def error(self, message: str) -> bytes:
+        return error_body(message)
 
     # --- whole answers ------------------------------------------------------------------------
     def whole(self, content: bytes, wait_s: float) -> bytes:

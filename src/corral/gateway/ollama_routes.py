@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +33,7 @@ from corral.config import Config, ModelConfig
 from corral.gateway.admission import disconnected
 from corral.gateway.calls import Call, json_object, priority_of, read_body, skipped_why
 from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
-from corral.gateway.ollama_answers import OllamaAnswer
+from corral.gateway.ollama_answers import OllamaAnswer, error_body
 from corral.gateway.ollama_shapes import (
     FILL_PATH,
     BadRequest,
@@ -56,17 +56,19 @@ _LAST_EPOCH_S = datetime(
 ).timestamp()  # what Ollama shows for a model kept loaded (keep_alive -1)
 
 
-def ollama_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def ollama_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """An error as Ollama writes one (`ollama_answers.error_body`, as its answers' errors)."""
+    return Response(
+        error_body(message), status_code=status, headers=headers, media_type="application/json"
+    )
 
 
 def ollama_failure(exc: GatewayError) -> Response:
-    """A refusal of the pipeline as Ollama writes errors: `{"error": "..."}`, the same status
-    (and Retry-After)."""
+    """A refusal of the pipeline in Ollama's shape: the same status (and Retry-After)."""
     if exc.status == 499:
         return exc.response()
     headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "retry-after"}
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+    return ollama_error(exc.status, exc.message, headers)
 
 
 class OllamaRoute(APIRoute):
@@ -83,25 +85,6 @@ class OllamaRoute(APIRoute):
                 return ollama_failure(exc)
 
         return mapped
-
-
-def as_ollama(response: Response) -> Response:
-    """An answer of the shared pipeline, its errors (OpenAI's shape) in Ollama's."""
-    if response.status_code < 400 or response.status_code == 499:
-        return response
-    body = getattr(response, "body", b"")
-    try:
-        parsed = json.loads(body) if body else {}
-    except ValueError:
-        parsed = {}
-    err = parsed.get("error") if isinstance(parsed, dict) else None
-    message = err.get("message") if isinstance(err, dict) else err
-    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
-    return JSONResponse(
-        {"error": str(message or f"HTTP {response.status_code}")},
-        status_code=response.status_code,
-        headers=headers,
-    )
 
 
 def tag_of(name: str) -> str:
@@ -209,7 +192,7 @@ class OllamaDoor:
         )
         if path == FILL_PATH and response.status_code in (404, 501):
             return _no_insert(name, response)
-        return as_ollama(response)
+        return response  # its errors written by `reply` (the call's dialect)
 
     def _takes_tools(self, model: str) -> bool:
         """Whether `model`'s server can take `tools`. Not a model whose capabilities say no (a
@@ -345,7 +328,7 @@ def _loaded(name: str, m: ModelConfig, s: dict[str, Any]) -> dict[str, Any]:
 def _no_insert(name: str, response: Response) -> Response:
     """A fill-in-the-middle request its model's server cannot serve, as Ollama refuses one for
     a model without FIM: 400, `"<model>" does not support insert`, and the server's reason."""
-    said = json.loads(bytes(as_ollama(response).body)).get("error", "")
+    said = json.loads(bytes(response.body)).get("error", "")
     why = "its server has no /infill" if response.status_code == 404 else said
     return ollama_error(
         400,

@@ -23,7 +23,7 @@ from corral.gateway.admission import Slot, Turns, disconnected
 from corral.gateway.calls import Call, Reader
 from corral.gateway.cluster import Cluster, Unreachable
 from corral.gateway.coalesce import Coalescer
-from corral.gateway.errors import GatewayError, UpstreamFailed, upstream_body
+from corral.gateway.errors import GatewayError, UpstreamFailed, upstream_body, upstream_message
 from corral.gateway.loading import LoadingStream
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
@@ -147,12 +147,13 @@ class Proxy:
         self._observe(call, slot, resp.status, None, completion_tokens(content[-TAIL_BYTES:]))
         out_headers = self._headers(resp, slot)
         dialect = call.dialect
-        wrapped = (
-            upstream_body(resp.status, content, resp.headers.get("content-type", ""), call.path)
-            if call.openai or dialect is not None
-            else None
-        )
-        if dialect is not None and resp.status < 400:
+        ctype = resp.headers.get("content-type", "")
+        wrapped = None  # the body the client gets instead of the server's
+        if dialect is None and call.openai:
+            wrapped = upstream_body(resp.status, content, ctype, call.path)
+        elif dialect is not None and resp.status >= 400:
+            wrapped = dialect.error(upstream_message(resp.status, content, ctype, call.path))
+        elif dialect is not None:
             try:
                 content = dialect.whole(content, slot.wait_s)
             except (ValueError, KeyError, TypeError, AttributeError, IndexError):
