@@ -130,7 +130,15 @@ class Turns:
         """`async with turns.admit(model, priority, gone) as slot:` the body runs in the
         model's turn (`gone`: see `wait`); the request ends on exit (or when a stream that
         `keep`s it ends)."""
-        slot = self.submit(model, priority)
+        async with self.turn(self.submit(model, priority), gone) as slot:
+            yield slot
+
+    @asynccontextmanager
+    async def turn(
+        self, slot: Slot, gone: Callable[[], Awaitable[Any]] | None = None
+    ) -> AsyncIterator[Slot]:
+        """`admit` for a slot already submitted (the loading stream looks at its turn first):
+        the body runs in its turn; the request ends on exit unless a stream `keep`s it."""
         try:
             await self.wait(slot, gone)
             yield slot

@@ -53,12 +53,8 @@ class LoadingStream:
     async def serve(self, call: Call) -> Response:
         slot = self.turns.submit(call.model, call.priority)
         if slot.turn.done():  # ready with a free slot: nothing to tell
-            try:
-                await self.turns.wait(slot)
-                return await self.answer(call, slot)
-            finally:
-                if not slot.kept:
-                    slot.release()
+            async with self.turns.turn(slot) as held:
+                return await self.answer(call, held)
         return ModelStream(
             self._events(call, slot),
             self.config.server.stream_send_timeout_s,
@@ -89,13 +85,9 @@ class LoadingStream:
                 if not slot.turn.done():
                     yield _thinking(f"... {time.monotonic() - slot.arrived:.0f} s\n")
             try:
-                await self.turns.wait(slot)
-            except GatewayError as exc:
-                yield self._refused(call, exc)
-                return
-            yield _thinking(f"Model {model} is ready after {slot.wait_s:.1f} s\n\n")
-            try:
-                answer = await self.answer(call, slot)
+                async with self.turns.turn(slot) as held:
+                    yield _thinking(f"Model {model} is ready after {held.wait_s:.1f} s\n\n")
+                    answer = await self.answer(call, held)
             except GatewayError as exc:
                 yield self._refused(call, exc)
                 return
