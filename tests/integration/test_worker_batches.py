@@ -187,7 +187,7 @@ def test_the_scheduler_learns_what_a_batch_costs(url: str) -> None:
     w = q.run_worker(until_idle=True, settings=FAST)
     assert w.scheduler is not None
     # One proxy per batch: the estimate is a batch's 0.1 s, not a tenth of it per task.
-    assert 0.07 <= w.scheduler.models["m"].service_est <= 0.5
+    assert 0.07 <= w.scheduler.models["m"].est.service_s <= 0.5
     q.close()
 
 

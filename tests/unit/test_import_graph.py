@@ -42,6 +42,14 @@ def test_no_stand_ins_no_value_or_response_and_parts_take_their_store_role() -> 
     assert len(figs.whole_store_params) <= 3, figs.whole_store_params
 
 
+def test_no_module_function_or_class_over_its_size_bound() -> None:
+    """Issue 37: no module over 600 lines, no function over 80, no class over 25 methods."""
+    figs = measure()
+    assert figs.long_modules == []
+    assert figs.long_functions == []
+    assert figs.big_classes == []
+
+
 def test_the_figures_see_what_they_measure(tmp_path: Path) -> None:
     """The measure reads what it claims: a function returning `X | Response`, a stand-in class,
     a parameter typed as the whole `Store`, a mixin."""
@@ -54,7 +62,12 @@ def test_the_figures_see_what_they_measure(tmp_path: Path) -> None:
         "class StandInThing: ...\n"
         "class Both(AMixin, B): ...\n"
         "def f(store: Store) -> int | Response: ...\n"
+        + "class Big:\n"
+        + "".join(f"    def m{i}(self) -> None: ...\n" for i in range(26))
+        + "def long() -> None:\n"
+        + "    x = 1\n" * 81
     )
+    (src / "long.py").write_text("x = 1\n" * 601)
     old = architecture.SRC
     architecture.SRC = tmp_path
     try:
@@ -65,3 +78,6 @@ def test_the_figures_see_what_they_measure(tmp_path: Path) -> None:
     assert len(figs.mixin_stacks) == 1
     assert len(figs.whole_store_params) == 1
     assert len(figs.or_response_returns) == 1
+    assert [x.split(":")[0].endswith("corral/long.py") for x in figs.long_modules] == [True]
+    assert [x.split()[1] for x in figs.long_functions] == ["long:"]
+    assert [x.split()[1] for x in figs.big_classes] == ["Big:"]

@@ -132,7 +132,7 @@ def test_the_mapped_groups_schedule_as_llama_swap_would() -> None:
     for name in config.server.preload:  # one load at a time on the card, each into free room
         assert s.on_load_requested(name, evict=False) is None
         s.on_load_finished(name)
-    assert sorted(m.name for m in s.resident_models()) == ["bge-small", "gemma-2b", "qwen2.5-0.5b"]
+    assert sorted(m.name for m in s.board.residents()) == ["bge-small", "gemma-2b", "qwen2.5-0.5b"]
     assert [c[:2] for c in fx.take()] == [("load", n) for n in config.server.preload]
     s.on_request(Request("r1", "qwen2.5-32b"))
     assert fx.take() == [("load", "qwen2.5-32b", ("bge-small", "gemma-2b", "qwen2.5-0.5b"))]

@@ -80,10 +80,10 @@ def test_a_measured_wake_refines_the_wake_estimate_not_the_load_estimate() -> No
     h.at(20).arrive("a2")
     h.s.on_load_finished("a", load_s=4.0)
     a = h.s.models["a"]
-    assert a.load_est == 50
-    assert 2.0 < a.wake_est < 4.0
-    assert a.return_s == a.load_est  # awake: leaving and coming back is a sleep and a wake
-    assert a.comeback_s == a.wake_est
+    assert a.est.load_s == 50
+    assert 2.0 < a.est.wake_s < 4.0
+    assert a.return_s == a.est.load_s  # awake: leaving and coming back is a sleep and a wake
+    assert a.comeback_s == a.est.wake_s
 
 
 @pytest.mark.parametrize("sleepers", ["predicted", "lru"])
@@ -123,14 +123,14 @@ def test_predicted_sleeps_a_victim_at_level_2_when_host_memory_is_short() -> Non
     assert c.deep
     assert {s.name for s in h.s.sleepers.all()} == {"a", "b", "c"}
     assert h.s.sleepers.used_gb() == 40
-    assert c.return_s == c.wake2_est == 9  # 3x its level-1 wake of 3 s
+    assert c.return_s == c.est.wake2_s == 9  # 3x its level-1 wake of 3 s
     h.loaded("d")
     h.finish("d1")
     h.at(300).arrive("c3")  # it wakes from level 2; its measured wake refines wake2_est only
     assert h.take()[-1] == ("load", "c", ("d",), (), True)  # d cannot sleep: it stops
     h.s.on_load_finished("c", load_s=7.0)
-    assert 7.0 < c.wake2_est < 9.0
-    assert c.wake_est == 3
+    assert 7.0 < c.est.wake2_s < 9.0
+    assert c.est.wake_s == 3
     assert not c.deep
 
 
@@ -157,8 +157,8 @@ def test_the_cost_policy_prices_a_sleeping_model_by_its_wake() -> None:
     h.take()
     a, c = h.s.models["a"], h.s.models["c"]
     assert a.asleep
-    assert a.return_s == a.wake_est == 2
-    assert c.return_s == c.load_est == 60
+    assert a.return_s == a.est.wake_s == 2
+    assert c.return_s == c.est.load_s == 60
 
 
 def test_a_stopped_sleeper_can_be_unloaded_and_loaded_on_request() -> None:

@@ -149,7 +149,7 @@ def test_memory_decides_what_fits_and_evicts_the_idle_model() -> None:
     h.finish("a1")
     h.arrive("c1")  # a is idle, b still serves b1: a is evicted
     assert h.take() == [("load", "c", ("a",))]
-    resident = sorted(m.name for m in h.s.resident_models())
+    resident = sorted(m.name for m in h.s.board.residents())
     assert resident == ["b", "c"]
 
 

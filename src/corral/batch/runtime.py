@@ -172,9 +172,9 @@ class BatchRuntime:
                 m = sched.models.get(name)
                 if m is None:
                     continue
-                work = left * n / lines * m.service_est / m.concurrency
+                work = left * n / lines * m.est.service_s / m.concurrency
                 ahead_s[name] = ahead_s.get(name, 0.0) + work
-                eta_s += ahead_s[name] + (0.0 if m.resident else m.load_est)
+                eta_s += ahead_s[name] + (0.0 if m.resident else m.est.load_s)
             out.append(
                 {
                     "id": b.id,

@@ -65,11 +65,11 @@ class Aborts:
             if bound is not None and oldest is not None and oldest.arrived_at + bound <= now:
                 continue  # its batch work is overdue: the bound keeps the load
             if c.state is Lifecycle.WAKING:
-                est = c.wake2_est if c.deep else c.wake_est
+                est = c.est.wake2_s if c.deep else c.est.wake_s
             else:
-                est = c.load_est
+                est = c.est.load_s
             left_s = c.load_started_at + est - now
-            if left_s <= q.service_est + c.unload_est:
+            if left_s <= q.est.service_s + c.est.unload_s:
                 continue
             if any(_only_use(w, d, self._devices) for w in waiting):
                 self._tiers.abort(c, now, "a person's request needs the device")

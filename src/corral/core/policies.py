@@ -162,7 +162,7 @@ class Cost(Policy):
 
     @staticmethod
     def work_s(m: ModelRecord) -> float:
-        return m.n_top * m.service_est / m.concurrency
+        return m.n_top * m.est.service_s / m.concurrency
 
     def bound_s(self, m: ModelRecord) -> float | None:
         """The wait bound of m's top class."""
@@ -237,16 +237,16 @@ class Cost(Policy):
 
     def linger_s(self, m: ModelRecord, now: float) -> float:
         delay = m.spec.unload_delay_s
-        if self.linger and m.gap_est is not None:
+        if self.linger and m.est.idle_gap_s is not None:
             round_trip = m.leave_s + m.comeback_s
             # Rent-or-buy: wait only when the next request is reliably due sooner than a reload
             # would take (closed-loop think times are; Poisson gaps are not).
-            expected_late = m.gap_est + m.gap_dev
+            expected_late = m.est.idle_gap_s + m.est.idle_gap_dev_s
             if expected_late <= round_trip:
                 # The floor absorbs jitter in very short gaps (a client's thread not yet
                 # scheduled): waiting LINGER_FLOOR of a reload costs little when the loop has
                 # ended, while a false swap costs a whole reload and another to come back.
-                want = max(expected_late + m.gap_dev, LINGER_FLOOR * round_trip)
+                want = max(expected_late + m.est.idle_gap_dev_s, LINGER_FLOOR * round_trip)
                 delay = max(delay, min(want, round_trip))
         return delay
 

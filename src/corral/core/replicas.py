@@ -1,7 +1,7 @@
 """Replicas inside one scheduler (docs/design/scheduler.md, "Replicas in one scheduler"):
-when a model gets one more copy, which copy may make room for another model, and how a replica
-takes its primary's place: `Replicas`, an object `Scheduler` calls; it owns the state these
-rules read.
+when a model wants one more copy and which copy may make room for another model: `Replicas`,
+rules `Scheduler` and `Swaps` ask (`Swaps.replicate` places a copy; `Tiers.leave` hands a
+leaving primary's place to a replica).
 
 A replica is a `ModelRecord` with `primary` set: its own device, lifecycle and `in_flight`,
 serving its primary's single queue.
@@ -13,16 +13,16 @@ import math
 from collections.abc import Callable, Collection
 
 from corral.core.effects import Effects
-from corral.core.placement import DeviceView, ResidentView, plan_placement
+from corral.core.placement import ResidentView
 from corral.core.policies import Policy, lingering
 from corral.core.state import DeviceRecord, ModelRecord
-from corral.core.types import Lifecycle, Request
+from corral.core.types import Lifecycle
 
 _READY = Lifecycle.READY
 _UNLOADED = Lifecycle.UNLOADED
 
 # Replicas (docs/design/scheduler.md): a model gets one more copy when its arrivals outpace the
-# copies it has (`ModelRecord.demand` above their number) and its backlog holds this many loads'
+# copies it has (`Estimates.demand` above their number) and its backlog holds this many loads'
 # worth of work, so the new copy starts busy.
 REPLICA_LOADS = 2.0
 REPLICA_BUSY = 0.9  # a replica stays while the other copies alone would be this busy
@@ -35,29 +35,12 @@ OUTRUN_WAIT_FRAC = 0.5
 OUTRUN_BOUND_CAP_S = 120.0
 REPLICA_RETRY_S = 60.0  # after a replica failed to load, the model gets none for this long
 DEMAND_TIMER = "demand:"  # timer key: a copy kept by its decaying demand is looked at again
-# What a replica that becomes the primary brings with it.
-_RESIDENCY = (
-    "device",
-    "in_flight",
-    "last_level",
-    "linger_timer_at",
-    "linger_until",
-    "load_started_at",
-    "lost",
-    "quantum_timer_at",
-    "ready_at",
-    "recheck",
-    "served",
-    "state",
-    "yielding",
-)
 
 
 class Replicas:
     """The replica rules of one scheduler, over the scheduler's records (it owns them): which
     copy may go, which model gets one more copy and where, and a replica taking its primary's
-    place. `views` and `start_load` are the scheduler's (placement's view of the devices for a
-    model; starting a load); `bound_s` is a class's wait bound now."""
+    place (`Tiers.leave`). `bound_s` is a class's wait bound now."""
 
     def __init__(
         self,
@@ -67,9 +50,6 @@ class Replicas:
         classes: bool,
         enabled: bool,
         copyable: Collection[str] | None,
-        pending: dict[ModelRecord, None],
-        views: Callable[[ModelRecord, float], list[DeviceView]],
-        start_load: Callable[[ModelRecord, DeviceRecord, list[ModelRecord], float, str], None],
         bound_s: Callable[[bool], float | None],
     ) -> None:
         self.policy = policy
@@ -78,24 +58,7 @@ class Replicas:
         self._classes = classes
         self.enabled = enabled  # the policy makes copies, on several devices
         self._copyable = copyable  # the models that may have copies (None: all)
-        self._pending = pending  # models with pending work, in order
-        self._views = views
-        self._start_load = start_load
         self._bound_s = bound_s
-
-    def promote(self, m: ModelRecord) -> None:
-        """Primary `m` just left: its first ready replica (else its first) becomes the primary
-        (the model's record stays the one the queue, the maps and the policies know)."""
-        c = next((c for c in m.copies if c.state is _READY), m.copies[0])
-        m.copies.remove(c)
-        dev = c.device
-        assert dev is not None
-        dev.residents[dev.residents.index(c)] = m
-        if dev.loading is c:
-            dev.loading = m
-        for name in _RESIDENCY:
-            setattr(m, name, getattr(c, name))
-        c.state, c.device = _UNLOADED, None
 
     def worth_copy(self, m: ModelRecord, now: float) -> bool:
         """Does `m` want one more copy: do its arrivals outpace its copies, with a backlog of
@@ -106,8 +69,11 @@ class Replicas:
             return False
         if m.copy_failed_at is not None and now < m.copy_failed_at + REPLICA_RETRY_S:
             return False
-        backlog_s = m.count * m.service_est / m.concurrency
-        return backlog_s > REPLICA_LOADS * m.load_est and m.demand(now) > REPLICA_BUSY * n
+        backlog_s = m.count * m.est.service_s / m.concurrency
+        return (
+            backlog_s > REPLICA_LOADS * m.est.load_s
+            and m.est.demand(now, m.concurrency) > REPLICA_BUSY * n
+        )
 
     def copy_urgent(self, m: ModelRecord, now: float) -> bool:
         """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound, capped at
@@ -146,43 +112,20 @@ class Replicas:
         whose model runs dry."""
         m = v.queue
         n = 1 + len(m.copies)
-        if n > 1 and m.count * m.service_est > 0.5 * REPLICA_LOADS * m.load_est * m.concurrency * n:
+        if (
+            n > 1
+            and m.count * m.est.service_s > 0.5 * REPLICA_LOADS * m.est.load_s * m.concurrency * n
+        ):
             return False
         level = REPLICA_BUSY * (n - 1) if n > 1 else 1.0
-        if m.demand(now) < level:
+        if m.est.demand(now, m.concurrency) < level:
             return True
         if m.count == 0:
             # Idle, kept only by its arrival rate, which decays while nothing arrives: decide
             # again when it has decayed, or a model waiting for this room waits for the next
             # arrival, which may never come (issue 24).
-            at = m.demand_below_at(level)
+            at = m.est.demand_below_at(level, m.concurrency)
             if at is not None and at > now and m.demand_timer_at != at:
                 m.demand_timer_at = at
                 self._fx.set_timer(at + 1e-6, DEMAND_TIMER + m.name)
         return False
-
-    def replicate(self, now: float, before: Request | None = None, outpaced: bool = False) -> None:
-        """Give models with a deep queue a copy more, into free room or over residents that
-        are idle and not lingering; with `before`, only models with a request older; with
-        `outpaced`, only models whose arrivals outrun the copies they have (demand above
-        their number: their queue grows until the copy comes) and whose oldest request has
-        waited OUTRUN_WAIT_FRAC of the bound."""
-        for m in list(self._pending):
-            if m.state is not _READY or m.yielding or m.lost or not self.worth_copy(m, now):
-                continue
-            if outpaced and (m.demand(now) <= 1 + len(m.copies) or not self.copy_urgent(m, now)):
-                continue
-            if before is not None:
-                mine = m.oldest()
-                if mine is None or mine.seq > before.seq:
-                    continue
-            plan = plan_placement(self._views(m, now))
-            if plan is None:
-                continue
-            dev = next(d for d in self.devices if d.name == plan.device)
-            victims = [dev.holding(n) for n in plan.evict]
-            if any(v.in_flight or v.yielding or self.has_work(v, now) for v in victims):
-                continue
-            c = ModelRecord(m.name, m.spec, self._classes, primary=m)
-            m.copies.append(c)
-            self._start_load(c, dev, victims, now, "replica")

@@ -23,18 +23,18 @@ Shared rules, whatever the policy (see docs/design/scheduler.md):
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from corral.config import Config, ModelConfig
 from corral.core.aborts import Aborts
 from corral.core.backlog import Backlog, Level
+from corral.core.board import Board
 from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
 from corral.core.sleep import Sleepers
-from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, first_pending
+from corral.core.state import BATCH_BELOW, ModelRecord
 from corral.core.stretch import WaitBound
 from corral.core.swaps import LINGER_TIMER, Swaps
 from corral.core.tiers import SchedulerBug, Tiers
@@ -74,64 +74,51 @@ class Scheduler:
         self.policy = policy if policy is not None else make_policy(config)
         self._fx = effects
         self._clock = clock
-        self._classes = self.policy.classes
-        self.models: dict[str, ModelRecord] = {
-            name: ModelRecord(name, spec, self._classes) for name, spec in config.models.items()
-        }
-        self.devices: list[DeviceRecord] = [DeviceRecord(d) for d in config.devices]
+        self._classes = classes = self.policy.classes
+        self._strict = self.policy.strict_order
+        # Built in dependency order: the wait bound and the board first, then each part from
+        # the parts it uses (a part never names one built after it).
         # The wait bound, per class, configured and as the load leaves room for it
         # (core/stretch.py): one value every part reads.
         bounded = self.policy.bounded_wait
         self.wait = WaitBound(
             config.scheduler.max_wait_s if bounded else None,
-            config.batch.max_wait_s if bounded and self._classes else None,
+            config.batch.max_wait_s if bounded and classes else None,
         )
         self.stretch = self.wait.stretch
-        self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
         self.policy.wait = self.wait
-        self._solo = self._one_at_a_time()
-        self._strict = self.policy.strict_order
-        self._weights: dict[int, float] = {}
-        self._arrivals: deque[Request] = deque()  # pending requests in arrival order (lazy)
-        self._pending: dict[ModelRecord, None] = {}  # models with pending work, ordered
+        self.board = board = Board(config, classes, self.policy.weight, self._strict)
+        self.models = board.models
+        self.devices = board.devices
+        self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
+        self._solo = board.one_at_a_time()
         self._seq = 0
         self._need_decide = False
-        self._incoming: set[ModelRecord] = set()  # models whose room is being freed (draining)
         self._deciding = False
         self._overdue_timer_at: float | None = None
         # Every move between residency tiers, and the decisions log (core/tiers.py).
-        self.tiers = Tiers(
-            self._fx,
-            Sleepers(self.devices, config.host.memory_gb, config.scheduler.sleepers == "lru"),
-            lambda m: self.replicas.promote(m),
-        )
+        sleepers = Sleepers(self.devices, config.host.memory_gb, config.scheduler.sleepers == "lru")
+        self.tiers = Tiers(self._fx, sleepers)
         self.decisions = self.tiers.decisions
         self.sleepers = self.tiers.sleepers
-        # The swap and replica rules, as objects over these records.
+        # The replica and swap rules, as objects over the board's records.
         self.replicas = Replicas(
             self.policy,
             self.devices,
             self._fx,
-            self._classes,
+            classes,
             bool(replicas) and self.policy.replicas and len(self.devices) > 1,
             None if isinstance(replicas, bool) else frozenset(replicas),
-            self._pending,
-            lambda m, now: self.swaps.views(m, now),
-            self.tiers.start_load,
             self.wait.effective,
         )
-        self.aborts = Aborts(self.devices, self.tiers, self._incoming, self.wait.effective)
+        self.aborts = Aborts(self.devices, self.tiers, board.incoming, self.wait.effective)
         self.swaps = Swaps(
             self.policy,
-            self.models,
-            self.devices,
+            board,
             self.replicas,
             self.wait,
             self._fx,
-            self._incoming,
-            self._pending,
             config.scheduler.min_visit_swaps,
-            self._head,
             self.tiers.start_load,
         )
 
@@ -149,15 +136,11 @@ class Scheduler:
         r.arrived_at = now
         r.swaps_waited = -self.tiers.loads  # made a count at dispatch
         r.state = _PENDING
-        m.enqueue(r, self._weight(r.priority))
-        m.observe_arrival(now)
-        if m.count == 1:
-            self._pending[m] = None
+        self.board.add(m, r)
+        m.est.observe_arrival(now)
         batch = r.background and self._classes  # counted as batch work
-        if self._strict:
-            self._arrivals.append(r)
         if m.idle_since is not None:
-            m.observe_gap(now - m.idle_since)
+            m.est.observe_idle_gap(now - m.idle_since)
             m.idle_since = None
         m.linger_until = None
         state = m.state
@@ -173,7 +156,7 @@ class Scheduler:
             if self.replicas.enabled and m.count and self.replicas.worth_copy(m, now):
                 self._need_decide = True
         elif state is _UNLOADED or state is _SLEEPING:
-            if not self._solo or self._may_switch_to(m, now):
+            if not self._solo or self.swaps.may_switch_to(m, now):
                 self._need_decide = True
             bound = self.wait.effective(batch)
             if bound is not None and (m.count - m.icount if batch else m.icount) == 1:
@@ -190,12 +173,12 @@ class Scheduler:
         """`model` is ready (its copy on `device`; None: its only copy). Measured swap times, if
         given, refine the estimates."""
         m = self.models[model]
-        rec = self._copy(m, device)
+        rec = _copy(m, device)
         woke = rec.state is Lifecycle.WAKING
         self.tiers.move(rec, _READY)
         assert rec.device is not None
         rec.device.loading = None
-        m.observe_swap(load_s, unload_s, woke, rec.deep)
+        m.est.observe_swap(load_s, unload_s, woke, rec.deep)
         rec.deep = False
         now = self._clock()
         rec.ready_at = now
@@ -210,7 +193,7 @@ class Scheduler:
         """`model` could not load (its copy on `device`; None: its only copy): its pending
         requests are rejected with `reason`, unless another copy of it serves them."""
         m = self.models[model]
-        rec = self._copy(m, device)
+        rec = _copy(m, device)
         dev = rec.device
         assert dev is not None
         dev.loading = None
@@ -218,14 +201,11 @@ class Scheduler:
         if rec is not m:  # a replica: the model is served; do not try again at once
             m.copy_failed_at = self._clock()
         if m.state is _UNLOADED:
-            self._reject_all(m, f"model {model!r} failed to load: {reason}")
+            for r in m.pending():
+                self.board.drop(r, RequestState.REJECTED)
+                self._fx.reject(r, f"model {model!r} failed to load: {reason}")
         self._need_decide = True
         self._settle(self._clock())
-
-    def _reject_all(self, m: ModelRecord, reason: str) -> None:
-        for r in m.pending():
-            self._drop(r, RequestState.REJECTED)
-            self._fx.reject(r, reason)
 
     def on_model_lost(self, model: str, device: str | None = None) -> None:
         """A loaded model's server (its copy on `device`; None: its only copy) died. It takes
@@ -238,7 +218,7 @@ class Scheduler:
         m.lost = True
         now = self._clock()
         if m.in_flight == 0:
-            self._unload_lost(m)
+            self.tiers.gone(m)
         self._need_decide = True
         self._settle(now)
 
@@ -257,7 +237,7 @@ class Scheduler:
         r.finished_at = now
         m = self.models[r.model]
         if r.dispatched_at is not None:
-            m.observe_service(now - r.dispatched_at)
+            m.est.observe_service(now - r.dispatched_at)
         if m.copies:
             m = m.copy_on(r.device) or m
         m.in_flight -= 1
@@ -286,7 +266,7 @@ class Scheduler:
             r.state = RequestState.CANCELLED
             return True
         if r.state is _PENDING:
-            self._drop(r, RequestState.CANCELLED)
+            self.board.drop(r, RequestState.CANCELLED)
             self.aborts.unwanted(self.models[r.model], now)
             self._need_decide = True
             self._settle(now)
@@ -344,8 +324,10 @@ class Scheduler:
             return f"it has {m.count} queued and {in_flight} in flight requests"
         now = self._clock()
         for c in list(m.copies):
-            self._unload(c, now, "requested")
-        self._unload(m, now, "requested")
+            self.tiers.unload(c, now, "requested")
+            self._need_decide = True  # its room may go to waiting work
+        self.tiers.unload(m, now, "requested")
+        self._need_decide = True  # its room may go to waiting work
         self._settle(now)
         return None
 
@@ -365,7 +347,7 @@ class Scheduler:
     # --- the configuration changes (`corral serve --watch`) ----------------------------------
     def on_model_added(self, name: str, spec: ModelConfig) -> None:
         self.models[name] = ModelRecord(name, spec, self._classes)
-        self._solo = self._one_at_a_time()
+        self._solo = self.board.one_at_a_time()
 
     def on_model_changed(self, name: str, spec: ModelConfig) -> None:
         """New settings for `model` (priority, concurrency, sizes); its measured estimates stay.
@@ -373,7 +355,7 @@ class Scheduler:
         m = self.models[name]
         for c in (m, *m.copies):
             c.spec, c.priority, c.concurrency = spec, spec.priority, spec.concurrency
-        self._solo = self._one_at_a_time()
+        self._solo = self.board.one_at_a_time()
         self._need_decide = True
         self._settle(self._clock())
 
@@ -390,7 +372,8 @@ class Scheduler:
             c = ready[0]
             c.lost = c.restarting = True
             if c.in_flight == 0:
-                self._unload(c, now, "restart")
+                self.tiers.unload(c, now, "restart")
+                self._need_decide = True  # its room may go to waiting work
         self._need_decide = True
         self._settle(now)
         return all(c.state is not Lifecycle.LOADING for c in (m, *m.copies))
@@ -405,14 +388,8 @@ class Scheduler:
             self.on_keep_alive(name, 0.0)
             return False
         del self.models[name]
-        self._solo = self._one_at_a_time()
+        self._solo = self.board.one_at_a_time()
         return True
-
-    def _one_at_a_time(self) -> bool:
-        """One device that holds one model at a time: arrival checks take the O(1) path."""
-        return len(self.devices) == 1 and all(
-            self.devices[0].size_of(m) >= self.devices[0].capacity for m in self.models.values()
-        )
 
     def on_timer(self, key: str) -> None:
         """A timer set through `Effects.set_timer` fired."""
@@ -435,64 +412,7 @@ class Scheduler:
         """Loads and wakes begun."""
         return self.tiers.loads
 
-    def resident_models(self) -> Iterator[ModelRecord]:
-        for d in self.devices:
-            yield from d.residents
-
     # --- internals ----------------------------------------------------------------------------
-    def _weight(self, priority: int) -> float:
-        w = self._weights.get(priority)
-        if w is None:
-            w = self._weights[priority] = self.policy.weight(priority)
-        return w
-
-    def _head(self) -> Request | None:
-        """The oldest pending request of all (kept for strict-order policies only)."""
-        return first_pending(self._arrivals)
-
-    def _may_switch_to(self, c: ModelRecord, now: float) -> bool:
-        """Solo device: could an arrival for non-resident `c` change the decision? (O(1))"""
-        dev = self.devices[0]
-        if dev.loading is not None:
-            # Decided again when the load ends, unless a person's request may stop a load that
-            # only batch work wants (core/aborts.py).
-            return self._classes and c.icount > 0 and not dev.loading.queue.icount
-        if not dev.residents:
-            return True
-        r = dev.residents[0]
-        if r.yielding:
-            return False  # a swap is already coming; its target is chosen when r drains
-        if self._classes and c.icount and not r.icount and (r.count or r.last_level < BATCH_BELOW):
-            return True  # batch yields to interactive at its next request boundary
-        if not r.served and r.count:
-            r.recheck = True  # it serves a round first; decide again when that round ends
-            return False
-        if r.count == 0:
-            return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
-        return self.swaps.should_yield(r, c, now)
-
-    def _drop(self, r: Request, state: RequestState) -> None:
-        m = self.models[r.model]
-        r.state = state
-        m.discard(r, self._weight(r.priority))
-        if m.count == 0:
-            del self._pending[m]
-
-    def _copy(self, m: ModelRecord, device: str | None) -> ModelRecord:
-        rec = m.copy_on(device)
-        if rec is None:
-            raise SchedulerBug(f"{m.name}: an event for a copy on {device!r}, which it lacks")
-        return rec
-
-    def _unload_lost(self, m: ModelRecord) -> None:
-        self.tiers.leave(m)  # its server is gone: nothing to unload
-        m.idle_since = None
-
-    def _unload(self, m: ModelRecord, now: float, reason: str) -> None:
-        """Unload idle `m` with nothing loaded in its place; its room may go to waiting work."""
-        self.tiers.unload(m, now, reason)
-        self._need_decide = True
-
     def _ttl_expired(self, m: ModelRecord | None, now: float) -> None:
         if m is None or m.state is not _READY or m.lost or m.yielding or m.count or m.in_flight:
             return  # busy again, or already gone: a later idle period sets a new timer
@@ -503,16 +423,18 @@ class Scheduler:
         if due > now:  # a stale timer from an earlier idle period, or fired a hair early
             self._fx.set_timer(due, _TTL + m.name)
             return
-        self._unload(m, now, "ttl_s")
+        self.tiers.unload(m, now, "ttl_s")
+        self._need_decide = True  # its room may go to waiting work
 
     def _after_slot_freed(self, m: ModelRecord, now: float) -> None:
         """A request of copy `m` ended."""
         if m.lost:
             if m.in_flight == 0:
                 if m.restarting:
-                    self._unload(m, now, "restart")
+                    self.tiers.unload(m, now, "restart")
+                    self._need_decide = True  # its room may go to waiting work
                 else:
-                    self._unload_lost(m)
+                    self.tiers.gone(m)
                 self._need_decide = True
             self._settle(now)
             return
@@ -531,14 +453,15 @@ class Scheduler:
     def _went_idle(self, m: ModelRecord, now: float) -> None:
         if m.primary is not None:  # a replica leaves once its model runs dry
             if self.replicas.spare(m, now):
-                self._unload(m, now, "replica idle")
+                self.tiers.unload(m, now, "replica idle")
+                self._need_decide = True  # its room may go to waiting work
             return
         m.idle_since = now
         linger = self.policy.linger_s(m, now)
         m.linger_until = now + linger if linger > 0 else None
         if m.ttl_s is not None:
             self._fx.set_timer(now + m.ttl_s, _TTL + m.name)
-        if self._pending:
+        if self.board.pending:
             self._need_decide = True
 
     def _dispatch(self, m: ModelRecord, now: float) -> None:
@@ -546,7 +469,8 @@ class Scheduler:
         free slots: interactive first (overdue ones first), then batch (overdue ones first)."""
         if m.lost:
             return
-        models = self.models
+        board = self.board
+        models = board.models
         q = m.primary or m
         assert m.device is not None
         device = m.device.name
@@ -562,16 +486,14 @@ class Scheduler:
                 if old is not None and old.arrived_at + max_wait <= now:
                     r = old
             if self._strict and m.served:  # an unserved model gets its round (progress rule)
-                head = self._head()
+                head = board.head()
                 hm = models[head.model] if head is not None else m
-                if hm is not m and not hm.resident and hm not in self._incoming:
+                if hm is not m and not hm.resident and hm not in board.incoming:
                     # The oldest request needs this model's room. Inside a decision that was
                     # just considered; from an event's fast path, decide now.
                     self._need_decide = self._need_decide or not self._deciding
                     return
-            q.take(r, self._weight(r.priority))
-            if q.count == 0:
-                del self._pending[q]
+            board.take(q, r)
             r.state = _RUNNING
             r.dispatched_at = now
             r.device = device
@@ -586,7 +508,11 @@ class Scheduler:
         rounds = 0
         while self._need_decide:
             self._need_decide = False
-            self._decide(now)
+            self._deciding = True
+            try:
+                self._decide(now)
+            finally:
+                self._deciding = False
             rounds += 1
             if rounds > 1_000:
                 raise SchedulerBug("scheduler did not settle after 1,000 decisions")
@@ -599,18 +525,11 @@ class Scheduler:
 
     def _decide(self, now: float) -> None:
         """Full decision: which models come in, who yields for them; then dispatch."""
-        self._deciding = True
-        try:
-            self._decide_now(now)
-        finally:
-            self._deciding = False
-
-    def _decide_now(self, now: float) -> None:
         if self.stretch.due(now):
             self.stretch.update(now, *demands(self.models.values(), self.devices, now))
-        for m in self.resident_models():
+        for m in self.board.residents():
             m.yielding = False
-        self._incoming.clear()
+        self.board.incoming.clear()
         forced, next_deadline = self.swaps.overdue(now)
         if next_deadline is not None:
             self._arm_overdue(next_deadline)
@@ -620,20 +539,28 @@ class Scheduler:
             # the candidates leave idle, the copy came minutes late, at a time that depended
             # on timing (devices-8 live, docs/design/scheduler.md).
             if forced is None:
-                self.replicas.replicate(now, outpaced=True)
+                self.swaps.replicate(now, outpaced=True)
             else:
                 # A model whose backlog is older than the overdue model's gets its copy first.
-                self.replicas.replicate(now, forced.oldest())
-        candidates = [m for m in self._pending if not m.resident]
+                self.swaps.replicate(now, forced.oldest())
+        candidates = [m for m in self.board.pending if not m.resident]
         if candidates:
             if self._solo:
                 self.swaps.swap_solo(candidates, forced, now)
             else:
                 self.swaps.swap_placed(candidates, forced, now)
         if self.replicas.enabled:
-            self.replicas.replicate(now)
+            self.swaps.replicate(now)
         if self._classes and candidates and self.aborts.for_interactive(candidates, now):
             self._need_decide = True
-        for m in list(self.resident_models()):
+        for m in list(self.board.residents()):
             if m.state is _READY and not m.yielding and m.queue.count:
                 self._dispatch(m, now)
+
+
+def _copy(m: ModelRecord, device: str | None) -> ModelRecord:
+    """`m`'s copy on `device` (None: its only copy), which an event names."""
+    rec = m.copy_on(device)
+    if rec is None:
+        raise SchedulerBug(f"{m.name}: an event for a copy on {device!r}, which it lacks")
+    return rec

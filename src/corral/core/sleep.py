@@ -30,14 +30,14 @@ def next_use_s(m: ModelRecord, now: float) -> float:
     fewer than two arrivals (no gap to go by)."""
     if m.queue.count:
         return 0.0
-    gap = m.arrival_gap_est
-    if gap is None or m.last_arrival_at is None:
+    gap = m.est.arrival_gap_s
+    if gap is None or m.est.last_arrival_at is None:
         return math.inf
-    elapsed = now - m.last_arrival_at
+    elapsed = now - m.est.last_arrival_at
     # How memoryless its arrivals are, from how much its gaps vary: 0 for a loop that comes
     # back like a clock (the time left is the gap less what has passed), 1 for Poisson arrivals
     # (the time left is the mean gap, however long it has been).
-    memoryless = min(1.0, m.arrival_gap_dev / (_POISSON_DEV * gap)) if gap > 0 else 0.0
+    memoryless = min(1.0, m.est.arrival_gap_dev_s / (_POISSON_DEV * gap)) if gap > 0 else 0.0
     left = (1.0 - memoryless) * max(gap - elapsed, 0.0) + memoryless * gap
     # A silence longer than 8 mean gaps pushes the expectation out with it.
     return max(left, elapsed / 8)
@@ -47,7 +47,7 @@ def keep_value(m: ModelRecord, now: float) -> float:
     """Seconds `m`'s sleep saves at its return (a load against a wake) per second until that
     return: who stops when host memory runs short is who saves least for the memory it holds
     (GreedyDual's rule, with the expected next use for the recency)."""
-    saved_s = max(m.load_est - m.wake_est, _EPS)
+    saved_s = max(m.est.load_s - m.est.wake_s, _EPS)
     return saved_s / max(next_use_s(m, now), _EPS)
 
 
@@ -155,7 +155,7 @@ def _level(m: ModelRecord) -> int:
 
 def _l1_value(m: ModelRecord, now: float) -> float:
     """Seconds a level-1 wake saves over a level-2 one, per second until `m`'s next use."""
-    return max(m.wake2_est - m.wake_est, _EPS) / max(next_use_s(m, now), _EPS)
+    return max(m.est.wake2_s - m.est.wake_s, _EPS) / max(next_use_s(m, now), _EPS)
 
 
 def _make_room(

@@ -7,6 +7,7 @@ from bisect import insort
 from collections import deque
 
 from corral.config import DeviceConfig, ModelConfig
+from corral.core.estimates import Estimates
 from corral.core.types import ON_DEVICE, Lifecycle, Request, RequestState
 
 _PENDING = RequestState.PENDING
@@ -14,11 +15,6 @@ _PENDING = RequestState.PENDING
 # interactive one, so "interactive first, then priority" is plain integer order.
 _BATCH_SHIFT = 1 << 62
 _BATCH_HALF = _BATCH_SHIFT >> 1  # a level below minus this is a batch level
-_EWMA_SERVICE = 0.2
-_EWMA_GAP = 0.3
-_EWMA_SWAP = 0.3
-_EWMA_DEMAND = 0.01  # about the last 100 arrivals or requests served
-_DEMAND_MIN_ARRIVALS = 20  # demand() says 0 until it has seen this many gaps
 BATCH_BELOW = -_BATCH_HALF  # `level < BATCH_BELOW`: a batch level (inline in hot paths)
 
 
@@ -48,9 +44,6 @@ class ModelRecord:
     __slots__ = (
         "_levels",
         "_order",
-        "arrival_gap_dev",
-        "arrival_gap_est",
-        "arrivals",
         "asked",
         "classes",
         "concurrency",
@@ -60,17 +53,14 @@ class ModelRecord:
         "deep",
         "demand_timer_at",
         "device",
-        "gap_dev",
-        "gap_est",
+        "est",
         "icount",
         "idle_since",
         "in_flight",
         "keep_alive_s",
-        "last_arrival_at",
         "last_level",
         "linger_timer_at",
         "linger_until",
-        "load_est",
         "load_reason",
         "load_started_at",
         "lost",
@@ -83,19 +73,13 @@ class ModelRecord:
         "rent_timer_at",
         "restarting",
         "served",
-        "service_avg",
-        "service_est",
-        "sleep_est",
         "spec",
         "state",
-        "unload_est",
         "used_at",
         "w_batch",
         "w_sum",
         "wa_batch",
         "wa_sum",
-        "wake2_est",
-        "wake_est",
         "yielding",
     )
 
@@ -146,20 +130,8 @@ class ModelRecord:
         # Idle time before it unloads, set by a request's `keep_alive` (Ollama's API): None
         # until one does (then `spec.ttl_s`), math.inf for never.
         self.keep_alive_s: float | None = None
-        self.gap_est: float | None = None  # EWMA of idle gaps: went idle -> next arrival
-        self.gap_dev = 0.0  # EWMA of the gaps' absolute deviation from gap_est
-        self.last_arrival_at: float | None = None
-        self.arrival_gap_est: float | None = None  # EWMA of the time between arrivals
-        self.arrival_gap_dev = 0.0  # EWMA of their absolute deviation from it
-        self.arrivals = 0  # gaps observed (arrivals after the first)
         self.last_level = 0  # the level of the request it dispatched last
-        self.service_est = spec.service_s
-        self.service_avg = spec.service_s  # a slower EWMA, for demand()
-        self.load_est = spec.load_s
-        self.unload_est = spec.unload_s
-        self.wake_est = spec.sleep.wake_s if spec.sleep is not None else spec.load_s
-        self.sleep_est = spec.sleep.sleep_s if spec.sleep is not None else spec.unload_s
-        self.wake2_est = spec.deep_wake_s
+        self.est = Estimates(spec)  # its running estimates (core/estimates.py)
         self.deep = False  # asleep (or waking) at level 2 below its configured level 1
         self.used_at = 0.0  # its last dispatch (the `lru` sleepers' order)
 
@@ -192,18 +164,18 @@ class ModelRecord:
     def return_s(self) -> float:
         """Seconds to bring it in now: a wake if it sleeps, else a load."""
         if self.state is Lifecycle.SLEEPING:
-            return self.wake2_est if self.deep else self.wake_est
-        return self.load_est
+            return self.est.wake2_s if self.deep else self.est.wake_s
+        return self.est.load_s
 
     @property
     def leave_s(self) -> float:
         """Seconds for it to leave its device: falling asleep if it may, else an unload."""
-        return self.sleep_est if self.sleeps else self.unload_est
+        return self.est.sleep_s if self.sleeps else self.est.unload_s
 
     @property
     def comeback_s(self) -> float:
         """Seconds to bring it back once it has left: a wake if it may sleep, else a load."""
-        return self.wake_est if self.sleeps else self.load_est
+        return self.est.wake_s if self.sleeps else self.est.load_s
 
     @property
     def held_gb(self) -> float:
@@ -269,14 +241,11 @@ class ModelRecord:
             self.w_sum += weight
             self.wa_sum += weight * r.arrived_at
 
-    def _head(self, level: int) -> Request | None:
-        return first_pending(self._levels[level])
-
     def best(self) -> Request | None:
         """The next request by the shared rule: interactive first, then highest request
         priority, then oldest."""
         for neg in self._order:
-            r = self._head(-neg)
+            r = first_pending(self._levels[-neg])
             if r is not None:
                 return r
         return None
@@ -287,7 +256,7 @@ class ModelRecord:
         for neg in self._order:
             if batch is not None and (neg > _BATCH_HALF) is not batch:
                 continue
-            r = self._head(-neg)
+            r = first_pending(self._levels[-neg])
             if r is not None and (found is None or r.seq < found.seq):
                 found = r
         return found
@@ -334,84 +303,6 @@ class ModelRecord:
                         return out
                     out.append(r)
         return out
-
-    # --- estimates --------------------------------------------------------------------------
-    def observe_service(self, seconds: float) -> None:
-        self.service_est += _EWMA_SERVICE * (seconds - self.service_est)
-        self.service_avg += _EWMA_DEMAND * (seconds - self.service_avg)
-
-    def observe_arrival(self, now: float) -> None:
-        last = self.last_arrival_at
-        self.last_arrival_at = now
-        if last is None:
-            return
-        gap = now - last
-        self.arrivals += 1
-        # A plain mean over the first arrivals, then the EWMA: a few early gaps alone would
-        # make a cold model look hot.
-        est = self.arrival_gap_est
-        alpha = max(_EWMA_DEMAND, 1.0 / self.arrivals)
-        if est is not None:
-            self.arrival_gap_dev += alpha * (abs(gap - est) - self.arrival_gap_dev)
-        self.arrival_gap_est = gap if est is None else est + alpha * (gap - est)
-
-    def demand(self, now: float) -> float:
-        """Copies its arrivals keep busy (arrival rate x service time / concurrency), from
-        slow averages of the gaps between arrivals and of service times. A silence since the
-        last arrival of more than 8 mean gaps (0.03% of Poisson gaps) lowers the rate."""
-        est = self.arrival_gap_est
-        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
-            return 0.0
-        gap = self._gap(now, est, self.last_arrival_at)
-        return self.service_avg / (self.concurrency * gap) if gap > 0 else math.inf
-
-    @staticmethod
-    def _gap(now: float, est: float, last_arrival_at: float) -> float:
-        """The mean gap between arrivals, lengthened by a silence of more than 8 of them."""
-        return max(est, (now - last_arrival_at) / 8)
-
-    def demand_below_at(self, level: float) -> float | None:
-        """When `demand` falls below `level` if nothing more arrives (None: it is already
-        below, or never will be)."""
-        est = self.arrival_gap_est
-        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
-            return None
-        if level <= 0.0:
-            return None
-        gap = self.service_avg / (self.concurrency * level)  # demand < level past this gap
-        if est > gap:
-            return None
-        return self.last_arrival_at + 8 * gap
-
-    def rate_hz(self, now: float) -> float:
-        """Arrivals per second, from the same average of gaps as `demand`, once one gap has
-        been seen; a silence of more than 8 mean gaps lowers it."""
-        est = self.arrival_gap_est
-        if est is None or self.last_arrival_at is None:
-            return 0.0
-        return 1.0 / max(self._gap(now, est, self.last_arrival_at), 1e-3)
-
-    def observe_gap(self, seconds: float) -> None:
-        g = self.gap_est
-        if g is None:
-            self.gap_est = seconds
-            return
-        self.gap_dev += _EWMA_GAP * (abs(seconds - g) - self.gap_dev)
-        self.gap_est = g + _EWMA_GAP * (seconds - g)
-
-    def observe_swap(
-        self, load_s: float | None, unload_s: float | None, woke: bool = False, deep: bool = False
-    ) -> None:
-        """Measured times of its last swap in (`woke`: `load_s` was a wake; `deep`: from a
-        level-2 sleep below its configured level)."""
-        if load_s is not None and woke and deep:
-            self.wake2_est += _EWMA_SWAP * (load_s - self.wake2_est)
-        elif load_s is not None and woke:
-            self.wake_est += _EWMA_SWAP * (load_s - self.wake_est)
-        elif load_s is not None:
-            self.load_est += _EWMA_SWAP * (load_s - self.load_est)
-        if unload_s is not None:
-            self.unload_est += _EWMA_SWAP * (unload_s - self.unload_est)
 
 
 class DeviceRecord:

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from corral.core.board import Board
 from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.core.policies import Policy, lingering
@@ -19,43 +20,41 @@ from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
 from corral.core.stretch import WaitBound
 from corral.core.types import Lifecycle, Request
 
+_READY = Lifecycle.READY
+
 _QUANTUM = "quantum:"  # timer keys; the scheduler's on_timer reads them
 LINGER_TIMER = "linger:"
 _RENT = "rent:"  # a sleeping model may load on another device from then
 
 
 class Swaps:
-    """The swap rules of one scheduler, over the scheduler's records (it owns them): who makes
-    room for whom, and starting the swap. `head` (the oldest pending request) and `start_load`
-    are the scheduler's."""
+    """The swap rules of one scheduler, over its board's records: who makes room for whom,
+    where a model's next copy goes (`replicate`), and starting the load (`start_load`,
+    `Tiers`')."""
 
     def __init__(
         self,
         policy: Policy,
-        models: dict[str, ModelRecord],
-        devices: list[DeviceRecord],
+        board: Board,
         replicas: Replicas,
         wait: WaitBound,
         fx: Effects,
-        incoming: set[ModelRecord],
-        pending: dict[ModelRecord, None],
         min_visit: float,
-        head: Callable[[], Request | None],
         start_load: Callable[[ModelRecord, DeviceRecord, list[ModelRecord], float, str], None],
     ) -> None:
         self.policy = policy
-        self.models = models
-        self.devices = devices
+        self.board = board
+        self.models = board.models
+        self.devices = board.devices
         self.replicas = replicas
         self.wait = wait  # the wait bound, per class (core/stretch.py)
         self._fx = fx
         self._classes = policy.classes
         self._strict = policy.strict_order
-        self._several = len(devices) > 1
-        self._incoming = incoming  # models whose room is being freed (draining)
-        self._pending = pending  # models with pending work, in order
+        self._several = len(board.devices) > 1
+        self._incoming = board.incoming  # models whose room is being freed (draining)
+        self._pending = board.pending  # models with pending work, in order
         self._min_visit = min_visit
-        self._head = head
         self._start_load = start_load
 
     def overdue(self, now: float) -> tuple[ModelRecord | None, float | None]:
@@ -168,7 +167,7 @@ class Swaps:
         oldest = m.oldest()
         if oldest is None:
             return False
-        at = oldest.arrived_at + max(0.0, m.load_est - m.return_s)
+        at = oldest.arrived_at + max(0.0, m.est.load_s - m.return_s)
         if at <= now:
             return True
         if m.rent_timer_at != at:
@@ -262,7 +261,7 @@ class Swaps:
         elif self._strict:
             # Strict order: the only possible target is the oldest request's model (the same
             # answer as ranking every candidate, in O(1)).
-            head = self._head()
+            head = self.board.head()
             hm = self.models[head.model] if head is not None else r
             if hm is r or hm.resident or not self.should_yield(r, hm, now):
                 self._arm_linger(r, now)
@@ -320,6 +319,61 @@ class Swaps:
         if until is not None and until > now and m.linger_timer_at != until:
             m.linger_timer_at = until
             self._fx.set_timer(until, LINGER_TIMER + m.name)
+
+    def may_switch_to(self, c: ModelRecord, now: float) -> bool:
+        """Solo device: could an arrival for non-resident `c` change the decision? (O(1))"""
+        dev = self.devices[0]
+        if dev.loading is not None:
+            # Decided again when the load ends, unless a person's request may stop a load that
+            # only batch work wants (core/aborts.py).
+            return self._classes and c.icount > 0 and not dev.loading.queue.icount
+        if not dev.residents:
+            return True
+        r = dev.residents[0]
+        if r.yielding:
+            return False  # a swap is already coming; its target is chosen when r drains
+        if self._classes and c.icount and not r.icount and (r.count or r.last_level < BATCH_BELOW):
+            return True  # batch yields to interactive at its next request boundary
+        if not r.served and r.count:
+            r.recheck = True  # it serves a round first; decide again when that round ends
+            return False
+        if r.count == 0:
+            return r.in_flight == 0  # idle: decide now; busy: decide when it goes idle
+        return self.should_yield(r, c, now)
+
+    def replicate(self, now: float, before: Request | None = None, outpaced: bool = False) -> None:
+        """Give models with a deep queue a copy more (`Replicas.worth_copy`), into free room or
+        over residents that are idle and not lingering; with `before`, only models with a
+        request older; with `outpaced`, only models whose arrivals outrun the copies they have
+        (demand above their number: their queue grows until the copy comes) and whose oldest
+        request has waited OUTRUN_WAIT_FRAC of the bound."""
+        for m in list(self._pending):
+            if (
+                m.state is not _READY
+                or m.yielding
+                or m.lost
+                or not self.replicas.worth_copy(m, now)
+            ):
+                continue
+            if outpaced and (
+                m.est.demand(now, m.concurrency) <= 1 + len(m.copies)
+                or not self.replicas.copy_urgent(m, now)
+            ):
+                continue
+            if before is not None:
+                mine = m.oldest()
+                if mine is None or mine.seq > before.seq:
+                    continue
+            plan = plan_placement(self.views(m, now))
+            if plan is None:
+                continue
+            dev = next(d for d in self.devices if d.name == plan.device)
+            victims = [dev.holding(n) for n in plan.evict]
+            if any(v.in_flight or v.yielding or self.replicas.has_work(v, now) for v in victims):
+                continue
+            c = ModelRecord(m.name, m.spec, self._classes, primary=m)
+            m.copies.append(c)
+            self._start_load(c, dev, victims, now, "replica")
 
 
 def _held(view: ResidentView, m: ModelRecord, now: float) -> ResidentView:

@@ -6,12 +6,30 @@ when is decided elsewhere (scheduler.py, swaps.py, replicas.py); every move happ
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 from corral.core.effects import Effects
 from corral.core.sleep import Sleepers
 from corral.core.state import DeviceRecord, ModelRecord
 from corral.core.types import TRANSITIONS, Decision, Lifecycle
+
+# What a replica that becomes the primary brings with it.
+_RESIDENCY = (
+    "device",
+    "in_flight",
+    "last_level",
+    "linger_timer_at",
+    "linger_until",
+    "load_started_at",
+    "lost",
+    "quantum_timer_at",
+    "ready_at",
+    "recheck",
+    "served",
+    "state",
+    "yielding",
+)
+_READY = Lifecycle.READY
+_UNLOADED = Lifecycle.UNLOADED
 
 
 class SchedulerBug(RuntimeError):
@@ -20,14 +38,11 @@ class SchedulerBug(RuntimeError):
 
 
 class Tiers:
-    """The moves. `promote(m)`: a primary that leaves hands its place to one of its replicas."""
+    """The moves, over the records of the scheduler's board."""
 
-    def __init__(
-        self, fx: Effects, sleepers: Sleepers, promote: Callable[[ModelRecord], None]
-    ) -> None:
+    def __init__(self, fx: Effects, sleepers: Sleepers) -> None:
         self._fx = fx
         self.sleepers = sleepers
-        self._promote = promote
         self.loads = 0  # loads and wakes begun
         self.decisions: deque[Decision] = deque(maxlen=256)
 
@@ -52,6 +67,26 @@ class Tiers:
         elif m.copies:
             self._promote(m)
         return dev
+
+    @staticmethod
+    def _promote(m: ModelRecord) -> None:
+        """Primary `m` just left: its first ready replica (else its first) becomes the primary
+        (the model's record stays the one the queue, the maps and the policies know)."""
+        c = next((c for c in m.copies if c.state is _READY), m.copies[0])
+        m.copies.remove(c)
+        dev = c.device
+        assert dev is not None
+        dev.residents[dev.residents.index(c)] = m
+        if dev.loading is c:
+            dev.loading = m
+        for name in _RESIDENCY:
+            setattr(m, name, getattr(c, name))
+        c.state, c.device = _UNLOADED, None
+
+    def gone(self, m: ModelRecord) -> None:
+        """`m`'s server is gone (it died): it leaves, with nothing to unload."""
+        self.leave(m)
+        m.idle_since = None
 
     def unload(self, m: ModelRecord, now: float, reason: str) -> None:
         """Unload idle `m` with nothing loaded in its place."""

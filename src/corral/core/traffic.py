@@ -18,15 +18,15 @@ def demands(
     out = []
     backlog_s = 0.0
     for m in models:
-        backlog_s += m.count * m.service_est / m.concurrency
-        rate = m.rate_hz(now)
+        backlog_s += m.count * m.est.service_s / m.concurrency
+        rate = m.est.rate_hz(now)
         if rate <= 0.0:
             continue
         allowed = [d for d in devices if d.name in m.spec.devices] or [first]
         out.append(
             Demand(
                 rate,
-                m.service_avg,
+                m.est.service_avg_s,
                 m.concurrency,
                 m.comeback_s + m.leave_s,  # a sleeping model switches over in less
                 allowed[0].size_of(m) / allowed[0].capacity,

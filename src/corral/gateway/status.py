@@ -138,11 +138,11 @@ class StatusView:
                 }
                 for i, r in enumerate(m.pending(limit=20), 1)
             ],
-            "load_s_estimate": round(m.load_est, 3),
-            "wake_s_estimate": round(m.wake_est, 3) if m.sleeps else None,
+            "load_s_estimate": round(m.est.load_s, 3),
+            "wake_s_estimate": round(m.est.wake_s, 3) if m.sleeps else None,
             "pinned": m.spec.pin or m.soft_pin,
-            "unload_s_estimate": round(m.unload_est, 3),
-            "service_s_estimate": round(m.service_est, 3),
+            "unload_s_estimate": round(m.est.unload_s, 3),
+            "service_s_estimate": round(m.est.service_s, 3),
             "proxy": self.redact(backend.proxy_url) if up and backend is not None else None,
             "pid": backend.pid if up and backend is not None else None,
             "replicas": [  # its second copies, on other devices

@@ -200,7 +200,7 @@ class Claims:
         if task_s is not None:  # measured in runs (the scheduler's estimate is per run)
             per_s = record.concurrency / max(task_s, 1e-6)
         else:
-            per_s = record.concurrency * self.per(model) / max(record.service_est, 1e-6)
+            per_s = record.concurrency * self.per(model) / max(record.est.service_s, 1e-6)
         return max(0, min(self.settings.prefetch, int(self.settings.prefetch_s * per_s)))
 
     async def release_ahead(self, model: str) -> None:

@@ -150,8 +150,8 @@ class Worker:
             rec = sched.models[m]
             views[m] = ModelView(
                 waiting=sum(ready.get(m, {}).values()),
-                load_s=rec.load_est,
-                task_s=rec.service_est / max(1, self._claims.per(m)) / max(1, rec.concurrency),
+                load_s=rec.est.load_s,
+                task_s=rec.est.service_s / max(1, self._claims.per(m)) / max(1, rec.concurrency),
             )
         return self.residency.shown(views)
 

@@ -1,0 +1,129 @@
+"""One model's running estimates (`Estimates`, a `ModelRecord`'s `est`): how long its swaps
+and requests take, how often requests arrive, and how long it stays idle between them. Each is
+measured as the scheduler sees events, starting from the configured figures."""
+
+from __future__ import annotations
+
+import math
+
+from corral.config import ModelConfig
+
+_EWMA_SERVICE = 0.2
+_EWMA_GAP = 0.3
+_EWMA_SWAP = 0.3
+_EWMA_DEMAND = 0.01  # about the last 100 arrivals or requests served
+_DEMAND_MIN_ARRIVALS = 20  # demand() says 0 until it has seen this many gaps
+
+
+class Estimates:
+    """Seconds each: a request's service, a load, an unload, a wake (from level 1, and from
+    a level-2 sleep below its configured level), falling asleep; the gaps between arrivals and
+    the idle gaps (went idle -> next arrival), each with its mean absolute deviation."""
+
+    __slots__ = (
+        "arrival_gap_dev_s",
+        "arrival_gap_s",
+        "arrivals",
+        "idle_gap_dev_s",
+        "idle_gap_s",
+        "last_arrival_at",
+        "load_s",
+        "service_avg_s",
+        "service_s",
+        "sleep_s",
+        "unload_s",
+        "wake2_s",
+        "wake_s",
+    )
+
+    def __init__(self, spec: ModelConfig) -> None:
+        self.service_s = spec.service_s
+        self.service_avg_s = spec.service_s  # a slower EWMA, for demand()
+        self.load_s = spec.load_s
+        self.unload_s = spec.unload_s
+        self.wake_s = spec.sleep.wake_s if spec.sleep is not None else spec.load_s
+        self.sleep_s = spec.sleep.sleep_s if spec.sleep is not None else spec.unload_s
+        self.wake2_s = spec.deep_wake_s
+        self.idle_gap_s: float | None = None  # EWMA of idle gaps: went idle -> next arrival
+        self.idle_gap_dev_s = 0.0  # EWMA of the gaps' absolute deviation from idle_gap_s
+        self.last_arrival_at: float | None = None
+        self.arrival_gap_s: float | None = None  # EWMA of the time between arrivals
+        self.arrival_gap_dev_s = 0.0  # EWMA of their absolute deviation from it
+        self.arrivals = 0  # gaps observed (arrivals after the first)
+
+    def observe_service(self, seconds: float) -> None:
+        self.service_s += _EWMA_SERVICE * (seconds - self.service_s)
+        self.service_avg_s += _EWMA_DEMAND * (seconds - self.service_avg_s)
+
+    def observe_arrival(self, now: float) -> None:
+        last = self.last_arrival_at
+        self.last_arrival_at = now
+        if last is None:
+            return
+        gap = now - last
+        self.arrivals += 1
+        # A plain mean over the first arrivals, then the EWMA: a few early gaps alone would
+        # make a cold model look hot.
+        est = self.arrival_gap_s
+        alpha = max(_EWMA_DEMAND, 1.0 / self.arrivals)
+        if est is not None:
+            self.arrival_gap_dev_s += alpha * (abs(gap - est) - self.arrival_gap_dev_s)
+        self.arrival_gap_s = gap if est is None else est + alpha * (gap - est)
+
+    def demand(self, now: float, concurrency: int) -> float:
+        """Copies its arrivals keep busy (arrival rate x service time / concurrency), from
+        slow averages of the gaps between arrivals and of service times. A silence since the
+        last arrival of more than 8 mean gaps (0.03% of Poisson gaps) lowers the rate."""
+        est = self.arrival_gap_s
+        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
+            return 0.0
+        gap = _gap(now, est, self.last_arrival_at)
+        return self.service_avg_s / (concurrency * gap) if gap > 0 else math.inf
+
+    def demand_below_at(self, level: float, concurrency: int) -> float | None:
+        """When `demand` falls below `level` if nothing more arrives (None: it is already
+        below, or never will be)."""
+        est = self.arrival_gap_s
+        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
+            return None
+        if level <= 0.0:
+            return None
+        gap = self.service_avg_s / (concurrency * level)  # demand < level past this gap
+        if est > gap:
+            return None
+        return self.last_arrival_at + 8 * gap
+
+    def rate_hz(self, now: float) -> float:
+        """Arrivals per second, from the same average of gaps as `demand`, once one gap has
+        been seen; a silence of more than 8 mean gaps lowers it."""
+        est = self.arrival_gap_s
+        if est is None or self.last_arrival_at is None:
+            return 0.0
+        return 1.0 / max(_gap(now, est, self.last_arrival_at), 1e-3)
+
+    def observe_idle_gap(self, seconds: float) -> None:
+        g = self.idle_gap_s
+        if g is None:
+            self.idle_gap_s = seconds
+            return
+        self.idle_gap_dev_s += _EWMA_GAP * (abs(seconds - g) - self.idle_gap_dev_s)
+        self.idle_gap_s = g + _EWMA_GAP * (seconds - g)
+
+    def observe_swap(
+        self, load_s: float | None, unload_s: float | None, woke: bool = False, deep: bool = False
+    ) -> None:
+        """Measured times of its last swap in (`woke`: `load_s` was a wake; `deep`: from a
+        level-2 sleep below its configured level)."""
+        if load_s is not None and woke and deep:
+            self.wake2_s += _EWMA_SWAP * (load_s - self.wake2_s)
+        elif load_s is not None and woke:
+            self.wake_s += _EWMA_SWAP * (load_s - self.wake_s)
+        elif load_s is not None:
+            self.load_s += _EWMA_SWAP * (load_s - self.load_s)
+        if unload_s is not None:
+            self.unload_s += _EWMA_SWAP * (unload_s - self.unload_s)
+
+
+def _gap(now: float, est: float, last_arrival_at: float) -> float:
+    """The mean gap between arrivals, lengthened by a silence of more than 8 of them."""
+    return max(est, (now - last_arrival_at) / 8)
