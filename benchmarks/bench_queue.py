@@ -81,7 +81,10 @@ def _rate(n: int, fn: Callable[[], object]) -> float:
 
 @contextlib.contextmanager
 def _workers(system: System, count: int) -> Iterator[None]:
-    env = {**os.environ, **system.env, "PYTHONPATH": str(APPS)}
+    # The apps' folder first, then the caller's path: workers run the code the parent runs
+    # (a before/after comparison sets PYTHONPATH to the checkout under test).
+    path = os.pathsep.join(p for p in (str(APPS), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **system.env, "PYTHONPATH": path}
     procs = [
         subprocess.Popen(
             system.worker, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
