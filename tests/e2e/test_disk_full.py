@@ -18,6 +18,7 @@ import pytest
 from corral.backends.process import free_port
 from tests.helpers import wait_http_ok
 from tests.support.batches import chat_line, lines_of, upload
+from tests.support.disks import tmpfs
 from tests.support.gateway import CORRAL, SIM, Gateway
 
 pytestmark = [
@@ -29,13 +30,8 @@ pytestmark = [
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MB tmpfs."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "16m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @contextlib.contextmanager

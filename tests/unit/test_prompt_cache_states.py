@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from corral.prompt_cache.keys import MAX_KEYS, chat_keys, shared, text_keys
 from corral.prompt_cache.states import INDEX, SavedState, SavedStates, fingerprint
+from tests.support.disks import tmpfs
 
 
 class Clock:
@@ -171,14 +171,9 @@ def test_a_state_made_by_another_model_file_or_other_flags_never_matches(tmp_pat
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 KiB tmpfs (as root, or in a user namespace's own mount)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], check=True)
-    try:
+    """A 64 KiB tmpfs."""
+    with tmpfs(tmp_path / "disk", "64k") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_stops_saving_never_serving(

@@ -4,6 +4,7 @@ transactions and the few phrases that differ (see `Dialect`)."""
 from __future__ import annotations
 
 import builtins
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -147,12 +148,12 @@ class SqlStore:
             (params["start_id"], params["start_token"]) = then_start[0]
             params["start_now"] = self._clock()
             params["start_group"] = 0
-            statement = SQL["update_held_then_start"].format(sets=sets)
+            statement = _held("update_held_then_start", sets)
             rows = run_one(self._tx, statement, params, write=True)
         else:
             with self._tx(write=True, single=not then_start) as tx:
                 start_reserved(tx, then_start, self._clock())
-                rows = tx.run(SQL["update_held"].format(sets=sets), params)
+                rows = tx.run(_held("update_held", sets), params)
         if ends and rows and rows[0]["serial_key"] is not None:
             self._woken(announce=True)
         return rows
@@ -400,3 +401,10 @@ def start_reserved(
         }
         started.extend(r["id"] for r in tx.run(SQL["start"], params))
     return started
+
+
+@functools.cache
+def _held(entry: str, sets: str) -> str:
+    """A lease-holder's write (`entry` with `sets`, one of queries.sql's `*_sets`), written
+    once per kind: every commit and heartbeat runs one."""
+    return SQL[entry].format(sets=sets)
