@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from corral.prompt_cache.keys import chat_keys
-from corral.prompt_cache.slotmap import SlotMap, restore_plan
-from corral.prompt_cache.states import SavedState, SavedStates
+from corral.prompt_cache.slotmap import SlotMap
 
 
 def talk(who: str, turns: int) -> list[str]:
@@ -37,19 +34,22 @@ def test_a_request_goes_to_the_slot_holding_its_conversation() -> None:
         SlotMap(0)
 
 
-def test_a_fresh_server_restores_the_states_its_queue_will_use(tmp_path: Path) -> None:
-    states = SavedStates(tmp_path, max_bytes=10**6)
-    states.load()
-    for i, (who, turns) in enumerate([("orchestrator", 6), ("coder", 4), ("orchestrator", 3)]):
-        name = f"s{i}.state"
-        (tmp_path / name).write_bytes(b"x" * 10)
-        states.add(SavedState(name, "m", "fp", talk(who, turns), 100, 10, float(i)))
-    queued = [talk("coder", 5), talk("orchestrator", 7), talk("orchestrator", 4), talk("new", 1)]
-    plan = restore_plan([1, 0], queued, states, "m", "fp")
-    assert [(slot, s.file, n) for slot, s, n in plan] == [(1, "s1.state", 4), (0, "s0.state", 6)]
-    # One free slot: the oldest queued request's state; none for another fingerprint.
-    assert [s.file for _, s, _ in restore_plan([0], queued, states, "m", "fp")] == ["s1.state"]
-    assert restore_plan([0, 1], queued, states, "m", "other") == []
-    # Each state restores once: the third request shares a prefix with s0 (taken) and s2.
-    plan = restore_plan([0, 1, 2], queued, states, "m", "fp")
-    assert [s.file for _, s, _ in plan] == ["s1.state", "s0.state", "s2.state"]
+def test_conversations_sharing_only_a_system_prompt_keep_their_own_slots() -> None:
+    system = {"role": "system", "content": "You are a careful agent."}
+
+    def agent(who: str, turns: int) -> list[str]:
+        return chat_keys(
+            [system, *[{"role": "user", "content": f"{who} {i}"} for i in range(turns)]]
+        )
+
+    m = SlotMap(2)
+    assert m.place(agent("planner", 1), now=1.0) == (0, 0)
+    m.done(0, agent("planner", 1), tokens=500)
+    # The coder shares the system prompt only: an empty slot, not the planner's.
+    assert m.place(agent("coder", 1), now=2.0) == (1, 0)
+    m.done(1, agent("coder", 1), tokens=500)
+    assert m.place(agent("planner", 2), now=3.0) == (0, 2)  # goes on with its own
+    m.done(0, agent("planner", 2), tokens=600)
+    # No slot empty: a third conversation takes the one sharing the longest beginning (the
+    # system prompt's cache is reused), the least recently used among equals.
+    assert m.place(agent("tester", 1), now=4.0) == (1, 1)

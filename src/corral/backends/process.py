@@ -18,9 +18,10 @@ import shlex
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import psutil
@@ -57,6 +58,19 @@ class ProcessSpec:
     cmd_stop: str | None = None  # run instead of SIGTERM; ${PID} is the server's pid
     poll_s: float = 0.01
     served_name: str | None = None  # the model's name in requests to it (default: `model`)
+
+
+class Hooks(Protocol):
+    """What runs beside a server's life (its prompt caches: prompt_cache/server.py)."""
+
+    async def started(self, base_url: str, argv: Sequence[str]) -> None:
+        """It is healthy at `base_url`, started as `argv`."""
+
+    async def stopping(self) -> None:
+        """It is about to be stopped, still running (must not raise)."""
+
+    def crashed(self) -> None:
+        """It died without being asked to."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -173,6 +187,7 @@ class ProcessBackend:
         self._proc: asyncio.subprocess.Process | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
+        self.hooks: Hooks | None = None
 
     @property
     def running(self) -> bool:
@@ -231,6 +246,8 @@ class ProcessBackend:
             await self._kill()
             raise
         self._watch = asyncio.ensure_future(self._watch_exit())
+        if self.hooks is not None:
+            await self.hooks.started(self.proxy_url, argv)
         if self.exposed is None:  # once per model: the same command binds the same way
             assert self.port is not None
             self.exposed = await exposed_on(self.port)
@@ -280,6 +297,8 @@ class ProcessBackend:
         assert proc is not None
         code = await proc.wait()
         self._forget(proc)
+        if not self._stopping and self.hooks is not None:
+            self.hooks.crashed()
         if not self._stopping and self.on_exit is not None:
             self.on_exit(code)
 
@@ -295,10 +314,13 @@ class ProcessBackend:
     async def stop(self) -> float:
         """Stop the server and everything it started; returns the seconds it took."""
         started = time.monotonic()
-        self._stopping = True
         proc = self._proc
         if proc is None or proc.returncode is not None:
+            self._stopping = True
             return 0.0
+        if self.hooks is not None:  # while it still runs: what it holds is saved first
+            await self.hooks.stopping()
+        self._stopping = True
         if self.spec.cmd_stop is not None:
             values = {"PORT": str(self.port), "MODEL_ID": self.spec.model, "PID": str(proc.pid)}
             argv = shlex.split(substitute(self.spec.cmd_stop, values, "cmd_stop"))

@@ -18,22 +18,38 @@ def models_cmd(
     llama_server: Annotated[
         str | None, typer.Option("--llama-server", help="The llama-server to run them with.")
     ] = None,
+    prompt_cache: Annotated[
+        bool,
+        typer.Option(
+            "--prompt-cache/--no-prompt-cache",
+            help="As `corral serve` runs them with prompt caches kept across swaps (the "
+            "default; `prompt_cache: false` in a config turns it off).",
+        ),
+    ] = True,
 ) -> None:
     """List the models in FOLDERS: name, file, architecture, parameters, quantization, context,
-    memory estimate and the command that serves each; and, one line each, the files that
-    `corral serve --models` would skip (unreadable, implausible, or too big for every device)."""
+    memory estimate, whether their prompt caches are kept across swaps, and the command that
+    serves each; and, one line each, the files that `corral serve --models` would skip
+    (unreadable, implausible, or too big for every device)."""
+    from corral.config import ModelConfig, PromptCacheConfig
+    from corral.gateway.demo import data_dir
     from corral.modelfiles.folder import find_llama_server, scan, shown
     from corral.modelfiles.serving import fitting, machine_devices
+    from corral.prompt_cache.caches import folder_of, serving
+
+    settings = PromptCacheConfig(enabled=prompt_cache)
+    states = folder_of(settings, data_dir() / "logs")
 
     server = find_llama_server(llama_server) or "llama-server"
     devices, _ = machine_devices()
     table = Table(title=None, show_lines=False)
-    for column in ("model", "file", "arch", "params", "quant", "context", "memory", "command"):
+    columns = ("model", "file", "arch", "params", "quant", "context", "memory", "prompt cache")
+    for column in (*columns, "command"):
         table.add_column(column, overflow="fold")
     count = skipped = 0
     for folder in folders:
         try:
-            found, bad = scan(folder)
+            found, bad = scan(folder, swa_full=prompt_cache)
         except ValueError as exc:
             raise fail(str(exc)) from None
         found, too_big = fitting(found, devices)
@@ -42,6 +58,7 @@ def models_cmd(
             err_console.print(f"[yellow]skipped[/yellow] {escape(u.why)}", highlight=False)
         for m in found:
             count += 1
+            served = serving(ModelConfig(cmd=m.command(server)), settings, states)
             row = (
                 m.name,
                 shown(m.info.path),
@@ -50,7 +67,8 @@ def models_cmd(
                 m.info.quantization,
                 f"{m.context:,} of {m.info.context_length:,}",
                 f"{m.estimate.total_gb:.2f} GB",
-                shown(m.command(server)),
+                "kept" if served.on else "off",
+                shown(served.cmd or ""),
             )
             table.add_row(*map(escape, row))  # names from files are text, never markup
     if not count:

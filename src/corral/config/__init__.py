@@ -22,7 +22,7 @@ from corral.config.models import (
     SleepConfig,
 )
 from corral.config.schema import Config
-from corral.config.server import BatchConfig, ServerConfig
+from corral.config.server import BatchConfig, PromptCacheConfig, ServerConfig
 from corral.policy_names import POLICY_NAMES, PolicyName
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "HostConfig",
     "ModelConfig",
     "PolicyName",
+    "PromptCacheConfig",
     "SchedulerConfig",
     "ServerConfig",
     "SleepConfig",

@@ -272,6 +272,13 @@ class ModelConfig(Strict):
     request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=600.0, description="A request still waiting for its model then gets 504."
     )
+    prompt_cache: bool | None = Field(
+        default=None,
+        description="Save its server's prompt caches before it stops and restore them after "
+        "it starts (`prompt_cache:` at the top says where and how much). Unset: on when `cmd` "
+        "runs llama-server; true: its server takes llama-server's --slot-save-path and "
+        "--swa-full; false: off.",
+    )
     # --- residency ------------------------------------------------------------------------
     sleep: SleepConfig | None = Field(
         default=None,

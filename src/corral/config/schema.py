@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from corral.config.models import DeviceConfig, HostConfig, ModelConfig, SchedulerConfig, Strict
-from corral.config.server import BatchConfig, ServerConfig
+from corral.config.server import BatchConfig, PromptCacheConfig, ServerConfig
 from corral.policy_names import PolicyName
 
 
@@ -34,6 +35,11 @@ class Config(Strict):
     host: HostConfig = HostConfig()
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
+    prompt_cache: PromptCacheConfig = Field(
+        default=PromptCacheConfig(),
+        description="Prompt caches kept across swaps (llama-server): false turns it off; "
+        "true or a section (dir, max_gb, min_tokens) turns it on.",
+    )
     # Models a folder offered but Corral does not serve, by name, with why (filled by
     # modelfiles/serving.py, never read from a file): a request for one is told why.
     _skipped: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -41,6 +47,13 @@ class Config(Strict):
     @property
     def skipped(self) -> dict[str, str]:
         return self._skipped
+
+    @field_validator("prompt_cache", mode="before")
+    @classmethod
+    def _prompt_cache_switch(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # `prompt_cache: false` / `true`
+            return {"enabled": value}
+        return value
 
     @field_validator("models")
     @classmethod

@@ -160,3 +160,29 @@ class BatchConfig(Strict):
         description="Input files up to this size are checked while the batch is created (its "
         "first status is in_progress or failed); larger ones after, while it is `validating`.",
     )
+
+
+class PromptCacheConfig(Strict):
+    """`prompt_cache:` (issue 38): the conversations a llama-server holds, saved before Corral
+    stops it and restored after it starts again. `prompt_cache: false` turns it off; `true`, or
+    a section, turns it on with these settings (the default is on)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Save and restore prompt caches for the models whose server is "
+        "llama-server (found in `cmd`), and for those with `prompt_cache: true`.",
+    )
+    dir: str | None = Field(
+        default=None,
+        description="The folder of saved states, Corral's own (default: prompt-cache in the "
+        "servers' log folder).",
+    )
+    max_gb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=10.0,
+        description="Saved states on disk at most; the least recently used go first.",
+    )
+    min_tokens: int = Field(
+        default=256,
+        ge=0,
+        description="A conversation shorter than this (prompt and answer) is not saved.",
+    )

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from corral.gateway.errors import GatewayError
@@ -22,7 +22,7 @@ class _Live(Collector):
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
         self._status = status
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         status = self._status()
         models = status["models"]
         bound = status.get("wait_bound") or {}
@@ -60,6 +60,7 @@ class _Live(Collector):
         yield in_flight
         yield loaded
         yield asleep
+        yield from _prompt_caches(models)
         host = status.get("host") or {}
         if host.get("memory_gb") is not None:
             yield GaugeMetricFamily(
@@ -67,6 +68,37 @@ class _Live(Collector):
                 "Host memory sleeping models hold.",
                 value=host["used_gb"],
             )
+
+
+# (status key, metric, help, counter?) for each prompt-cache figure of /api/status.
+_PROMPT_CACHE = (
+    ("states", "corral_prompt_cache_states", "Saved prompt caches on disk.", False),
+    ("bytes", "corral_prompt_cache_bytes", "Bytes of saved prompt caches on disk.", False),
+    ("saves", "corral_prompt_cache_saves", "Conversations saved before a stop.", True),
+    ("restores", "corral_prompt_cache_restores", "Saved conversations restored.", True),
+    (
+        "restored_tokens",
+        "corral_prompt_cache_restored_tokens",
+        "Tokens restored instead of processed again.",
+        True,
+    ),
+    ("save_failures", "corral_prompt_cache_save_failures", "Saves that failed.", True),
+    ("restore_failures", "corral_prompt_cache_restore_failures", "Restores that failed.", True),
+)
+
+
+def _prompt_caches(models: dict[str, Any]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The prompt caches' figures, per model that keeps them."""
+    keeping = {n: m["prompt_cache"] for n, m in models.items() if m.get("prompt_cache")}
+    for key, metric, text, counter in _PROMPT_CACHE:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            CounterMetricFamily(metric, text, labels=["model"])
+            if counter
+            else GaugeMetricFamily(metric, text, labels=["model"])
+        )
+        for name, figures in keeping.items():
+            family.add_metric([name], figures[key])
+        yield family
 
 
 class _Gpus(Collector):

@@ -188,7 +188,7 @@ class OllamaDoor:
         body, sent = self.px.reader.outgoing(model, name, body)  # the model's filters too
         stream = bool(body.get("stream"))
         response = await self.px.serve(
-            replace(call, path=path, body=sent, stream=stream, dialect=reply)
+            replace(call, path=path, body=sent, stream=stream, dialect=reply, data=body)
         )
         if path == FILL_PATH and response.status_code in (404, 501):
             return _no_insert(name, response)

@@ -132,18 +132,39 @@ class Proxy:
         query = request.scope["query_string"]
         if query:
             url = f"{url}?{query.decode('latin-1')}"
-        resp = await self.upstream.send(backend, model, request.method, url, headers, call.body)
-        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
-        content = None
-        if not call.stream or resp.status >= 400 or (call.dialect is not None and not sse):
-            content = await self.upstream.read(resp, backend, model)  # small: read whole
+        body, after = call.body, None
+        cache = self.gateway.servers.cache_of(backend)
+        if cache is not None and call.data is not None:  # to the slot holding its conversation
+            placed = await cache.place(call.data, call.path)
+            if placed is not None:
+                body, after = placed.body or body, functools.partial(cache.done, placed)
+        try:
+            resp = await self.upstream.send(backend, model, request.method, url, headers, body)
+            sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+            content = None
+            if not call.stream or resp.status >= 400 or (call.dialect is not None and not sse):
+                content = await self.upstream.read(resp, backend, model)  # small: read whole
+        except BaseException:
+            if after is not None:
+                after()
+            raise
         if content is not None:
-            return self._whole(call, slot, resp, content)
-        return self._stream(call, slot, resp, backend, sse)
+            return self._whole(call, slot, resp, content, after)
+        return self._stream(call, slot, resp, backend, sse, after)
 
-    def _whole(self, call: Call, slot: Slot, resp: ClientResponse, content: bytes) -> Response:
-        """The answer read whole: one response message instead of a chunk loop."""
+    def _whole(
+        self,
+        call: Call,
+        slot: Slot,
+        resp: ClientResponse,
+        content: bytes,
+        after: Callable[[], None] | None = None,
+    ) -> Response:
+        """The answer read whole: one response message instead of a chunk loop. `after` runs
+        once the answer has ended (its prompt cache's bookkeeping)."""
         resp.release()
+        if after is not None:
+            after()
         self._observe(call, slot, resp.status, None, completion_tokens(content[-TAIL_BYTES:]))
         out_headers = self._headers(resp, slot)
         dialect = call.dialect
@@ -175,10 +196,11 @@ class Proxy:
         resp: ClientResponse,
         backend: Backend,
         sse: bool,
+        after: Callable[[], None] | None = None,
     ) -> Response:
         """The answer relayed as it comes. Server-sent events on an OpenAI route: a server that
         dies mid-answer is reported with an error event, as OpenAI does, since the 200 is
-        already on its way."""
+        already on its way. `after` runs once it has ended, however."""
         model = call.model
         events = (call.openai or call.dialect is not None) and sse
         first_byte: float | None = None
@@ -205,6 +227,8 @@ class Proxy:
             nonlocal done
             if not done:
                 done = True
+                if after is not None:
+                    after()
                 tokens = completion_tokens(tail) or (texts or None)
                 self._observe(call, slot, resp.status, first_byte, tokens)
 

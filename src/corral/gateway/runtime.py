@@ -33,6 +33,7 @@ from corral.gateway.servers import Servers
 from corral.gateway.status import StatusView, Tally
 from corral.gateway.swaps import Holder, Load, Swap
 from corral.machine import watch
+from corral.prompt_cache.caches import PromptCaches, folder_of
 from corral.secrets import Redactor
 
 log = logging.getLogger("corral.gateway")
@@ -48,7 +49,10 @@ class Gateway:
         self.redact = Redactor.of(config)
         self.log_dir = log_dir
         # Which model server runs where (gateway/servers.py).
-        self.servers = Servers(log_dir, self._exited)
+        # The prompt caches kept across swaps (prompt_cache/), in a folder Corral owns.
+        pc = config.prompt_cache
+        self.prompt_caches = PromptCaches(pc, folder_of(pc, log_dir))
+        self.servers = Servers(log_dir, self._exited, self.prompt_caches)
         self.backends = self.servers.backends  # each model's own server, by name (read only)
         self._devices = {d.name: d for d in config.devices}
         self.naps = Naps()  # the servers asleep, and how each model sleeps (gateway/naps.py)

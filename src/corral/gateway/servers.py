@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,16 +16,21 @@ from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
+from corral.prompt_cache.caches import PromptCaches, serving
+from corral.prompt_cache.server import ServerCache
+
+log = logging.getLogger("corral.gateway")
 
 
-def process_spec(name: str, m: ModelConfig) -> ProcessSpec:
+def process_spec(name: str, m: ModelConfig, cmd: str | None = None) -> ProcessSpec:
+    """How `m`'s server is started; `cmd`: its command as Corral runs it (default: `m.cmd`)."""
     assert m.cmd is not None
     env = dict(m.env)
     if m.sleep is not None and m.sleep.api == "vllm":
         env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # vLLM serves /sleep and /wake_up only so
     return ProcessSpec(
         model=name,
-        cmd=m.cmd,
+        cmd=cmd or m.cmd,
         proxy=m.proxy,
         env=env,
         check_endpoint=None if m.check_endpoint.lower() == "none" else m.check_endpoint,
@@ -80,10 +86,18 @@ class Servers:
     """The gateway's model servers, the one owner of which runs where: each model's own server
     (`backends`), a second copy's beside it (a replica on another device: `copy`), the server
     running on each (model, device) (`on`), and the own servers whose stop still waits for its
-    device. Runs on the serving loop. `exited(model, server, code)` hears a server that died."""
+    device. Runs on the serving loop. `exited(model, server, code)` hears a server that died.
+    `caches`: the prompt caches kept across swaps (each started server of a model that keeps
+    them gets its own `ServerCache`, `cache_of`)."""
 
-    def __init__(self, log_dir: Path, exited: Callable[[str, Backend, int], None]) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        exited: Callable[[str, Backend, int], None],
+        caches: PromptCaches | None = None,
+    ) -> None:
         self.log_dir = log_dir
+        self.caches = caches
         # The servers this gateway runs, so the next one stops them if this one is killed.
         self.record = ServerRecord(log_dir / "servers.pids")
         self.backends: dict[str, Backend] = {}
@@ -100,11 +114,41 @@ class Servers:
         for key in [k for k in self._spares if k[0] == name]:
             del self._spares[key]  # spare copies of the old command
         if m.cmd is not None:
-            backend = ProcessBackend(process_spec(name, m), self.log_dir, record=self.record)
+            cmd, keeps = m.cmd, False
+            if self.caches is not None:
+                plan = serving(m, self.caches.settings, self.caches.folder)
+                cmd, keeps = plan.cmd or m.cmd, plan.on
+                if plan.why:
+                    log.info("model %s: prompt caches not kept across swaps: %s", name, plan.why)
+            spec = process_spec(name, m, cmd)
+            backend = ProcessBackend(spec, self.log_dir, record=self.record)
             backend.on_exit = functools.partial(self._exited, name, backend)
+            if keeps:
+                self._keep_caches(name, backend)
             self.backends[name] = backend
         elif m.upstream is not None:
             self.backends[name] = upstream_backend(name, m)
+
+    def _keep_caches(self, model: str, backend: ProcessBackend) -> None:
+        assert self.caches is not None
+        backend.hooks = self.caches.server(model, backend.spec.cmd)
+
+    @staticmethod
+    def cache_of(backend: Backend) -> ServerCache | None:
+        """The prompt caches of `backend`'s server, if it keeps them and runs now with them."""
+        if not isinstance(backend, ProcessBackend):
+            return None
+        cache = backend.hooks
+        return cache if isinstance(cache, ServerCache) and cache.active else None
+
+    def prompt_cache_view(self, model: str) -> dict[str, float | int] | None:
+        """`model`'s prompt-cache figures (/api/status), None if it keeps none."""
+        own = self.backends.get(model)
+        if self.caches is None or not isinstance(own, ProcessBackend):
+            return None
+        if not isinstance(own.hooks, ServerCache):
+            return None
+        return self.caches.view(model)
 
     def backend_on(self, model: str, device: str | None) -> Backend:
         """The server of `model`'s copy on `device` (a dispatched request's `device`)."""
@@ -142,6 +186,8 @@ class Servers:
         if backend is None:
             backend = ProcessBackend(own.spec, self.log_dir, record=self.record, label=device)
             backend.on_exit = functools.partial(self._exited, model, backend)
+            if isinstance(own.hooks, ServerCache):
+                self._keep_caches(model, backend)
             self._spares[model, device] = backend
         return backend
 

@@ -152,6 +152,8 @@ class StatusView:
             ],
             "aliases": m.spec.aliases,
             "crashes": self.tally.crashes.get(name, 0),
+            # Saved states and what they saved (prompt_cache/); None: it keeps none.
+            "prompt_cache": self.servers.prompt_cache_view(name),
             "dispatched": self.tally.dispatched[name],
             "ttl_s": ttl_s,
             "idle_s": None if idle_since is None else round(now - idle_since, 3),

@@ -90,14 +90,15 @@ def model_name(stem: str) -> str:
     return "".join(out)
 
 
-def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
+def scan(folder: Path, swa_full: bool = False) -> tuple[list[FoundModel], list[Unreadable]]:
     """Every model in `folder` (searched to any depth), by name; and the files that could not
     be read, with why. An Ollama model store (`manifests/` and `blobs/`) gives its models under
-    their Ollama names."""
+    their Ollama names. `swa_full`: estimates for a server run with --swa-full (its prompt
+    caches kept across swaps: sliding-window layers hold the whole context)."""
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder")
     if is_store(folder):
-        return _scan_store(folder)
+        return _scan_store(folder, swa_full)
     files = sorted(folder.rglob("*.gguf"), key=os.fsencode)
     projectors = {p.parent: p for p in files if p.name.lower().startswith("mmproj")}
     found: dict[str, FoundModel] = {}
@@ -118,7 +119,11 @@ def scan(folder: Path) -> tuple[list[FoundModel], list[Unreadable]]:
             continue
         context = min(info.context_length, DEFAULT_CONTEXT)
         found[name] = FoundModel(
-            name, info, context, estimate_memory(info, context), projectors.get(path.parent)
+            name,
+            info,
+            context,
+            estimate_memory(info, context, swa_full=swa_full),
+            projectors.get(path.parent),
         )
     return [found[k] for k in sorted(found)], bad
 
@@ -141,7 +146,7 @@ def _unique(name: str, where: Path | None, taken: set[str]) -> str:
     return f"{name}-{n}"
 
 
-def _scan_store(store: Path) -> tuple[list[FoundModel], list[Unreadable]]:
+def _scan_store(store: Path, swa_full: bool) -> tuple[list[FoundModel], list[Unreadable]]:
     models, problems = scan_store(store)
     found: list[FoundModel] = []
     bad = [Unreadable(path, shown(f"{path}: {why}")) for path, why in problems]
@@ -154,7 +159,8 @@ def _scan_store(store: Path) -> tuple[list[FoundModel], list[Unreadable]]:
             bad.append(Unreadable(m.gguf, shown(f"{name}: {exc}"), name))
             continue
         context = min(info.context_length, DEFAULT_CONTEXT)
-        found.append(FoundModel(name, info, context, estimate_memory(info, context), m.projector))
+        estimate = estimate_memory(info, context, swa_full=swa_full)
+        found.append(FoundModel(name, info, context, estimate, m.projector))
     return sorted(found, key=lambda f: f.name), bad
 
 

@@ -423,12 +423,15 @@ def estimate_memory(
     parallel: int = PARALLEL,
     ubatch: int = UBATCH,
     cache_bytes: float = CACHE_BYTES,
+    swa_full: bool = False,
 ) -> MemoryEstimate:
     """What llama-server holds serving `m` with `--ctx-size context` (shared by `parallel`
-    slots, as its unified KV cache is): see the module docstring."""
+    slots, as its unified KV cache is): see the module docstring. `swa_full`: run with
+    --swa-full, its sliding-window layers keep the whole context (what makes a saved prompt
+    cache restore exactly)."""
     per_cell = m.kv_heads * (m.key_length + m.value_length) * cache_bytes
     every = SWA_FULL_EVERY.get(m.architecture)
-    if m.sliding_window and every:
+    if m.sliding_window and every and not swa_full:
         full_layers = m.layers // every
         swa_cells = min(context, _pad(m.sliding_window * parallel + ubatch))
         kv = per_cell * (full_layers * context + (m.layers - full_layers) * swa_cells)

@@ -82,7 +82,7 @@ def with_folders(
     skipped: dict[str, str] = {}
     for folder in folders:
         try:
-            found, bad = scan(folder)
+            found, bad = scan(folder, swa_full=config.prompt_cache.enabled)
         except ValueError as exc:
             raise CorralError(str(exc)) from None
         found, too_big = fitting(found, devices)

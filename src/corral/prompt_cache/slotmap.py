@@ -1,7 +1,8 @@
 """What each slot of one llama-server holds, as Corral sent it (`SlotMap`), and the two
-choices made from it: which slot a request goes to (`place`: the one holding the longest prefix
-of its conversation, else the least recently used free one) and which saved states to restore
-into the free slots of a server that just started (`restore_plan`).
+choices made from it: which slot a request goes to (`place`: the one holding its conversation
+so far, else an empty one, else the one sharing the longest beginning with it or the least
+recently used); a saved state is restored into the
+slot chosen when it shares more of the conversation than the slot holds (server.py).
 
 llama-server keeps one prompt cache per slot and reuses it for a request sent to that slot
 (`id_slot`, `cache_prompt`) as far as the two prompts agree; a request it places itself may
@@ -14,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral.prompt_cache.keys import shared
-from corral.prompt_cache.states import SavedState, SavedStates
 
 
 @dataclass
@@ -38,16 +38,24 @@ class SlotMap:
 
     def place(self, keys: Sequence[str], now: float) -> tuple[int, int] | None:
         """The free slot for a request whose conversation is `keys`, and how many of its keys
-        that slot's cache already holds; None if every slot is busy. It is marked busy."""
+        that slot's cache already holds; None if every slot is busy. It is marked busy. A slot
+        whose conversation the request goes on with comes first; then an empty one, so that
+        two conversations sharing only a system prompt do not end each other."""
         free = [i for i, s in enumerate(self.slots) if not s.busy]
         if not free:
             return None
-        best = max(free, key=lambda i: (shared(self.slots[i].keys, keys), -self.slots[i].used_at))
+        share = {i: shared(self.slots[i].keys, keys) for i in free}
+        # Its own conversation, to go on with (every key the slot holds is the request's).
+        going_on = [i for i in free if self.slots[i].keys and share[i] == len(self.slots[i].keys)]
+        empty = [i for i in free if not self.slots[i].keys]
+        if going_on:
+            best = max(going_on, key=lambda i: (share[i], -self.slots[i].used_at))
+        elif empty:  # rather than end another conversation that shares only a beginning
+            best = min(empty, key=lambda i: (self.slots[i].used_at, i))
+        else:  # the longest shared beginning, else the least recently used gives its up
+            best = min(free, key=lambda i: (-share[i], self.slots[i].used_at, i))
         held = self.slots[best]
-        reused = shared(held.keys, keys)
-        if not reused:  # the least recently used free slot gives up its conversation
-            best = min(free, key=lambda i: (self.slots[i].used_at, i))
-            held = self.slots[best]
+        reused = share[best]
         held.busy = True
         held.used_at = now
         return best, reused
@@ -71,28 +79,3 @@ class SlotMap:
             for i, s in enumerate(self.slots)
             if s.keys and not s.busy and s.tokens >= max(1, min_tokens)
         ]
-
-
-def restore_plan(
-    free_slots: Sequence[int],
-    queued: Sequence[Sequence[str]],
-    states: SavedStates,
-    model: str,
-    fingerprint: str,
-) -> list[tuple[int, SavedState, int]]:
-    """Which saved states to restore into `free_slots` before the `queued` requests (their
-    conversations' keys, oldest first) are sent: for each request in turn, the state sharing
-    the longest prefix with it, each state and slot used once; (slot, state, keys shared)."""
-    plan: list[tuple[int, SavedState, int]] = []
-    slots = list(free_slots)
-    taken: list[str] = []
-    for keys in queued:
-        if not slots:
-            break
-        found = states.best(model, fingerprint, keys, exclude=taken)
-        if found is None:
-            continue
-        state, n = found
-        plan.append((slots.pop(0), state, n))
-        taken.append(state.file)
-    return plan

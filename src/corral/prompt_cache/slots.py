@@ -25,6 +25,7 @@ class Slot:
     n_ctx: int
     tokens: int | None
     busy: bool
+    task: int | None = None  # the id of the last task it ran (the server counts them up)
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,14 @@ class Slots:
         for s in data:
             if not isinstance(s, dict) or not isinstance(s.get("id"), int):
                 raise SlotError("GET /slots: a slot without an id")
-            tokens = s.get("n_prompt_tokens")
+            tokens, task = s.get("n_prompt_tokens"), s.get("id_task")
             out.append(
                 Slot(
                     id=s["id"],
                     n_ctx=_int(s.get("n_ctx"), "GET /slots", "n_ctx"),
-                    tokens=tokens if isinstance(tokens, int) and tokens >= 0 else None,
+                    tokens=tokens if _count(tokens) else None,
                     busy=s.get("is_processing") is True,
+                    task=task if _count(task) else None,
                 )
             )
         return out
@@ -108,6 +110,10 @@ def _moved(data: Any, action: str, n_key: str, bytes_key: str, ms_key: str) -> M
         bytes=_int(data.get(bytes_key), what, bytes_key),
         ms=float(ms) if isinstance(ms, int | float) else 0.0,
     )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _int(value: Any, what: str, key: str) -> int:

@@ -1,0 +1,153 @@
+"""The gateway's prompt caches (`PromptCaches`): the saved states on disk, which models keep
+theirs (`serving`: the command that starts a model's server, with the flags that make restores
+exact), and what they did (saves, restores, tokens not processed again), per model.
+
+Which models: with `prompt_cache` on (the default), every model whose `cmd` runs llama-server
+(`llama-server` or the `llama` extra's `llama-cpp-server`), unless the model says
+`prompt_cache: false`; and any model that says `prompt_cache: true`, whose server must then
+take llama-server's flags. A command that sets its own `--slot-save-path` or turns the slot
+API off (`--no-slots`) is left as it is, with the reason."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.backends.process import escape_macros
+from corral.config import ModelConfig, PromptCacheConfig
+from corral.prompt_cache.server import ServerCache
+from corral.prompt_cache.slots import Moved
+from corral.prompt_cache.states import SavedStates
+
+log = logging.getLogger("corral.prompt_cache")
+
+LLAMA_SERVERS = ("llama-server", "llama-cpp-server")
+# What makes a restore exact: without --swa-full a sliding-window model's saved cache is not
+# reused (llama.cpp #26676): the whole conversation is processed again.
+EXACT = ("--swa-full",)
+
+
+def folder_of(settings: PromptCacheConfig, log_dir: Path) -> Path:
+    """Where the saved states live: `prompt_cache.dir`, else beside the servers' logs."""
+    return Path(settings.dir).expanduser() if settings.dir else log_dir / "prompt-cache"
+
+
+def runs_llama_server(cmd: str) -> bool:
+    """Whether `cmd` starts llama-server (by its program's name)."""
+    try:
+        argv = shlex.split(cmd)
+    except ValueError:
+        return False
+    return bool(argv) and Path(argv[0]).name in LLAMA_SERVERS
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """How a model's server is started: `cmd`, and whether its prompt caches are kept (`on`);
+    `why` says why not, where it could have been."""
+
+    cmd: str | None
+    on: bool
+    why: str = ""
+
+
+def serving(m: ModelConfig, settings: PromptCacheConfig, folder: Path) -> Serving:
+    """`m`'s command with the prompt cache's flags (`--slot-save-path folder`, `--swa-full`)
+    when its prompt caches are kept, else as it is."""
+    cmd = m.cmd
+    if cmd is None or not settings.enabled or m.prompt_cache is False:
+        return Serving(cmd, False)
+    if m.prompt_cache is None and not runs_llama_server(cmd):
+        return Serving(cmd, False)
+    try:
+        argv = shlex.split(cmd)
+    except ValueError:
+        return Serving(cmd, False, "its cmd cannot be split into words")
+    if any(a == "--slot-save-path" or a.startswith("--slot-save-path=") for a in argv):
+        return Serving(cmd, False, "its cmd sets its own --slot-save-path")
+    if "--no-slots" in argv:
+        return Serving(cmd, False, "its cmd turns the slot API off (--no-slots)")
+    extra = ["--slot-save-path", shlex.quote(escape_macros(str(folder)))]
+    extra += [f for f in EXACT if f not in argv]
+    if Path(argv[0]).name == "llama-cpp-server" and "--" not in argv:
+        extra.insert(0, "--")  # the wrapper passes what follows `--` to llama-server
+    return Serving(f"{cmd} {' '.join(extra)}", True)
+
+
+@dataclass
+class CacheStats:
+    """What one model's prompt caches did since Corral started."""
+
+    saves: int = 0
+    saved_bytes: int = 0
+    save_ms: float = 0.0
+    save_failures: int = 0
+    restores: int = 0
+    restored_tokens: int = 0  # tokens its server did not process again
+    restore_ms: float = 0.0
+    restore_failures: int = 0
+
+
+class PromptCaches:
+    """The saved states of every model (one folder, one budget) and their figures."""
+
+    def __init__(self, settings: PromptCacheConfig, folder: Path, timeout_s: float = 120.0):
+        self.settings = settings
+        self.folder = folder
+        self.timeout_s = timeout_s
+        self.states = SavedStates(
+            folder, int(settings.max_gb * 1024**3), min_tokens=settings.min_tokens
+        )
+        self._stats: dict[str, CacheStats] = {}
+        self._loaded = False
+
+    def load(self) -> None:
+        """Read back the states a previous run saved (once)."""
+        if not self._loaded:
+            self._loaded = True
+            self.states.load()
+
+    def server(self, model: str, cmd: str) -> ServerCache:
+        """The prompt caches of a new server of `model`, started by `cmd`."""
+        self.load()
+        return ServerCache(model, cmd, self)
+
+    def stats(self, model: str) -> CacheStats:
+        return self._stats.setdefault(model, CacheStats())
+
+    def saved(self, model: str, moved: Moved) -> None:
+        s = self.stats(model)
+        s.saves += 1
+        s.saved_bytes += moved.bytes
+        s.save_ms += moved.ms
+        log.info(
+            "model %s: saved a conversation of %d tokens (%d bytes, %.0f ms)",
+            model,
+            moved.tokens,
+            moved.bytes,
+            moved.ms,
+        )
+
+    def restored(self, model: str, moved: Moved) -> None:
+        s = self.stats(model)
+        s.restores += 1
+        s.restored_tokens += moved.tokens
+        s.restore_ms += moved.ms
+
+    def view(self, model: str) -> dict[str, float | int]:
+        """The figures /api/status shows for `model`."""
+        held = self.states.states(model)
+        s = self.stats(model)
+        return {
+            "states": len(held),
+            "bytes": sum(x.bytes for x in held),
+            "saves": s.saves,
+            "save_failures": s.save_failures,
+            "restores": s.restores,
+            "restore_failures": s.restore_failures,
+            "restored_tokens": s.restored_tokens,
+            "save_ms": round(s.save_ms, 1),
+            "restore_ms": round(s.restore_ms, 1),
+        }

@@ -1,0 +1,282 @@
+"""One running llama-server's prompt caches (`ServerCache`), owned by the process that runs it
+(`ProcessBackend` calls `started` once it is healthy and `stopping` before it stops it; the
+gateway's proxy calls `place` and `done` around each request).
+
+- `started`: the server's slots are listed (no slot API: the cache is off for this run, said
+  once); the states it may restore are those of its `fingerprint`.
+- `place`: a request's conversation (its keys) goes to the free slot holding its longest
+  prefix; if a saved state shares a longer one, it is restored into that slot first. The body
+  gets `id_slot` and `cache_prompt`. A failed restore drops the state (one log line) and the
+  request goes on, processed in full: never an error to a client.
+- `stopping`: each idle slot holding a conversation of at least `min_tokens` tokens, not saved
+  already, is saved; a state it extends is dropped (superseded). A failed save is logged and
+  its file removed; the stop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from corral.prompt_cache.keys import chat_keys, shared, text_keys
+from corral.prompt_cache.slotmap import SlotMap
+from corral.prompt_cache.slots import SlotError, Slots
+from corral.prompt_cache.states import SavedState, fingerprint
+
+if TYPE_CHECKING:
+    from corral.prompt_cache.caches import PromptCaches
+
+log = logging.getLogger("corral.prompt_cache")
+
+# The body fields that carry a conversation: a chat's messages (OpenAI, Anthropic, Ollama's chat
+# once in OpenAI's terms) or a plain prompt (completions).
+_HEAD = ("system", "tools", "tool_choice")  # what templates render before the messages
+
+
+def conversation_keys(data: Mapping[str, Any]) -> list[str]:
+    """The keys of the conversation a request body carries (empty: none to place): a chat's
+    messages, led by what is rendered before them (system, tools); or a plain prompt."""
+    messages = data.get("messages")
+    if isinstance(messages, list) and messages:
+        head = [data.get(k) for k in _HEAD]  # a list: hashed whole, not as a message
+        return chat_keys([head, *messages])
+    prompt = data.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        return text_keys(prompt)
+    return []
+
+
+def model_file(argv: Sequence[str]) -> Path | None:
+    """The model file a llama-server command line names (`-m`/`--model`), if any."""
+    for i, a in enumerate(argv):
+        if a in ("-m", "--model") and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if a.startswith("--model="):
+            return Path(a.split("=", 1)[1])
+    return None
+
+
+# Routes whose requests llama-server places itself, ignoring `id_slot` (its Anthropic route
+# converts the body and drops the field): what it restores lands in the free slot holding the
+# longest prefix, which llama-server's own choice (the most similar cached prompt) then takes;
+# where the request went is read back from /slots once it ends (its `id_task`, the newest).
+SERVER_PLACED = ("/v1/messages", "/v/messages")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one request went: its slot (as Corral chose it), its conversation's keys, its body
+    as sent, and whether the server places it itself (`SERVER_PLACED`)."""
+
+    slot: int
+    keys: list[str]
+    body: bytes
+    by_server: bool = False
+
+
+class ServerCache:
+    """The prompt caches of one server of `model`, started from the command `cmd` (the
+    template, before `${PORT}` is filled: what shapes the cache, not where it listens)."""
+
+    def __init__(self, model: str, cmd: str, caches: PromptCaches) -> None:
+        self.model = model
+        self.cmd = cmd
+        self.caches = caches
+        self.fingerprint = ""
+        self.map: SlotMap | None = None  # None: not running, or no slot API
+        self._slots: Slots | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._told = False
+        self._learning: set[asyncio.Task[None]] = set()
+
+    @property
+    def active(self) -> bool:
+        return self.map is not None
+
+    async def started(self, base_url: str, argv: Sequence[str]) -> None:
+        """The server is healthy at `base_url`, started as `argv`."""
+        await self._close()
+        try:
+            flags = shlex.split(self.cmd)
+        except ValueError:
+            flags = [self.cmd]
+        path = model_file(argv)
+        self.fingerprint = fingerprint(path or Path(self.cmd), flags)
+        self._client = httpx.AsyncClient(verify=not base_url.startswith("http://"))
+        self._slots = Slots(base_url, self._client, timeout_s=self.caches.timeout_s)
+        try:
+            listed = await self._slots.list()
+            self.map = SlotMap(len(listed))
+        except (SlotError, ValueError) as exc:
+            if not self._told:
+                self._told = True
+                log.warning(
+                    "model %s: its server has no slot API (%s): its prompt caches are not "
+                    "kept across swaps",
+                    self.model,
+                    exc,
+                )
+            await self._close()
+
+    async def place(
+        self, data: Mapping[str, Any], path: str = "", now: float | None = None
+    ) -> Placement | None:
+        """The slot for a request to `path` with body `data` (its body with `id_slot` set),
+        restoring a saved state into it first when one shares more of the conversation than
+        the slot holds; None when the request is sent as it is (no conversation, the client
+        chose a slot, every slot busy, no slot API). On a route the server places itself the
+        body is left as it is (see `SERVER_PLACED`)."""
+        if self.map is None or "id_slot" in data:
+            return None
+        keys = conversation_keys(data)
+        if not keys:
+            return None
+        got = self.map.place(keys, time.time() if now is None else now)
+        if got is None:
+            return None
+        slot, reused = got
+        try:
+            await self._restore(slot, keys, reused)
+        except BaseException:
+            self.map.lost(slot)
+            raise
+        if path in SERVER_PLACED:
+            return Placement(slot, keys, b"", by_server=True)
+        body = json.dumps({**data, "id_slot": slot, "cache_prompt": True}).encode()
+        return Placement(slot, keys, body)
+
+    async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> None:
+        assert self.map is not None
+        assert self._slots is not None
+        found = self.caches.states.best(self.model, self.fingerprint, keys)
+        if found is None or found[1] <= reused:
+            return
+        state, _ = found
+        try:
+            moved = await self._slots.restore(slot, state.file)
+        except SlotError as exc:
+            self.map.lost(slot)
+            self.caches.states.drop(state, f"its restore failed ({exc})")
+            self.caches.stats(self.model).restore_failures += 1
+            return
+        self.caches.states.used(state)
+        self.map.slots[slot].keys = list(state.keys)
+        self.map.slots[slot].tokens = moved.tokens
+        self.caches.restored(self.model, moved)
+
+    def done(self, placed: Placement) -> None:
+        """The request `placed` ended: its slot holds its conversation now (read back from the
+        server when it placed the request itself)."""
+        if self.map is None or placed.slot >= len(self.map.slots):
+            return
+        self.map.done(placed.slot, [] if placed.by_server else placed.keys, 0)
+        if placed.by_server:
+            task = asyncio.ensure_future(self._learn(placed.keys))
+            self._learning.add(task)
+            task.add_done_callback(self._learning.discard)
+
+    async def _learn(self, keys: list[str]) -> None:
+        """Which slot the server gave the request that just ended: the idle slot of the newest
+        task; it holds `keys`' conversation."""
+        slots, held = self._slots, self.map
+        if slots is None or held is None:
+            return
+        try:
+            listed = await slots.list()
+        except SlotError:
+            return
+        idle = [s for s in listed if not s.busy and s.task is not None]
+        if idle and self.map is held:
+            newest = max(idle, key=lambda s: s.task or 0)
+            if newest.id < len(held.slots) and not held.slots[newest.id].busy:
+                held.done(newest.id, keys, newest.tokens or 0)
+
+    async def stopping(self) -> None:
+        """Before the server stops: save what is worth keeping (never raises)."""
+        try:
+            await self._save_all()
+        except Exception as exc:  # a stop must go on whatever the server answers
+            log.warning("model %s: saving its prompt caches failed: %s", self.model, exc)
+        finally:
+            self.map = None
+            await self._close()
+
+    def crashed(self) -> None:
+        """The server died: nothing of its slots is left to save."""
+        self.map = None
+
+    async def _save_all(self) -> None:
+        if self.map is None or self._slots is None:
+            return
+        states = self.caches.states
+        listed = {s.id: s for s in await self._slots.list()}
+        for i, held in enumerate(self.map.slots):
+            s = listed.get(i)
+            tokens = s.tokens if s is not None and s.tokens is not None else 0
+            if not held.keys or held.busy or (s is not None and s.busy):
+                continue
+            if not states.worth_saving(tokens):
+                continue
+            mine = states.states(self.model)
+            same = [t for t in mine if t.fingerprint == self.fingerprint and t.keys == held.keys]
+            if same:  # restored and not changed since: it is on disk already
+                states.used(same[0])
+                continue
+            await self._save(i, held.keys, mine)
+
+    async def _save(self, slot: int, keys: list[str], mine: list[SavedState]) -> None:
+        assert self._slots is not None
+        states = self.caches.states
+        name = states.new_file(self.model)
+        try:
+            moved = await self._slots.save(slot, name)
+        except SlotError as exc:
+            log.warning("model %s: slot %d not saved: %s", self.model, slot, exc)
+            (states.folder / name).unlink(missing_ok=True)
+            self.caches.stats(self.model).save_failures += 1
+            return
+        try:
+            size = (states.folder / name).stat().st_size
+        except OSError:
+            size = -1
+        if size != moved.bytes:  # a full disk can leave a short file behind a 200
+            log.warning(
+                "model %s: slot %d's saved state holds %d bytes, the server wrote %d: dropped",
+                self.model,
+                slot,
+                size,
+                moved.bytes,
+            )
+            (states.folder / name).unlink(missing_ok=True)
+            self.caches.stats(self.model).save_failures += 1
+            return
+        state = SavedState(
+            file=name,
+            model=self.model,
+            fingerprint=self.fingerprint,
+            keys=keys,
+            tokens=moved.tokens,
+            bytes=moved.bytes,
+            saved_at=time.time(),
+        )
+        states.add(state)
+        self.caches.saved(self.model, moved)
+        for older in mine:  # the same conversation, shorter: superseded
+            if older.fingerprint == self.fingerprint and shared(older.keys, keys) == len(
+                older.keys
+            ):
+                states.drop(older, "a longer save of the same conversation replaces it")
+
+    async def _close(self) -> None:
+        client, self._client, self._slots = self._client, None, None
+        if client is not None:
+            await client.aclose()
