@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from corral.config import Config, ModelConfig, PromptCacheConfig, parse_config
+from corral.config.server import runs_llama_server
 from corral.errors import ConfigError
-from corral.prompt_cache.caches import folder_of, runs_llama_server, serving
+from corral.prompt_cache.caches import folder_of, serving
 from corral.prompt_cache.server import conversation_keys, model_file
 
 ON = PromptCacheConfig()

@@ -279,6 +279,18 @@ class ModelConfig(Strict):
         "runs llama-server; true: its server takes llama-server's --slot-save-path and "
         "--swa-full; false: off.",
     )
+    prefill_tok_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Prompt tokens its server processes per second: what a conversation "
+        "lost in a swap costs to process again (the scheduler measures it from llama-server's "
+        "answers; the simulator charges a request's uncached context at this speed).",
+    )
+    kv_bytes_per_token: int | None = Field(
+        default=None,
+        ge=1,
+        description="Bytes a saved conversation takes per token (the simulator's prompt-cache "
+        "budget; a models folder fills it from the GGUF). Unset: not counted.",
+    )
     # --- residency ------------------------------------------------------------------------
     sleep: SleepConfig | None = Field(
         default=None,

@@ -8,7 +8,12 @@ from typing import Any
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from corral.config.models import DeviceConfig, HostConfig, ModelConfig, SchedulerConfig, Strict
-from corral.config.server import BatchConfig, PromptCacheConfig, ServerConfig
+from corral.config.server import (
+    BatchConfig,
+    PromptCacheConfig,
+    ServerConfig,
+    keeps_prompt_cache,
+)
 from corral.policy_names import PolicyName
 
 
@@ -154,6 +159,10 @@ class Config(Strict):
                     f"{', '.join(pins)} (a pinned model is never evicted); unpin one, or set "
                     "memory_gb on the device and the models so that they fit together"
                 )
+
+    def keeps_prompt_cache(self, name: str) -> bool:
+        """Whether model `name`'s prompt caches are kept across swaps (see `prompt_cache`)."""
+        return keeps_prompt_cache(self.models[name], self.prompt_cache)
 
     def resolve(self, name: str) -> str | None:
         """The model a client's name refers to (a model name or an alias), or None. A name

@@ -3,11 +3,13 @@ limits): the schema."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import PurePath
 from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from corral.config.models import Strict
+from corral.config.models import ModelConfig, Strict
 
 
 class ServerConfig(Strict):
@@ -186,3 +188,46 @@ class PromptCacheConfig(Strict):
         ge=0,
         description="A conversation shorter than this (prompt and answer) is not saved.",
     )
+    state_tok_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=200_000.0,
+        description="Tokens per second a saved state is written or read back at: what the "
+        "scheduler and the simulator count a save and a restore as.",
+    )
+
+
+LLAMA_SERVERS = ("llama-server", "llama-cpp-server")  # llama-server, and the `llama` extra's
+
+
+def runs_llama_server(cmd: str) -> bool:
+    """Whether `cmd` starts llama-server (by its program's name)."""
+    try:
+        argv = shlex.split(cmd)
+    except ValueError:
+        return False
+    return bool(argv) and PurePath(argv[0]).name in LLAMA_SERVERS
+
+
+def prompt_cache_why_not(m: ModelConfig, settings: PromptCacheConfig) -> str | None:
+    """None if `m`'s prompt caches are kept across swaps, else why not ("" where nothing
+    could have kept them: it is off, or its server is not llama-server). With `prompt_cache`
+    on: every model whose `cmd` runs llama-server, unless it says `prompt_cache: false`, and
+    any that says `prompt_cache: true` (its server takes llama-server's flags); never one
+    whose command sets its own --slot-save-path or turns the slot API off."""
+    cmd = m.cmd
+    if cmd is None or not settings.enabled or m.prompt_cache is False:
+        return ""
+    if m.prompt_cache is None and not runs_llama_server(cmd):
+        return ""
+    try:
+        argv = shlex.split(cmd)
+    except ValueError:
+        return "its cmd cannot be split into words"
+    if any(a == "--slot-save-path" or a.startswith("--slot-save-path=") for a in argv):
+        return "its cmd sets its own --slot-save-path"
+    if "--no-slots" in argv:
+        return "its cmd turns the slot API off (--no-slots)"
+    return None
+
+
+def keeps_prompt_cache(m: ModelConfig, settings: PromptCacheConfig) -> bool:
+    return prompt_cache_why_not(m, settings) is None

@@ -28,6 +28,7 @@ class Estimates:
         "idle_gap_s",
         "last_arrival_at",
         "load_s",
+        "refill_s",
         "service_avg_s",
         "service_s",
         "sleep_s",
@@ -50,6 +51,8 @@ class Estimates:
         self.arrival_gap_s: float | None = None  # EWMA of the time between arrivals
         self.arrival_gap_dev_s = 0.0  # EWMA of their absolute deviation from it
         self.arrivals = 0  # gaps observed (arrivals after the first)
+        # What leaving costs its conversations when they come back (core/conversations.py).
+        self.refill_s = 0.0
 
     def observe_service(self, seconds: float) -> None:
         self.service_s += _EWMA_SERVICE * (seconds - self.service_s)

@@ -29,6 +29,7 @@ from corral.config import Config, ModelConfig
 from corral.core.aborts import Aborts
 from corral.core.backlog import Backlog, Level
 from corral.core.board import Board
+from corral.core.conversations import Conversations
 from corral.core.effects import Effects
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
@@ -98,7 +99,9 @@ class Scheduler:
         self._overdue_timer_at: float | None = None
         # Every move between residency tiers, and the decisions log (core/tiers.py).
         sleepers = Sleepers(self.devices, config.host.memory_gb, config.scheduler.sleepers == "lru")
-        self.tiers = Tiers(self._fx, sleepers)
+        # What a swap throws away of each copy's conversations (core/conversations.py).
+        self.conversations = Conversations(config)
+        self.tiers = Tiers(self._fx, sleepers, self.conversations.left)
         self.decisions = self.tiers.decisions
         self.sleepers = self.tiers.sleepers
         # The replica and swap rules, as objects over the board's records.
@@ -241,6 +244,7 @@ class Scheduler:
         if m.copies:
             m = m.copy_on(r.device) or m
         m.in_flight -= 1
+        self.conversations.finished(m, r)
         self._after_slot_freed(m, now)
         return False
 
@@ -347,6 +351,7 @@ class Scheduler:
     # --- the configuration changes (`corral serve --watch`) ----------------------------------
     def on_model_added(self, name: str, spec: ModelConfig) -> None:
         self.models[name] = ModelRecord(name, spec, self._classes)
+        self.conversations.add_model(name, spec)
         self._solo = self.board.one_at_a_time()
 
     def on_model_changed(self, name: str, spec: ModelConfig) -> None:
@@ -355,6 +360,7 @@ class Scheduler:
         m = self.models[name]
         for c in (m, *m.copies):
             c.spec, c.priority, c.concurrency = spec, spec.priority, spec.concurrency
+        self.conversations.add_model(name, spec)
         self._solo = self.board.one_at_a_time()
         self._need_decide = True
         self._settle(self._clock())

@@ -6,6 +6,7 @@ when is decided elsewhere (scheduler.py, swaps.py, replicas.py); every move happ
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from corral.core.effects import Effects
 from corral.core.sleep import Sleepers
@@ -40,9 +41,16 @@ class SchedulerBug(RuntimeError):
 class Tiers:
     """The moves, over the records of the scheduler's board."""
 
-    def __init__(self, fx: Effects, sleepers: Sleepers) -> None:
+    def __init__(
+        self,
+        fx: Effects,
+        sleepers: Sleepers,
+        forget: Callable[[ModelRecord], None] = lambda _: None,
+    ) -> None:
+        """`forget(copy)`: `copy`'s server no longer holds its conversations (it left)."""
         self._fx = fx
         self.sleepers = sleepers
+        self._forget = forget
         self.loads = 0  # loads and wakes begun
         self.decisions: deque[Decision] = deque(maxlen=256)
 
@@ -59,6 +67,7 @@ class Tiers:
         assert dev is not None
         dev.residents.remove(m)
         self.move(m, Lifecycle.UNLOADED)
+        self._forget(m)
         m.device = None
         m.lost = m.yielding = m.recheck = m.restarting = m.deep = False
         m.linger_until = None  # idle_since stays: the next arrival still measures the gap
@@ -154,6 +163,7 @@ class Tiers:
         assert dev is not None
         dev.residents.remove(v)
         self.move(v, Lifecycle.SLEEPING)
+        self._forget(v)  # a sleeping server keeps no prompt cache (docs/design/sleep.md)
         v.deep = deep
         dev.sleepers.append(v)
         v.yielding = v.recheck = False

@@ -70,6 +70,8 @@ class Request:
     __slots__ = (
         "arrived_at",
         "background",
+        "context_tokens",
+        "conversation",
         "device",
         "dispatched_at",
         "finished_at",
@@ -77,6 +79,8 @@ class Request:
         "id",
         "level",
         "model",
+        "prefill_s",
+        "prefill_tokens",
         "priority",
         "seq",
         "state",
@@ -106,6 +110,13 @@ class Request:
         # Loads begun (on any device) between its arrival and its dispatch: on one device, the
         # swaps it waited for. Stamped by the scheduler; tests and clients read it.
         self.swaps_waited = 0
+        # Set by the adapter before the request ends, where it knows them (core/conversations.py):
+        # the conversation it belongs to, the tokens of its prompt (its context), and the tokens
+        # its server prefilled for it and how long that took.
+        self.conversation: str | None = None
+        self.context_tokens = 0
+        self.prefill_tokens = 0
+        self.prefill_s = 0.0
 
     def __repr__(self) -> str:
         return (

@@ -19,6 +19,9 @@ SIZE = 200  # entries kept; the dashboard shows the newest
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PIECE = re.compile(rb'"content"\s*:\s*"[^"]')  # a non-empty piece of text in an event
 TAIL_BYTES = 2048  # of a stream, kept to find its usage (the last events)
+_CONTEXT = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d+)')
+_PREFILLED = re.compile(rb'"prompt_n"\s*:\s*(\d+)')  # llama-server's timings
+_PREFILL_MS = re.compile(rb'"prompt_ms"\s*:\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)')
 
 
 def pieces(chunk: bytes) -> int:
@@ -30,6 +33,18 @@ def completion_tokens(data: bytes) -> int | None:
     """The last `completion_tokens` count in `data` (a JSON answer, or a stream's tail)."""
     found = _USAGE.findall(data)
     return int(found[-1]) if found else None
+
+
+def prefill(data: bytes) -> tuple[int, int, float]:
+    """From an answer (or a stream's tail): its prompt's tokens (`usage`), and the tokens the
+    server processed for it and the seconds that took (llama-server's `timings`); 0 where the
+    answer does not say."""
+    context, done, ms = _CONTEXT.findall(data), _PREFILLED.findall(data), _PREFILL_MS.findall(data)
+    return (
+        int(context[-1]) if context else 0,
+        int(done[-1]) if done else 0,
+        float(ms[-1]) / 1000.0 if ms and done else 0.0,
+    )
 
 
 @dataclass(frozen=True, slots=True)

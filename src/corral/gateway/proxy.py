@@ -18,7 +18,7 @@ from fastapi.responses import Response
 
 from corral.backends.base import Backend
 from corral.config import Config
-from corral.gateway.activity import TAIL_BYTES, completion_tokens, pieces
+from corral.gateway.activity import TAIL_BYTES, completion_tokens, pieces, prefill
 from corral.gateway.admission import Slot, Turns, disconnected
 from corral.gateway.calls import Call, Reader
 from corral.gateway.cluster import Cluster, Unreachable
@@ -28,6 +28,7 @@ from corral.gateway.loading import LoadingStream
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
 from corral.gateway.upstream import DROP_BACK, DROP_RAW, Upstream, relay
+from corral.prompt_cache.server import conversation_id
 
 Here = Callable[[Call], Awaitable[Response]]
 
@@ -133,6 +134,8 @@ class Proxy:
         if query:
             url = f"{url}?{query.decode('latin-1')}"
         body, after = call.body, None
+        if call.data is not None:  # the scheduler prices what a swap loses of it
+            slot.queued.conversation = conversation_id(call.data)
         cache = self.gateway.servers.cache_of(backend)
         if cache is not None and call.data is not None:  # to the slot holding its conversation
             placed = await cache.place(call.data, call.path)
@@ -165,7 +168,8 @@ class Proxy:
         resp.release()
         if after is not None:
             after()
-        self._observe(call, slot, resp.status, None, completion_tokens(content[-TAIL_BYTES:]))
+        tail = content[-TAIL_BYTES:]
+        self._observe(call, slot, resp.status, None, completion_tokens(tail), tail)
         out_headers = self._headers(resp, slot)
         dialect = call.dialect
         ctype = resp.headers.get("content-type", "")
@@ -230,7 +234,7 @@ class Proxy:
                 if after is not None:
                     after()
                 tokens = completion_tokens(tail) or (texts or None)
-                self._observe(call, slot, resp.status, first_byte, tokens)
+                self._observe(call, slot, resp.status, first_byte, tokens, tail)
 
         slot.keep()
         out_headers = self._headers(resp, slot)
@@ -268,10 +272,20 @@ class Proxy:
         return out
 
     def _observe(
-        self, call: Call, slot: Slot, status: int, first_byte: float | None, tokens: int | None
+        self,
+        call: Call,
+        slot: Slot,
+        status: int,
+        first_byte: float | None,
+        tokens: int | None,
+        tail: bytes = b"",
     ) -> None:
         """The answer has ended (whole, or its stream): the slot frees, and its status, latency
-        and activity are recorded, once."""
+        and activity are recorded, once. Its prompt's size and prefill (`tail`, the answer's
+        last bytes) go to the scheduler with it."""
+        r = slot.queued
+        if status < 400 and r.conversation is not None:
+            r.context_tokens, r.prefill_tokens, r.prefill_s = prefill(tail)
         slot.release()
         model = call.model
         self.metrics.latency_seconds.labels(model).observe(time.monotonic() - slot.arrived)

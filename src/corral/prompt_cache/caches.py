@@ -2,11 +2,8 @@
 theirs (`serving`: the command that starts a model's server, with the flags that make restores
 exact), and what they did (saves, restores, tokens not processed again), per model.
 
-Which models: with `prompt_cache` on (the default), every model whose `cmd` runs llama-server
-(`llama-server` or the `llama` extra's `llama-cpp-server`), unless the model says
-`prompt_cache: false`; and any model that says `prompt_cache: true`, whose server must then
-take llama-server's flags. A command that sets its own `--slot-save-path` or turns the slot
-API off (`--no-slots`) is left as it is, with the reason."""
+Which models: `config.server.prompt_cache_why_not` (the configuration decides, so that the
+scheduler prices swaps the same way)."""
 
 from __future__ import annotations
 
@@ -17,13 +14,13 @@ from pathlib import Path
 
 from corral.backends.process import escape_macros
 from corral.config import ModelConfig, PromptCacheConfig
+from corral.config.server import prompt_cache_why_not
 from corral.prompt_cache.server import ServerCache
 from corral.prompt_cache.slots import Moved
 from corral.prompt_cache.states import SavedStates
 
 log = logging.getLogger("corral.prompt_cache")
 
-LLAMA_SERVERS = ("llama-server", "llama-cpp-server")
 # What makes a restore exact: without --swa-full a sliding-window model's saved cache is not
 # reused (llama.cpp #26676): the whole conversation is processed again.
 EXACT = ("--swa-full",)
@@ -32,15 +29,6 @@ EXACT = ("--swa-full",)
 def folder_of(settings: PromptCacheConfig, log_dir: Path) -> Path:
     """Where the saved states live: `prompt_cache.dir`, else beside the servers' logs."""
     return Path(settings.dir).expanduser() if settings.dir else log_dir / "prompt-cache"
-
-
-def runs_llama_server(cmd: str) -> bool:
-    """Whether `cmd` starts llama-server (by its program's name)."""
-    try:
-        argv = shlex.split(cmd)
-    except ValueError:
-        return False
-    return bool(argv) and Path(argv[0]).name in LLAMA_SERVERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +43,12 @@ class Serving:
 
 def serving(m: ModelConfig, settings: PromptCacheConfig, folder: Path) -> Serving:
     """`m`'s command with the prompt cache's flags (`--slot-save-path folder`, `--swa-full`)
-    when its prompt caches are kept, else as it is."""
+    when its prompt caches are kept (`prompt_cache_why_not`), else as it is."""
     cmd = m.cmd
-    if cmd is None or not settings.enabled or m.prompt_cache is False:
-        return Serving(cmd, False)
-    if m.prompt_cache is None and not runs_llama_server(cmd):
-        return Serving(cmd, False)
-    try:
-        argv = shlex.split(cmd)
-    except ValueError:
-        return Serving(cmd, False, "its cmd cannot be split into words")
-    if any(a == "--slot-save-path" or a.startswith("--slot-save-path=") for a in argv):
-        return Serving(cmd, False, "its cmd sets its own --slot-save-path")
-    if "--no-slots" in argv:
-        return Serving(cmd, False, "its cmd turns the slot API off (--no-slots)")
+    why = prompt_cache_why_not(m, settings)
+    if cmd is None or why is not None:
+        return Serving(cmd, False, why or "")
+    argv = shlex.split(cmd)
     extra = ["--slot-save-path", shlex.quote(escape_macros(str(folder)))]
     extra += [f for f in EXACT if f not in argv]
     if Path(argv[0]).name == "llama-cpp-server" and "--" not in argv:

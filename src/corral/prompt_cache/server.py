@@ -23,23 +23,39 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
 from corral.prompt_cache.keys import chat_keys, shared, text_keys
 from corral.prompt_cache.slotmap import SlotMap
-from corral.prompt_cache.slots import SlotError, Slots
-from corral.prompt_cache.states import SavedState, fingerprint
-
-if TYPE_CHECKING:
-    from corral.prompt_cache.caches import PromptCaches
+from corral.prompt_cache.slots import Moved, SlotError, Slots
+from corral.prompt_cache.states import SavedState, SavedStates, fingerprint
 
 log = logging.getLogger("corral.prompt_cache")
 
 # The body fields that carry a conversation: a chat's messages (OpenAI, Anthropic, Ollama's chat
 # once in OpenAI's terms) or a plain prompt (completions).
 _HEAD = ("system", "tools", "tool_choice")  # what templates render before the messages
+
+
+class Failures(Protocol):
+    save_failures: int
+    restore_failures: int
+
+
+class Owner(Protocol):
+    """What a server's cache uses of the gateway's (caches.PromptCaches): the saved states,
+    the slot calls' timeout, and where its figures go."""
+
+    states: SavedStates
+    timeout_s: float
+
+    def stats(self, model: str) -> Failures: ...
+
+    def saved(self, model: str, moved: Moved) -> None: ...
+
+    def restored(self, model: str, moved: Moved) -> None: ...
 
 
 def conversation_keys(data: Mapping[str, Any]) -> list[str]:
@@ -53,6 +69,18 @@ def conversation_keys(data: Mapping[str, Any]) -> list[str]:
     if isinstance(prompt, str) and prompt:
         return text_keys(prompt)
     return []
+
+
+def conversation_id(data: Mapping[str, Any]) -> str | None:
+    """What names a request's conversation for the scheduler: what is rendered before its
+    messages and its first message (or a plain prompt's first chunk); None if it has none."""
+    messages = data.get("messages")
+    if isinstance(messages, list) and messages:
+        data = {**data, "messages": messages[:1]}
+    elif isinstance(data.get("prompt"), str):
+        data = {"prompt": data["prompt"][:1024]}
+    keys = conversation_keys(data)
+    return keys[-1] if keys else None
 
 
 def model_file(argv: Sequence[str]) -> Path | None:
@@ -87,7 +115,7 @@ class ServerCache:
     """The prompt caches of one server of `model`, started from the command `cmd` (the
     template, before `${PORT}` is filled: what shapes the cache, not where it listens)."""
 
-    def __init__(self, model: str, cmd: str, caches: PromptCaches) -> None:
+    def __init__(self, model: str, cmd: str, caches: Owner) -> None:
         self.model = model
         self.cmd = cmd
         self.caches = caches

@@ -8,6 +8,15 @@ requests at once, each at its solo speed (`service_s` from the trace), i.e. para
 throughput linearly, as continuous batching does below saturation; requests that arrive during a
 swap queue; ties in time go by line order, and at one instant finishes come before load
 completions, then arrivals, then timers.
+
+Conversations (a trace's `context_tokens`, issue 38): a model copy's server holds the
+conversations of its last `concurrency` sessions (one per slot); a request whose conversation
+it holds processes only its new tokens, others their whole context, at the model's
+`prefill_tok_s`, on top of `service_s`. A copy that leaves its device loses them; where the
+model keeps its prompt caches (`Config.keeps_prompt_cache`), each of at least
+`prompt_cache.min_tokens` is saved first (its tokens at `prompt_cache.state_tok_s`, added to
+the unload), kept within `prompt_cache.max_gb` (at the model's `kv_bytes_per_token`, least
+recently used dropped first), and restored at the same speed when its session comes back.
 """
 
 from __future__ import annotations
@@ -41,6 +50,87 @@ class SimRequest(Request):
         self.line = src.line
         self.service_s = src.service_s
         self.session = src.session
+        if src.context_tokens and src.session is not None:
+            self.conversation = src.session
+            self.context_tokens = src.context_tokens
+
+
+class Prompts:
+    """The conversations' side of the simulation (the module docstring's rules): what each
+    model copy's server holds, the saved states, and what prefill, saves and restores cost."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        pc = config.prompt_cache
+        self._keeps = {m: config.keeps_prompt_cache(m) for m in config.models}
+        self._held: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+        self._saved: dict[tuple[str, str], int] = {}  # (model, session) -> tokens, LRU first
+        self._budget = pc.max_gb * 1024**3
+        self._bytes = 0.0
+        self.prefill_tokens = 0  # figures of the run
+        self.restores = 0
+        self.restored_tokens = 0
+        self.saves = 0
+
+    def _size(self, model: str, tokens: int) -> float:
+        return float(tokens * (self.config.models[model].kv_bytes_per_token or 0))
+
+    def start(self, r: SimRequest, device: str) -> float:
+        """Seconds `r` takes on its copy on `device` beyond its `service_s`: the restore of
+        its saved state, and the prefill of what its server does not hold."""
+        session, tokens = r.conversation, r.context_tokens
+        if session is None or not tokens:
+            return 0.0
+        model = r.model
+        cached = min(tokens, self._held[model, device].get(session, 0))
+        extra_s = 0.0
+        saved = self._saved.pop((model, session), None)
+        if saved is not None:  # least recently used last: it is used now
+            self._saved[model, session] = saved
+            if not cached:
+                cached = min(tokens, saved)
+                extra_s += saved / self.config.prompt_cache.state_tok_s
+                self.restores += 1
+                self.restored_tokens += saved
+        speed = self.config.models[model].prefill_tok_s
+        r.prefill_tokens = tokens - cached
+        r.prefill_s = r.prefill_tokens / speed if speed else 0.0
+        self.prefill_tokens += r.prefill_tokens
+        return extra_s + r.prefill_s
+
+    def finish(self, r: SimRequest, device: str, slots: int) -> None:
+        """`r` ended: its server holds its conversation (its context) in one of `slots`."""
+        if r.conversation is None or not r.context_tokens:
+            return
+        held = self._held[r.model, device]
+        held.pop(r.conversation, None)
+        held[r.conversation] = r.context_tokens
+        while len(held) > max(1, slots):
+            del held[next(iter(held))]
+
+    def leave(self, model: str, device: str, stops: bool) -> float:
+        """`model`'s copy leaves `device` (`stops`: its server stops, else it sleeps, which
+        keeps nothing): seconds its saves take."""
+        held = self._held.pop((model, device), {})
+        if not stops or not self._keeps[model]:
+            return 0.0
+        pc = self.config.prompt_cache
+        took_s = 0.0
+        for session, tokens in held.items():
+            if tokens < max(1, pc.min_tokens):
+                continue
+            old = self._saved.pop((model, session), None)
+            if old is not None:
+                self._bytes -= self._size(model, old)
+            self._saved[model, session] = tokens
+            self._bytes += self._size(model, tokens)
+            took_s += tokens / pc.state_tok_s
+            self.saves += 1
+        while self._bytes > self._budget and self._saved:
+            (m, _), tokens = next(iter(self._saved.items()))
+            del self._saved[next(iter(self._saved))]
+            self._bytes -= self._size(m, tokens)
+        return took_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +161,7 @@ class Run:
     rejected: list[tuple[SimRequest, str]] = field(default_factory=list)
     wakes: dict[str, int] = field(default_factory=dict)  # of `loads`, those that were wakes
     aborted: dict[str, int] = field(default_factory=dict)  # of `loads`, those stopped midway
+    prompts: Prompts | None = None  # conversations: prefill, saves and restores (if any)
 
 
 class Simulation:
@@ -148,6 +239,9 @@ class Simulation:
             swap_s=defaultdict(float),
         )
         self._sizes = {d.name: d for d in self.scheduler.devices}
+        talks = any(x.context_tokens for x in trace.lines)
+        self._prompts = Prompts(config) if talks else None
+        self._run.prompts = self._prompts
         self._free_at: dict[str, float] = defaultdict(float)  # its last swap or unload ends
         self._remaining = len(self._requests)
 
@@ -196,6 +290,9 @@ class Simulation:
                 )
         leave_s = sum(models[v].unload_s for v in evict)
         leave_s += sum(_sleep_s(models[v]) for v in sleep)
+        if self._prompts is not None:
+            leave_s += sum(self._prompts.leave(v, device, True) for v in evict)
+            leave_s += sum(self._prompts.leave(v, device, False) for v in sleep)
         if wake:
             back_s = models[model].deep_wake_s if woke_deep else _wake_s(models[model])
         else:
@@ -252,6 +349,8 @@ class Simulation:
         since = self._resident_since.pop((model, device), now)
         self._run.segments.append(Segment(device, model, "resident", since, now))
         duration = self.config.models[model].unload_s
+        if self._prompts is not None:
+            duration += self._prompts.leave(model, device, True)
         start = max(now, self._free_at[device])
         end = self._free_at[device] = start + duration
         self._run.segments.append(Segment(device, model, "unload", start, end))
@@ -270,7 +369,10 @@ class Simulation:
         if self._dev_running[device] == 0:
             self._busy_since[device] = self.now
         self._dev_running[device] += 1
-        self._push(self.now + request.service_s, _FINISH, self._next_seq(), request)
+        took_s = request.service_s
+        if self._prompts is not None:
+            took_s += self._prompts.start(request, device)
+        self._push(self.now + took_s, _FINISH, self._next_seq(), request)
 
     def reject(self, request: Request, reason: str) -> None:
         assert isinstance(request, SimRequest)
@@ -347,6 +449,9 @@ class Simulation:
                 device = r.device
                 running[r.model, device] -= 1
                 dev_running[device] -= 1
+                if self._prompts is not None:
+                    slots = self.config.models[r.model].concurrency
+                    self._prompts.finish(r, device, slots)
                 if dev_running[device] == 0:
                     busy[device] += self.now - busy_since[device]
                 on_finished(r)

@@ -2,10 +2,14 @@
 
 Open loop:   {"t": 12.5, "model": "m", "service_s": 3.2, "priority": 0}
 Closed loop: {"session": "agent-1", "think_s": 0.8, "model": "m", "service_s": 3.2}
+A conversation: {"session": "agent-1", "model": "m", "service_s": 0.9, "context_tokens": 8200}
 A line's `class` is "interactive" (the default: someone waits for it) or "batch" (background
 work, like a Batch API line); `priority` orders requests inside their class.
 A session's first request arrives at its `t` (default 0); each later one arrives `think_s` after
 the session's previous request finished. A session's lines are in order.
+`context_tokens` (a session's lines): the tokens of the prompt the request sends, its
+conversation so far; its model's server processes what its prompt cache does not hold at the
+model's `prefill_tok_s`, on top of `service_s` (sim/engine.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from typing import Any
 from corral.errors import Problem, TraceError
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
-ALLOWED_KEYS = ("t", "session", "think_s", "model", "service_s", "priority", "class")
+ALLOWED_KEYS = (
+    "t", "session", "think_s", "model", "service_s", "priority", "class", "context_tokens"
+)  # fmt: skip
 CLASSES = ("interactive", "batch")
 _MAX_PROBLEMS = 20
 
@@ -35,6 +41,7 @@ class TraceLine:
     session: str | None = None
     think_s: float = 0.0
     background: bool = False  # the line's class: batch (background work), else interactive
+    context_tokens: int = 0  # a conversation's prompt tokens (the session is the conversation)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -52,6 +59,8 @@ class TraceLine:
             out["priority"] = self.priority
         if self.background:
             out["class"] = "batch"
+        if self.context_tokens:
+            out["context_tokens"] = self.context_tokens
         return out
 
 
@@ -115,6 +124,11 @@ def _line(
         errs.append(
             f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; got {priority!r}"
         )
+    context = obj.get("context_tokens", 0)
+    if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= 1 << 24:
+        errs.append(f"context_tokens must be an integer from 0 to {1 << 24}; got {context!r}")
+    elif context and obj.get("session") is None:
+        errs.append("context_tokens needs a 'session' (the conversation it belongs to)")
     klass = obj.get("class", "interactive")
     if klass not in CLASSES:
         errs.append(f"class must be 'interactive' or 'batch'; got {klass!r}")
@@ -144,6 +158,7 @@ def _line(
         session if isinstance(session, str) else None,
         think_s or 0.0,
         klass == "batch",
+        context if isinstance(context, int) else 0,
     )
 
 
