@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,11 @@ bench-cluster: $(STAMP)
 # From a folder holding the gemma GGUF to its first answer through the ollama client (issue 27).
 bench-first-answer: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_first_answer.py
+
+# What a swap costs a conversation with saved prompt caches and without (issue 38): real
+# llama-server with the gemma GGUF behind corral serve, prompt_cache: false beside it (~15 min).
+bench-prompt-cache: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_prompt_cache.py --json out/bench-prompt-cache.json
 
 # llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
 bench-page-cache: $(LLAMA_STAMP)

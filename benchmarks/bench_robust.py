@@ -14,6 +14,9 @@ the defaults. Above 1.25 means no configuration tried is within 1.25x on mean, p
 once: the targets pull against each other there (the best mean and the best max are different
 schedules).
 
+`--family conversations` (issue 38): agent loops whose swaps throw prompt caches away
+(`random_conversation_scenario`); the figures are each request's latency, not its wait.
+
 Run: `make bench-robust` (or `.venv/bin/python benchmarks/bench_robust.py [--scenarios 100]
 [--first-seed 1000] [--json out/bench-robust.json] [--frontier]`). Deterministic; about 5-10
 minutes on the 2-core VM (one process per core), the frontier about 20 more.
@@ -37,23 +40,29 @@ from rich.progress import track
 
 from corral.policy_names import SimPolicyName
 from corral.sim.engine import simulate
-from corral.sim.families import random_scenario
+from corral.sim.families import random_conversation_scenario, random_scenario
 
 COST: SimPolicyName = "cost"
 OTHERS: list[SimPolicyName] = ["grouped", "fifo-plus", "fifo"]
 METRICS = ("mean", "p95", "max")
 
 
-def figures(seed: int, policies: list[SimPolicyName]) -> dict[str, Any]:
+# The families: `conversations` (issue 38) counts each request's latency (its wait, the prefill
+# a swap made it redo, its service), the figure conversations change; the others its wait.
+FAMILIES = {"default": random_scenario, "conversations": random_conversation_scenario}
+
+
+def figures(seed: int, policies: list[SimPolicyName], family: str = "default") -> dict[str, Any]:
     """One scenario under every policy: {policy: {loads, mean, p95, max, unserved, ...}}."""
-    sc = random_scenario(seed)
+    sc = FAMILIES[family](seed)
     out: dict[str, Any] = {"seed": seed, "summary": sc.summary, "policies": {}}
+    talk = family == "conversations"
     for p in policies:
         run = simulate(sc.config, sc.trace, policy=p)
         waits = [
-            (r.dispatched_at - r.arrived_at, r.background)
+            ((r.finished_at if talk else r.dispatched_at) - r.arrived_at, r.background)
             for r in run.requests
-            if r.dispatched_at is not None
+            if r.dispatched_at is not None and r.finished_at is not None
         ]
         unserved = len(run.requests) - len(waits) - len(run.rejected)
         inter = np.array([w for w, batch in waits if not batch])
@@ -67,6 +76,8 @@ def figures(seed: int, policies: list[SimPolicyName]) -> dict[str, Any]:
         }
         if batch.size:
             row["batch_max"] = float(batch.max())
+        if run.prompts is not None:
+            row["prefilled_tokens"] = run.prompts.prefill_tokens
         out["policies"][p] = row
     return out
 
@@ -117,7 +128,7 @@ def ratio(row: dict[str, Any], metric: str, others: list[str]) -> float:
     return float(mine / best)
 
 
-def _run(args: tuple[int, list[SimPolicyName]]) -> dict[str, Any]:
+def _run(args: tuple[int, list[SimPolicyName], str]) -> dict[str, Any]:
     return figures(*args)
 
 
@@ -128,13 +139,20 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     ap.add_argument("--frontier", action="store_true", help="sweep where cost is above 1.25x")
+    ap.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="default",
+        help="conversations: agent loops whose swaps throw prompt caches away (latency, "
+        "not wait, per request)",
+    )
     args = ap.parse_args()
     policies: list[SimPolicyName] = [COST, *OTHERS]
     seeds = range(args.first_seed, args.first_seed + args.scenarios)
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(
             track(
-                pool.map(_run, [(s, policies) for s in seeds]),
+                pool.map(_run, [(s, policies, args.family) for s in seeds]),
                 total=len(seeds),
                 description="scenarios",
             )

@@ -80,9 +80,18 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
                 f" --sleep-s {nap['sleep_s']:.6f} --wake-s {nap['wake_s']:.6f} "
                 f"--wake2-s {deep_s:.6f} --memory-gb {m.get('memory_gb', 0):g}"
             )
+        prefill = config.models[name].prefill_tok_s
+        if prefill is not None:  # conversations: a prompt cache per slot, and its slot API
+            state_tok_s = config.prompt_cache.state_tok_s * speed
+            m["cmd"] += f" --prefill-tok-s {prefill * speed:.6f} --state-tok-s {state_tok_s:.6f}"
+            m["prompt_cache"] = config.keeps_prompt_cache(name)  # the sim's rule, said outright
         m["stop_grace_s"] = m["unload_s"] + 10
         m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
         m["request_timeout_s"] = 10_000_000
+    cache = spec.get("prompt_cache", {})
+    if cache.get("enabled", True):
+        cache["state_tok_s"] = cache.get("state_tok_s", 200_000.0) * speed
+        cache["dir"] = str(folder / "prompt-cache")
     scale(spec["scheduler"], "max_wait_s")
     scale(spec["scheduler"]["cost"], "age_weight_s")
     scale(spec.setdefault("batch", {}), "max_wait_s")
@@ -151,6 +160,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _prompt(x: TraceLine) -> str:
+    """A line's prompt: a conversation's (`context_tokens` words, each step's beginning the
+    last step's prompt of the same session and model, as a conversation grows), else a few
+    words."""
+    if not x.context_tokens or x.session is None:
+        return f"line {x.line}"
+    head = f"{x.session}/{x.model}"
+    return " ".join([head, *(f"w{i}" for i in range(x.context_tokens - 1))])
 
 
 def _tokens(x: TraceLine, speed: float) -> int:
@@ -251,7 +270,7 @@ async def _drive(
             tm.arrived = time.time()
             body = {
                 "model": x.model,
-                "prompt": f"line {x.line}",
+                "prompt": _prompt(x),
                 "max_tokens": _tokens(x, speed),
                 "priority": x.priority,
             }

@@ -74,6 +74,9 @@ SPEEDS = {
     "chat-batch": 3.0,
     "sleepers": 15.0,  # sleeping models (issue 28): sim backends speaking vLLM's sleep API
     "beside-batch": 15.0,
+    # Conversations (issue 38): sim backends with a prompt cache per slot and llama-server's
+    # slot API, saved before each stop and restored after each load.
+    "conversations": 4.0,
 }
 
 

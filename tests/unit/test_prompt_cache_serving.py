@@ -12,8 +12,9 @@ import pytest
 from corral.config import Config, ModelConfig, PromptCacheConfig, parse_config
 from corral.config.server import runs_llama_server
 from corral.errors import ConfigError
+from corral.gateway.activity import prefill
 from corral.prompt_cache.caches import folder_of, serving
-from corral.prompt_cache.server import conversation_keys, model_file
+from corral.prompt_cache.server import conversation_id, conversation_keys, model_file
 
 ON = PromptCacheConfig()
 HERE = Path("/var/states")
@@ -120,3 +121,61 @@ def test_model_file_is_read_from_the_command_line() -> None:
     assert model_file(["llama-server", "--model=/b.gguf"]) == Path("/b.gguf")
     assert model_file(["llama-server", "-m"]) is None
     assert model_file(["llama-server", "-hf", "x/y"]) is None
+
+
+def test_an_answers_prefill_is_read_from_its_usage_and_timings() -> None:
+    whole = (
+        b'{"usage": {"completion_tokens": 4, "prompt_tokens": 812}, '
+        b'"timings": {"cache_n": 700, "prompt_n": 112, "prompt_ms": 250.5}}'
+    )
+    assert prefill(whole) == (812, 112, 0.2505)
+    anthropic = b'{"usage": {"cache_read_input_tokens": 0, "input_tokens": 100}}'
+    assert prefill(anthropic) == (100, 0, 0.0)
+    assert prefill(b"data: [DONE]\n\n") == (0, 0, 0.0)
+    assert prefill(b'"prompt_n": 3, "prompt_ms": 1e400') == (0, 3, 0.0)  # odd: no figure
+
+
+def test_a_sim_backend_speaks_the_slot_api_with_a_prompt_cache(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from corral.backends.sim_server import SimSettings, build_app
+
+    settings = SimSettings(
+        "m", load_s=0, tokens_per_s=1e6, parallel=2, prefill_tok_s=1e6,
+        state_tok_s=1e7, slot_save_path=str(tmp_path),
+    )  # fmt: skip
+    with TestClient(build_app(settings)) as c:
+        prompt = " ".join(f"w{i}" for i in range(300))
+        first = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1, "id_slot": 1})
+        assert first.json()["timings"]["cache_n"] == 0
+        assert first.json()["timings"]["prompt_n"] == 300
+        slots = c.get("/slots").json()
+        assert [s.get("n_prompt_tokens") for s in slots] == [None, 300]
+        saved = c.post("/slots/1?action=save", json={"filename": "a.state"}).json()
+        assert saved["n_saved"] == 300
+        assert (tmp_path / "a.state").stat().st_size == saved["n_written"]
+        assert c.post("/slots/0?action=restore", json={"filename": "a.state"}).status_code == 200
+        again = c.post(
+            "/v1/completions", json={"prompt": prompt + " more", "max_tokens": 1, "id_slot": 0}
+        )
+        assert again.json()["timings"]["cache_n"] == 300
+        assert again.json()["timings"]["prompt_n"] == 1
+        for bad in ("../x", "a/b", ""):
+            r = c.post("/slots/0?action=save", json={"filename": bad})
+            assert r.status_code == 400
+        assert c.post("/slots/9?action=erase").status_code == 400
+        missing = c.post("/slots/0?action=restore", json={"filename": "none.state"})
+        assert missing.status_code == 400
+        assert c.get("/slots").json()[0].get("n_prompt_tokens") is None  # left empty
+
+
+def test_a_conversation_is_named_by_its_beginning() -> None:
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]
+    later = [*first, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    assert conversation_id({"messages": first}) == conversation_id({"messages": later})
+    other = [{"role": "system", "content": "s"}, {"role": "user", "content": "z"}]
+    assert conversation_id({"messages": first}) != conversation_id({"messages": other})
+    assert conversation_id({"prompt": "short"}) is not None  # its first 1,024 characters
+    assert conversation_id({"prompt": "x" * 2000}) == conversation_id({"prompt": "x" * 3000})
+    assert conversation_id({}) is None
+    assert conversation_id({"prompt": ""}) is None

@@ -64,6 +64,10 @@ def test_conversation_keys_share_exactly_their_common_prefix() -> None:
     p = "abc" * 2000
     assert shared(text_keys(p), text_keys(p + "more")) == len(p) // 1024
     assert shared(text_keys(p), text_keys("x" + p)) == 0
+    # Whole chunks only: a prompt that goes on from another holds all of its keys.
+    assert len(text_keys(p)) == len(p) // 1024
+    assert text_keys("short") == []
+    assert text_keys(p + "more")[: len(text_keys(p))] == text_keys(p)
 
 
 def test_the_best_state_shares_the_longest_prefix_of_the_same_model_and_fingerprint(

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
@@ -29,6 +30,7 @@ from starlette.routing import Route
 
 from corral.backends import sim_chat, sim_messages, sim_responses
 from corral.backends.sim_sleep import SimSleep
+from corral.backends.sim_slots import SimSlots
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -95,6 +97,11 @@ class SimSettings:
     wake2_s: float | None = None
     memory_gb: float = 0.0
     sleep_api: bool = True  # False: no sleep endpoints (404), like a server without sleep mode
+    # A prompt cache per slot (backends/sim_slots.py): prompts processed at `prefill_tok_s` (a
+    # word a token) where their slot does not hold them; None: prompts take no time, no /slots.
+    prefill_tok_s: float | None = None
+    state_tok_s: float = 200_000.0  # a slot saved or restored (`slot_save_path`) at this speed
+    slot_save_path: str | None = None
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -165,6 +172,16 @@ class SimServer:
         )
         self.served = 0  # requests answered, in /health: tells a model's copies' work apart
         self.per_token_s = 1.0 / settings.tokens_per_s
+        self.prompts = (
+            SimSlots(
+                settings.parallel,
+                settings.prefill_tok_s,
+                settings.state_tok_s,
+                Path(settings.slot_save_path) if settings.slot_save_path else None,
+            )
+            if settings.prefill_tok_s
+            else None
+        )
 
     def ready(self) -> bool:
         return self.nap.refusal() is None and time.monotonic() >= self.ready_at
@@ -229,7 +246,18 @@ class SimServer:
         }
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         answer = sim_chat.Answer(body, rid, chat, self.settings.model, words, usage)
-        return await self.reply(answer, bool(body.get("stream")), bytes)
+        cache = self.prompts
+        if cache is None:
+            return await self.reply(answer, bool(body.get("stream")), bytes)
+        said = prompt.split()
+        slot, cached = cache.take(said, body.get("id_slot"))
+        try:
+            timings = cache.timings(len(said), cached)
+            whole = await self.reply(answer, False, bytes, timings["prompt_ms"] / 1000)
+        finally:
+            cache.done(slot, said)
+        out = json.loads(bytes(whole.body))
+        return JSONResponse({**out, "timings": timings})
 
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, chat=True)
@@ -297,14 +325,21 @@ class SimServer:
         results.sort(key=lambda r: -float(r["relevance_score"]))
         return JSONResponse({"model": self.settings.model, "results": results})
 
-    async def reply(self, answer: Answer[T], stream: bool, write: Callable[[T], bytes]) -> Response:
-        """An answer whole, after its tokens' time in a slot, or streamed (`play`)."""
+    async def reply(
+        self,
+        answer: Answer[T],
+        stream: bool,
+        write: Callable[[T], bytes],
+        prefill_s: float = 0.0,
+    ) -> JSONResponse | StreamingResponse:
+        """An answer whole, after its prompt's and its tokens' time in a slot, or streamed
+        (`play`)."""
         if stream:
             events = self.play(answer.events(), write)
             return StreamingResponse(events, media_type="text/event-stream")
         self.served += 1
         async with self.slots:
-            await asyncio.sleep(answer.pieces * self.per_token_s)
+            await asyncio.sleep(prefill_s + answer.pieces * self.per_token_s)
         return JSONResponse(answer.whole())
 
     async def play(
@@ -422,6 +457,7 @@ class SimServer:
             Route("/infill", self.infill, methods=["POST"]),
             *(Route(p, self.rerank, methods=["POST"]) for p in ("/v1/rerank", "/rerank")),
             *(self.nap.routes() if self.settings.sleep_api else []),
+            *(self.prompts.routes() if self.prompts is not None else []),
             Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),

@@ -485,9 +485,27 @@ def sim_backend_cmd(
         bool, typer.Option(help="Serve the sleep endpoints (vLLM's and SGLang's).")
     ] = True,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    prefill_tok_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="A prompt cache per slot: prompts processed at this many words a second where "
+            "their slot does not hold them, and llama-server's /slots API.",
+        ),
+    ] = None,
+    state_tok_s: Annotated[
+        float, typer.Option(min=0.001, help="Words a second a slot is saved or restored at.")
+    ] = 200_000.0,
+    slot_save_path: Annotated[
+        str | None, typer.Option(help="Where slots are saved (llama-server's flag).")
+    ] = None,
+    swa_full: Annotated[
+        bool, typer.Option(help="Accepted, as llama-server takes it (nothing to do here).")
+    ] = False,
 ) -> None:
     """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks), with
-    vLLM's sleep API (`POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`)."""
+    vLLM's sleep API (`POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`) and, with
+    --prefill-tok-s, llama-server's prompt cache and slot API."""
     from corral.backends.sim_server import SimSettings, serve
 
     err_console.print(
@@ -506,7 +524,11 @@ def sim_backend_cmd(
         wake2_s=wake2_s,
         memory_gb=memory_gb,
         sleep_api=sleep_api,
+        prefill_tok_s=prefill_tok_s,
+        state_tok_s=state_tok_s,
+        slot_save_path=slot_save_path,
     )
+    del swa_full
     serve(settings, host, port)
 
 

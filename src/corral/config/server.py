@@ -214,10 +214,12 @@ def prompt_cache_why_not(m: ModelConfig, settings: PromptCacheConfig) -> str | N
     any that says `prompt_cache: true` (its server takes llama-server's flags); never one
     whose command sets its own --slot-save-path or turns the slot API off."""
     cmd = m.cmd
-    if cmd is None or not settings.enabled or m.prompt_cache is False:
+    if not settings.enabled or m.prompt_cache is False:
         return ""
-    if m.prompt_cache is None and not runs_llama_server(cmd):
+    if m.prompt_cache is None and (cmd is None or not runs_llama_server(cmd)):
         return ""
+    if cmd is None:  # said to, without a server (the simulator's)
+        return None
     try:
         argv = shlex.split(cmd)
     except ValueError:

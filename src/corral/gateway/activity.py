@@ -9,6 +9,7 @@ else unknown.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import deque
@@ -40,10 +41,11 @@ def prefill(data: bytes) -> tuple[int, int, float]:
     server processed for it and the seconds that took (llama-server's `timings`); 0 where the
     answer does not say."""
     context, done, ms = _CONTEXT.findall(data), _PREFILLED.findall(data), _PREFILL_MS.findall(data)
+    took_s = float(ms[-1]) / 1000.0 if ms and done else 0.0
     return (
         int(context[-1]) if context else 0,
         int(done[-1]) if done else 0,
-        float(ms[-1]) / 1000.0 if ms and done else 0.0,
+        took_s if math.isfinite(took_s) else 0.0,  # a server's odd figure is no figure
     )
 
 

@@ -1,5 +1,5 @@
 """A conversation as cumulative digests: key `i` names the conversation's first `i + 1`
-messages (a chat) or characters up to the end of chunk `i` (a plain prompt), so two requests
+messages (a chat) or its first `i + 1` whole chunks of characters (a plain prompt), so two requests
 share their first `k` messages exactly when their first `k` keys are equal. A saved state is
 found for a request by the longest run of equal keys, without keeping anybody's text.
 
@@ -33,10 +33,12 @@ def chat_keys(messages: Sequence[Any]) -> list[str]:
 
 
 def text_keys(prompt: str, chunk: int = TEXT_CHUNK) -> list[str]:
-    """One key per `chunk` characters of a plain prompt (the last chunk may be shorter)."""
+    """One key per whole `chunk` characters of a plain prompt: a prompt that goes on from
+    another has all of its keys (a shorter last chunk would differ), so a longer save of the
+    same prompt supersedes the shorter one."""
     h = hashlib.sha256()
     keys: list[str] = []
-    for start in range(0, min(len(prompt), chunk * MAX_KEYS), chunk):
+    for start in range(0, min(len(prompt) // chunk, MAX_KEYS) * chunk, chunk):
         h.update(prompt[start : start + chunk].encode("utf-8", "surrogatepass"))
         keys.append(h.hexdigest()[:KEY_CHARS])
     return keys

@@ -73,12 +73,19 @@ def conversation_keys(data: Mapping[str, Any]) -> list[str]:
 
 def conversation_id(data: Mapping[str, Any]) -> str | None:
     """What names a request's conversation for the scheduler: what is rendered before its
-    messages and its first message (or a plain prompt's first chunk); None if it has none."""
+    messages, its system messages and its first other message (or a plain prompt's first
+    1,024 characters); None if it has none."""
     messages = data.get("messages")
     if isinstance(messages, list) and messages:
-        data = {**data, "messages": messages[:1]}
-    elif isinstance(data.get("prompt"), str):
-        data = {"prompt": data["prompt"][:1024]}
+        first = next(
+            (i for i, m in enumerate(messages) if not (isinstance(m, dict) and m.get("role") in
+             ("system", "developer"))),
+            len(messages) - 1,
+        )  # fmt: skip
+        data = {**data, "messages": messages[: first + 1]}
+    elif isinstance(data.get("prompt"), str) and data["prompt"]:
+        head = data["prompt"][:1024]
+        return text_keys(head, chunk=len(head))[0]
     keys = conversation_keys(data)
     return keys[-1] if keys else None
 
@@ -161,10 +168,10 @@ class ServerCache:
         """The slot for a request to `path` with body `data` (its body with `id_slot` set),
         restoring a saved state into it first when one shares more of the conversation than
         the slot holds; None when the request is sent as it is (no conversation, the client
-        chose a slot, every slot busy, no slot API). On a route the server places itself the
-        body is left as it is (see `SERVER_PLACED`)."""
-        if self.map is None or "id_slot" in data:
-            return None
+        chose a slot or no cache, every slot busy, no slot API). On a route the server places
+        itself the body is left as it is (see `SERVER_PLACED`)."""
+        if self.map is None or "id_slot" in data or data.get("cache_prompt") is False:
+            return None  # no slot API now, or the client chose (a slot, or no cache)
         keys = conversation_keys(data)
         if not keys:
             return None

@@ -142,3 +142,64 @@ def random_sleep_scenario(seed: int, max_requests: int = MAX_REQUESTS) -> Scenar
         Config.model_validate(raw),
         sc.trace,
     )
+
+
+def random_conversation_scenario(seed: int, max_requests: int = MAX_REQUESTS) -> Scenario:
+    """Agents' conversations (issue 38): closed-loop sessions whose context grows each step, so
+    that a swap throws away what a server holds of them. Ranges:
+
+    - devices: 1-3, one model each at a time; models: 2-6, load 2-30 s (log-uniform), unload a
+      tenth of it, prefill 300-5,000 tokens/s (log-uniform), 1 or 2 slots;
+    - sessions: 2-12; each an agent loop over 1-3 models (an orchestrator, an explorer, a
+      coder: a conversation with each), 5-30 steps, thinking 0.2-10 s between them; each
+      conversation starts at 500-8,000 tokens and grows 100-1,500 a step; decoding 0.3-5 s;
+    - prompt caches: kept in half the scenarios (models run llama-server, `prompt_cache` on,
+      0.5-20 GB of states at 20-200 KB a token), not in the other half.
+    """
+    rng = random.Random(seed * 104729 + 17)
+    n_dev = rng.choice((1, 1, 2, 3))
+    n_models = rng.randint(2, 6)
+    keeps = rng.random() < 0.5
+    names = [f"m{i}" for i in range(n_models)]
+    cfg = ["devices:", *[f"  - {{name: d{d}}}" for d in range(n_dev)], "models:"]
+    for m in names:
+        load_s = round(_log_uniform(rng, 2.0, 30.0), 1)
+        cfg.append(
+            f"  {m}: {{cmd: 'llama-server -m {m}.gguf', load_s: {load_s}, "
+            f"unload_s: {round(load_s / 10, 2)}, concurrency: {rng.choice((1, 1, 2))}, "
+            f"prefill_tok_s: {round(_log_uniform(rng, 300, 5000))}, "
+            f"kv_bytes_per_token: {rng.randint(20, 200) * 1000}}}"
+        )
+    if keeps:
+        cfg.append(f"prompt_cache: {{max_gb: {round(_log_uniform(rng, 0.5, 20), 2)}}}")
+    else:
+        cfg.append("prompt_cache: false")
+    lines: list[dict[str, object]] = []
+    n_sessions = rng.randint(2, 12)
+    per_session = max(5, min(30, max_requests // n_sessions))
+    for s in range(n_sessions):
+        loop = rng.sample(names, min(len(names), rng.randint(1, 3)))
+        context = {m: rng.randint(500, 8000) for m in loop}
+        steps = rng.randint(5, per_session)
+        think_s = round(rng.uniform(0.2, 10.0), 2)
+        for k in range(steps):
+            m = loop[k % len(loop)]
+            line: dict[str, object] = {
+                "session": f"agent-{s}",
+                "model": m,
+                "service_s": round(rng.uniform(0.3, 5.0), 3),
+                "context_tokens": context[m],
+            }
+            if k == 0:
+                line["t"] = round(rng.uniform(0, 30), 2)
+            else:
+                line["think_s"] = think_s
+            lines.append(line)
+            context[m] += rng.randint(100, 1500)
+    name = f"random-conversations-{seed}"
+    summary = (
+        f"{n_dev} device(s), {n_models} models, {n_sessions} agent loops, {len(lines)} steps, "
+        f"prompt caches {'kept' if keeps else 'not kept'}"
+    )
+    config = parse_config("\n".join(cfg) + "\n", f"<scenario {name}>")
+    return Scenario(name, summary, config, _trace(name, lines))

@@ -35,6 +35,7 @@ def _trace(name: str, lines: list[dict[str, object]]) -> Trace:
                 session=str(x["session"]) if "session" in x else None,
                 think_s=float(x.get("think_s", 0.0)),  # type: ignore[arg-type]
                 background=x.get("class") == "batch",
+                context_tokens=int(x.get("context_tokens", 0)),  # type: ignore[call-overload]
             )
         )
     return Trace(out, f"<scenario {name}>")
@@ -93,6 +94,47 @@ scheduler: {policy: cost, max_wait_s: 60}
                 line["t"] = round(rng.uniform(0, 2), 2)
             lines.append(line)
     return Scenario("agents", agents.__doc__ or "", cfg, _trace("agents", lines))
+
+
+def conversations() -> Scenario:
+    """Two agent loops over an orchestrator, an explorer and a coder model on one device, each
+    step going to the next model with the loop's conversation with it, grown by 600-1,200
+    tokens (issue 38): every step a swap, and what a swap throws away is that model's
+    conversation, unless its prompt caches are kept (they are: `prompt_cache: true`)."""
+    cfg = parse_config(
+        """
+models:
+  orchestrator: {load_s: 6, unload_s: 1, service_s: 2, prefill_tok_s: 1500, prompt_cache: true,
+                 kv_bytes_per_token: 40000}
+  explorer: {load_s: 4, unload_s: 1, service_s: 1.5, prefill_tok_s: 2500, prompt_cache: true,
+             kv_bytes_per_token: 20000}
+  coder: {load_s: 8, unload_s: 1, service_s: 3, prefill_tok_s: 1000, prompt_cache: true,
+          kv_bytes_per_token: 60000}
+scheduler: {policy: cost, max_wait_s: 60}
+""",
+        "<scenario conversations>",
+    )
+    rng = random.Random(38)
+    lines: list[dict[str, object]] = []
+    for loop in ("loop-1", "loop-2"):
+        context = {m: rng.randint(3000, 6000) for m in cfg.models}
+        for k in range(12):
+            model = list(cfg.models)[k % 3]
+            line: dict[str, object] = {
+                "session": loop,
+                "model": model,
+                "service_s": round(cfg.models[model].service_s * rng.uniform(0.6, 1.4), 2),
+                "context_tokens": context[model],
+                "think_s": round(rng.uniform(0.5, 1.5), 2),
+            }
+            if k == 0:
+                line["t"] = round(rng.uniform(0, 2), 2)
+                del line["think_s"]
+            lines.append(line)
+            context[model] += rng.randint(600, 1200)
+    return Scenario(
+        "conversations", conversations.__doc__ or "", cfg, _trace("conversations", lines)
+    )
 
 
 def two_batches() -> Scenario:
@@ -316,6 +358,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "devices-8": devices_8,
     "sleepers": sleepers,
     "beside-batch": beside_batch,
+    "conversations": conversations,
 }
 
 

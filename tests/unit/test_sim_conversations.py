@@ -1,0 +1,172 @@
+"""Conversations in the simulator and the scheduler (issue 38): a trace's `context_tokens`, the
+prefill a swap throws away, saved states with their speed and budget (sim/engine.py `Prompts`),
+and the scheduler's price of a swap (core/conversations.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.config import parse_config
+from corral.errors import TraceError
+from corral.sim.engine import simulate
+from corral.sim.families import random_conversation_scenario
+from corral.sim.trace import parse_trace
+from tests.helpers import Harness
+
+# fifo: the steps in arrival order, so that the figures are the engine's rules alone (the cost
+# policy may keep a model a while for its next step: its price is tested below).
+MODELS = """
+devices: [{{name: d}}]
+scheduler: {{policy: fifo}}
+prompt_cache: {cache}
+models:
+  a: {{cmd: llama-server -m a.gguf, load_s: 2, unload_s: 0.5, prefill_tok_s: 1000,
+       kv_bytes_per_token: 1000}}
+  b: {{cmd: llama-server -m b.gguf, load_s: 2, unload_s: 0.5, prefill_tok_s: 1000}}
+"""
+# One agent loop: a, b, a, b, each conversation growing by 1,000 tokens a step.
+LOOP = [
+    {"session": "s", "model": "a", "service_s": 1, "context_tokens": 4000},
+    {"session": "s", "model": "b", "service_s": 1, "context_tokens": 2000},
+    {"session": "s", "model": "a", "service_s": 1, "context_tokens": 5000},
+    {"session": "s", "model": "b", "service_s": 1, "context_tokens": 3000},
+]
+
+
+def run(cache: str, lines: list[dict[str, object]] = LOOP) -> list[float]:
+    config = parse_config(MODELS.format(cache=cache))
+    result = simulate(config, parse_trace(map(json.dumps, lines), config.models), check=True)
+    return [r.finished_at or 0.0 for r in result.requests]
+
+
+def test_a_swap_throws_the_conversation_away_without_saved_states() -> None:
+    # Each step: the previous model's unload (0.5 s; none first), the load (2 s), the whole
+    # context prefilled at 1,000 tokens/s, then the 1 s of service.
+    ends = run("false")
+    expected, t = [], 0.0
+    for i, line in enumerate(LOOP):
+        t += (0.5 if i else 0.0) + 2 + float(line["context_tokens"]) / 1000 + 1  # type: ignore[arg-type]
+        expected.append(t)
+    assert ends == pytest.approx(expected)
+
+
+def test_saved_states_are_restored_and_only_the_new_tokens_prefilled() -> None:
+    speed = 1e6  # tokens/s a state is written or read back at
+    ends = run(f"{{state_tok_s: {speed:g}, min_tokens: 100}}")
+    t = 2 + 4.0 + 1  # a: first, whole
+    assert ends[0] == pytest.approx(t)
+    t += 0.5 + 4000 / speed + 2 + 2.0 + 1  # a saved on the way out; b whole
+    assert ends[1] == pytest.approx(t)
+    t += 0.5 + 2000 / speed + 2 + 4000 / speed + 1.0 + 1  # b saved; a restored, 1,000 new
+    assert ends[2] == pytest.approx(t)
+    t += 0.5 + 5000 / speed + 2 + 2000 / speed + 1.0 + 1
+    assert ends[3] == pytest.approx(t)
+
+
+def test_the_budget_drops_the_least_recently_used_state() -> None:
+    # a serves two conversations at once (two slots); its states take 1,000 bytes a token, and
+    # the budget holds one of 4,000 tokens: when a leaves, x (saved first) is dropped for y.
+    text = MODELS.replace("prefill_tok_s: 1000,\n", "prefill_tok_s: 1000, concurrency: 2,\n")
+    budget_gb = 4.5e6 / 1024**3
+    config = parse_config(text.format(cache=f"{{max_gb: {budget_gb!r}, min_tokens: 10}}"))
+    assert config.models["a"].concurrency == 2
+    lines = [
+        {"session": "x", "model": "a", "service_s": 1, "context_tokens": 4000},
+        {"session": "y", "model": "a", "service_s": 1, "context_tokens": 4000, "t": 0.5},
+        {"session": "y", "model": "b", "service_s": 1, "context_tokens": 100},
+        {"session": "x", "model": "a", "service_s": 1, "context_tokens": 4000, "think_s": 30},
+        {"session": "y", "model": "a", "service_s": 1, "context_tokens": 4000},
+    ]
+    result = simulate(config, parse_trace(map(json.dumps, lines), config.models), check=True)
+    prompts = result.prompts
+    assert prompts is not None
+    assert prompts.saves == 3  # x and y when a left, b's when it left
+    assert prompts.restores == 1
+    by_line = {r.line: r for r in result.requests}
+    assert by_line[5].prefill_tokens == 0  # y: restored whole
+    assert by_line[4].prefill_tokens == 4000  # x: its state was dropped for the budget
+
+
+def test_a_trace_says_what_is_wrong_with_context_tokens() -> None:
+    models = {"a"}
+    bad = [
+        ('{"t": 0, "model": "a", "service_s": 1, "context_tokens": 5}', "needs a 'session'"),
+        ('{"session": "s", "model": "a", "service_s": 1, "context_tokens": -1}', "integer"),
+        ('{"session": "s", "model": "a", "service_s": 1, "context_tokens": true}', "integer"),
+        ('{"session": "s", "model": "a", "service_s": 1, "context_tokens": 1.5}', "integer"),
+    ]
+    for line, said in bad:
+        with pytest.raises(TraceError, match=said):
+            parse_trace([line], models)
+
+
+def test_the_scheduler_prices_what_a_swap_throws_away() -> None:
+    text = """
+devices: [{{name: d}}]
+prompt_cache: {cache}
+models:
+  a: {{cmd: llama-server -m a.gguf, load_s: 2, unload_s: 0.5, prefill_tok_s: 1000}}
+  b: {{cmd: llama-server -m b.gguf, load_s: 2}}
+"""
+    swapped_at = {}
+    for cache, refill_s in (("false", 8.0), ("{state_tok_s: 100000}", 2 * 8000 / 100000)):
+        h = Harness(text.format(cache=cache))
+        r = h.arrive("a1")
+        h.loaded("a")
+        r.conversation, r.context_tokens = "agent", 8000
+        h.finish("a1")
+        a = h.s.models["a"]
+        assert a.comeback_s == pytest.approx(2 + refill_s)
+        # Its next step measures its server's prefill: 2,000 tokens in 4 s.
+        r = h.arrive("a2")
+        r.conversation, r.context_tokens = "agent", 9000
+        r.prefill_tokens, r.prefill_s = 2000, 4.0
+        h.finish("a2")
+        speed = 1000 + 0.3 * (500 - 1000)
+        expected = 9000 / speed if cache == "false" else 2 * 9000 / 100000
+        assert a.est.refill_s == pytest.approx(expected)
+        h.take()
+        # b's request comes: a's next step came at once before, so a waits a while for it
+        # (rent or buy: a share of its round trip, which counts what leaving throws away).
+        h.arrive("b1")
+        t = 0.0
+        while not any(c[:2] == ("load", "b") for c in h.take()):
+            t += 0.01
+            assert t < 60, "b never loaded"
+            h.at(t).timers_due()
+        swapped_at[cache != "false"] = t
+        assert a.state.value == "unloaded"
+        assert a.est.refill_s == 0.0  # left: nothing held to price
+    # A model whose conversations are saved is let go sooner.
+    assert swapped_at[True] < swapped_at[False], swapped_at
+
+
+def test_the_conversation_family_runs_every_request_and_saves_prefill() -> None:
+    prefilled = {True: 0, False: 0}
+    for seed in range(12):
+        sc = random_conversation_scenario(seed, 300)
+        result = simulate(sc.config, sc.trace, check=True)
+        assert all(r.finished_at is not None for r in result.requests), sc.name
+        assert not result.rejected
+        prompts = result.prompts
+        assert prompts is not None
+        keeps = sc.config.prompt_cache.enabled
+        prefilled[keeps] += prompts.prefill_tokens
+        if keeps:
+            assert prompts.restored_tokens >= 0
+        else:
+            assert prompts.restores == 0
+            assert prompts.saves == 0
+    # Same seeds, caches on and off: keeping them spares prefill.
+    for seed in range(6):
+        sc = random_conversation_scenario(seed, 300)
+        raw = sc.config.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for on in (True, False):
+            raw["prompt_cache"] = {"enabled": on, "max_gb": 50}
+            cfg = type(sc.config).model_validate(raw)
+            result = simulate(cfg, sc.trace, check=True)
+            assert result.prompts is not None
+            prefilled[on] += result.prompts.prefill_tokens
+    assert prefilled[True] < prefilled[False]
