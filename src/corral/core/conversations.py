@@ -6,8 +6,13 @@ requests' own prefill (`prefill_tokens`, `prefill_s`) or configured (`prefill_to
 A copy that leaves its device loses what its server holds, unless its prompt caches are kept
 (issue 38: saved before it stops, restored when its conversations come back). The price of
 leaving is then the prefill of every held conversation again, or only their save and restore;
-`refill_s` keeps it on the copy's estimates (`Estimates.refill_s`), which a swap's round trip
-counts (`ModelRecord.comeback_s`)."""
+`refill_s` keeps it on the copy's estimates (`Estimates.refill_s`). It is the price of
+leaving now, and the rule that weighs leaving now against more important work counts it
+(should a resident with work queued yield: core/policies.py). Two rules do not, measured on
+the conversation family (docs/benchmarks.md): how long an idle model waits for its next
+request (in a loop over several models its next step waits for the others': counted there,
+the family's p95 and max got worse), and the long-run placement of models on devices
+(core/traffic.py: what a server holds at one moment says nothing of the traffic's switches)."""
 
 from __future__ import annotations
 

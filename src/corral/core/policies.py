@@ -218,9 +218,11 @@ class Cost(Policy):
         top_c, top_r = challenger.best(), resident.best()
         if top_c is None or top_r is None or top_c.level <= top_r.level:
             return False
-        # A model that sleeps leaves in its sleep time and comes back in its wake time.
+        # A model that sleeps leaves in its sleep time and comes back in its wake time; what
+        # leaving now throws away of its conversations is paid again when it comes back
+        # (core/conversations.py).
         swap_in = resident.leave_s + challenger.return_s
-        swap_back = challenger.leave_s + resident.comeback_s
+        swap_back = challenger.leave_s + resident.comeback_s + resident.est.refill_s
         w_c = challenger.w_top
         w_r = resident.w_top
         return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
@@ -238,6 +240,8 @@ class Cost(Policy):
     def linger_s(self, m: ModelRecord, now: float) -> float:
         delay = m.spec.unload_delay_s
         if self.linger and m.est.idle_gap_s is not None:
+            # Not counting what leaving throws away of its conversations: in agent loops over
+            # several models a model's next step waits for the others' (docs/benchmarks.md).
             round_trip = m.leave_s + m.comeback_s
             # Rent-or-buy: wait only when the next request is reliably due sooner than a reload
             # would take (closed-loop think times are; Poisson gaps are not).

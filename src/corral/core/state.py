@@ -174,9 +174,8 @@ class ModelRecord:
 
     @property
     def comeback_s(self) -> float:
-        """Seconds to bring it back once it has left: a wake if it may sleep, else a load; and
-        the prefill its conversations then need again (core/conversations.py)."""
-        return (self.est.wake_s if self.sleeps else self.est.load_s) + self.est.refill_s
+        """Seconds to bring it back once it has left: a wake if it may sleep, else a load."""
+        return self.est.wake_s if self.sleeps else self.est.load_s
 
     @property
     def held_gb(self) -> float:

@@ -98,14 +98,24 @@ class Prompts:
         self.prefill_tokens += r.prefill_tokens
         return extra_s + r.prefill_s
 
-    def finish(self, r: SimRequest, device: str, slots: int) -> None:
-        """`r` ended: its server holds its conversation (its context) in one of `slots`."""
+    def finishing(self, then: Callable[[Request], object]) -> Callable[[Request], object]:
+        """`then` (the scheduler's hearing of a finished request), after `finish`."""
+
+        def finished(r: Request) -> object:
+            assert r.device is not None
+            self.finish(r, r.device)
+            return then(r)
+
+        return finished
+
+    def finish(self, r: Request, device: str) -> None:
+        """`r` ended: its copy's server holds its conversation (its context), one a slot."""
         if r.conversation is None or not r.context_tokens:
             return
         held = self._held[r.model, device]
         held.pop(r.conversation, None)
         held[r.conversation] = r.context_tokens
-        while len(held) > max(1, slots):
+        while len(held) > max(1, self.config.models[r.model].concurrency):
             del held[next(iter(held))]
 
     def leave(self, model: str, device: str, stops: bool) -> float:
@@ -242,6 +252,9 @@ class Simulation:
         talks = any(x.context_tokens for x in trace.lines)
         self._prompts = Prompts(config) if talks else None
         self._run.prompts = self._prompts
+        self._on_finished: Callable[[Request], object] = self.scheduler.on_request_finished
+        if self._prompts is not None:  # a finished request's conversation is held first
+            self._on_finished = self._prompts.finishing(self._on_finished)
         self._free_at: dict[str, float] = defaultdict(float)  # its last swap or unload ends
         self._remaining = len(self._requests)
 
@@ -402,7 +415,7 @@ class Simulation:
         pop = heapq.heappop
         sched = self.scheduler
         on_request = sched.on_request
-        on_finished = sched.on_request_finished
+        on_finished = self._on_finished
         open_reqs, open_t = self._open, self._open_t
         n_open = len(open_reqs)
         ai = 0
@@ -449,9 +462,6 @@ class Simulation:
                 device = r.device
                 running[r.model, device] -= 1
                 dev_running[device] -= 1
-                if self._prompts is not None:
-                    slots = self.config.models[r.model].concurrency
-                    self._prompts.finish(r, device, slots)
                 if dev_running[device] == 0:
                     busy[device] += self.now - busy_since[device]
                 on_finished(r)
