@@ -179,3 +179,20 @@ def test_a_conversation_is_named_by_its_beginning() -> None:
     assert conversation_id({"prompt": "x" * 2000}) == conversation_id({"prompt": "x" * 3000})
     assert conversation_id({}) is None
     assert conversation_id({"prompt": ""}) is None
+
+
+def test_the_readmes_prompt_cache_example_is_a_valid_configuration() -> None:
+    import re
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (text,) = [
+        b for b in re.findall(r"^```yaml\n(.*?)^```$", readme, flags=re.S | re.M)
+        if "prompt_cache:" in b
+    ]  # fmt: skip
+    config = parse_config(text)
+    assert config.prompt_cache.max_gb == 10
+    assert config.keeps_prompt_cache("coder")  # said to
+    assert not config.keeps_prompt_cache("chat")  # said not to
+    coder = serving(config.models["coder"], config.prompt_cache, HERE)
+    assert coder.cmd is not None
+    assert "--slot-save-path" in coder.cmd
