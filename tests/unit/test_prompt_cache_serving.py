@@ -196,3 +196,21 @@ def test_the_readmes_prompt_cache_example_is_a_valid_configuration() -> None:
     coder = serving(config.models["coder"], config.prompt_cache, HERE)
     assert coder.cmd is not None
     assert "--slot-save-path" in coder.cmd
+
+
+def test_llama_swaps_own_example_keeps_its_llama_servers_caches() -> None:
+    """llama-swap's configurations whose `cmd` runs llama-server (its example file as
+    shipped), on by default; its docker-run vLLM left as it is."""
+    from corral.llamaswap import load_config_file
+
+    fixtures = Path(__file__).parent.parent / "fixtures" / "llama-swap"
+    config, _ = load_config_file(fixtures / "groups-and-macros.yaml")
+    kept = {n for n in config.models if config.keeps_prompt_cache(n)}
+    assert "qwen-coder-7b" in kept  # /app/llama-server ...
+    for name in kept:
+        cmd = serving(config.models[name], config.prompt_cache, HERE).cmd
+        assert cmd is not None
+        assert cmd.endswith("--slot-save-path /var/states --swa-full")
+    for name in set(config.models) - kept:
+        cmd = config.models[name].cmd or ""
+        assert not runs_llama_server(cmd) or "--slot-save-path" in cmd, name
