@@ -214,3 +214,24 @@ def test_llama_swaps_own_example_keeps_its_llama_servers_caches() -> None:
     for name in set(config.models) - kept:
         cmd = config.models[name].cmd or ""
         assert not runs_llama_server(cmd) or "--slot-save-path" in cmd, name
+
+
+def test_a_folder_that_cannot_be_made_leaves_the_servers_as_they_are(tmp_path: Path) -> None:
+    """llama-server refuses to start with a --slot-save-path that is not a folder: a states'
+    folder Corral cannot make must never stop a model from serving."""
+    from corral.backends.process import ProcessBackend
+    from corral.gateway.servers import Servers
+    from corral.prompt_cache.caches import PromptCaches
+
+    (tmp_path / "a-file").write_text("not a folder")
+    bad = PromptCacheConfig(dir=str(tmp_path / "a-file" / "states"))
+    fine = PromptCacheConfig(dir=str(tmp_path / "states"))
+    model = ModelConfig(cmd="llama-server -m a.gguf --port ${PORT}")
+    for settings, kept in ((bad, False), (fine, True)):
+        caches = PromptCaches(settings, Path(settings.dir or ""))
+        servers = Servers(tmp_path / "logs", lambda *_: None, caches)
+        servers.add("a", model)
+        backend = servers.backends["a"]
+        assert isinstance(backend, ProcessBackend)
+        assert ("--slot-save-path" in backend.spec.cmd) is kept
+        assert caches.usable() is kept

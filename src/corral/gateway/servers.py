@@ -16,7 +16,7 @@ from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
-from corral.prompt_cache.caches import PromptCaches, serving
+from corral.prompt_cache.caches import PromptCaches, Serving, serving
 from corral.prompt_cache.server import ServerCache
 
 log = logging.getLogger("corral.gateway")
@@ -117,9 +117,12 @@ class Servers:
             cmd, keeps = m.cmd, False
             if self.caches is not None:
                 plan = serving(m, self.caches.settings, self.caches.folder)
+                if plan.on and not self.caches.usable():
+                    folder = self.caches.folder
+                    plan = Serving(m.cmd, False, f"the folder {folder} cannot be written")
                 cmd, keeps = plan.cmd or m.cmd, plan.on
                 if plan.why:
-                    log.info("model %s: prompt caches not kept across swaps: %s", name, plan.why)
+                    log.warning("model %s: prompt caches not kept across swaps: %s", name, plan.why)
             spec = process_spec(name, m, cmd)
             backend = ProcessBackend(spec, self.log_dir, record=self.record)
             backend.on_exit = functools.partial(self._exited, name, backend)

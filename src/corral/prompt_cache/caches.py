@@ -8,6 +8,7 @@ scheduler prices swaps the same way)."""
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,7 @@ class CacheStats:
 class PromptCaches:
     """The saved states of every model (one folder, one budget) and their figures."""
 
-    def __init__(self, settings: PromptCacheConfig, folder: Path, timeout_s: float = 120.0):
+    def __init__(self, settings: PromptCacheConfig, folder: Path, timeout_s: float = 30.0):
         self.settings = settings
         self.folder = folder
         self.timeout_s = timeout_s
@@ -88,6 +89,12 @@ class PromptCaches:
         if not self._loaded:
             self._loaded = True
             self.states.load()
+
+    def usable(self) -> bool:
+        """Whether the folder is there to be written: llama-server refuses to start with a
+        --slot-save-path that is not a folder, so without one no server gets the flag."""
+        self.load()
+        return self.folder.is_dir() and os.access(self.folder, os.W_OK | os.X_OK)
 
     def server(self, model: str, cmd: str) -> ServerCache:
         """The prompt caches of a new server of `model`, started by `cmd`."""

@@ -236,11 +236,13 @@ class ServerCache:
                 held.done(newest.id, keys, newest.tokens or 0)
 
     async def stopping(self) -> None:
-        """Before the server stops: save what is worth keeping (never raises)."""
+        """Before the server stops: save what is worth keeping, within the slot calls'
+        timeout in all (never raises)."""
         try:
-            await self._save_all()
-        except Exception as exc:  # a stop must go on whatever the server answers
-            log.warning("model %s: saving its prompt caches failed: %s", self.model, exc)
+            await asyncio.wait_for(self._save_all(), self.caches.timeout_s)
+        except Exception as exc:  # a stop goes on whatever the server does (or does not)
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.warning("model %s: saving its prompt caches failed: %s", self.model, why)
         finally:
             self.map = None
             await self._close()
