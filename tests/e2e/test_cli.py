@@ -152,6 +152,7 @@ def test_scenarios_list_run_and_save(tmp_path: Path) -> None:
         "devices-8",
         "sleepers",
         "beside-batch",
+        "conversations",
     ]
     p = corral(
         "simulate",

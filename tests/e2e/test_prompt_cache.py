@@ -184,30 +184,37 @@ def test_states_outlive_a_restart_and_untrusted_ones_are_dropped(
     gguf: Path, tmp_path: Path
 ) -> None:
     states = tmp_path / "states"
-    questions = ["Capital of Italy?", "Capital of Japan?", "Capital of Kenya?"]
+    questions = ["Capital of Italy?", "Capital of Japan?", "Capital of Kenya?", "Capital of Peru?"]
     with serving(tmp_path / "one", config(gguf, states)) as g:
         fresh = {q: g.chat("a", conversation(q)) for q in questions}
-    # Corral stopped: a's server was saved on the way out (three conversations).
+    # Corral stopped: a's server was saved on the way out (four conversations, four slots).
     saved = {e["file"]: e for e in index(states)}
-    assert len(saved) == 3
+    assert len(saved) == 4
     files = sorted(saved)
     with (states / files[0]).open("r+b") as f:  # truncated
         f.truncate(1000)
     (states / files[1]).unlink()  # missing
-    whole = saved[files[2]]
+    corrupt = saved[files[2]]  # its size as the index says, its bytes not a state
+    (states / files[2]).write_bytes(b"\0" * corrupt["bytes"])
+    whole = saved[files[3]]
     with serving(tmp_path / "two", config(gguf, states)) as g:
         logged = g.logged()
         assert "truncated?" in logged
         assert "is missing" in logged
-        assert [e["file"] for e in index(states)] == [whole["file"]]
+        assert sorted(e["file"] for e in index(states)) == sorted([corrupt["file"], whole["file"]])
         for q in questions:
             back = g.chat("a", conversation(q))
             assert back["choices"][0]["message"] == fresh[q]["choices"][0]["message"]
             prompt = fresh[q]["usage"]["prompt_tokens"]
             if conversation_keys_of(q) == whole["keys"]:  # its own state: nothing again
                 assert back["timings"]["cache_n"] >= prompt - 1
+            elif conversation_keys_of(q) == corrupt["keys"]:  # refused, dropped: all again
+                assert back["timings"]["cache_n"] == 0
             else:  # the state left shares the system prompt: that much is not processed again
                 assert 0 < back["timings"]["cache_n"] < prompt - 1
+        assert g.cache("a")["restore_failures"] == 1
+        assert "its restore failed" in g.logged()
+        assert corrupt["file"] not in [e["file"] for e in index(states)]
     # Another server's flags: its states are foreign, never restored.
     with serving(tmp_path / "three", config(gguf, states, flags="--temp 0.5")) as g:
         back = g.chat("a", conversation(questions[2]))

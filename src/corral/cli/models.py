@@ -43,9 +43,10 @@ def models_cmd(
     server = find_llama_server(llama_server) or "llama-server"
     devices, _ = machine_devices()
     table = Table(title=None, show_lines=False)
-    columns = ("model", "file", "arch", "params", "quant", "context", "memory", "prompt cache")
+    columns = ("model", "file", "arch", "params", "quant", "context", "memory", "cache")
     for column in (*columns, "command"):
-        table.add_column(column, overflow="fold")
+        # A model's name whole, to copy into a request; the rest folds in a narrow terminal.
+        table.add_column(column, overflow="fold", no_wrap=column == "model")
     count = skipped = 0
     for folder in folders:
         try:

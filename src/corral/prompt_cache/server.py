@@ -179,10 +179,11 @@ class ServerCache:
         if got is None:
             return None
         slot, reused = got
+        held = self.map
         try:
             await self._restore(slot, keys, reused)
-        except BaseException:
-            self.map.lost(slot)
+        except BaseException:  # the request will not go there (cancelled): the slot frees
+            held.lost(slot)
             raise
         if path in SERVER_PLACED:
             return Placement(slot, keys, b"", by_server=True)
@@ -190,22 +191,24 @@ class ServerCache:
         return Placement(slot, keys, body)
 
     async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> None:
-        assert self.map is not None
-        assert self._slots is not None
+        # The map and the client as they are now: a stop may clear them while this awaits.
+        held, slots = self.map, self._slots
+        assert held is not None
+        assert slots is not None
         found = self.caches.states.best(self.model, self.fingerprint, keys)
         if found is None or found[1] <= reused:
             return
         state, _ = found
         try:
-            moved = await self._slots.restore(slot, state.file)
-        except SlotError as exc:
-            self.map.lost(slot)
+            moved = await slots.restore(slot, state.file)
+        except SlotError as exc:  # the slot is left empty; the request still goes there
+            held.slots[slot].keys, held.slots[slot].tokens = [], 0
             self.caches.states.drop(state, f"its restore failed ({exc})")
             self.caches.stats(self.model).restore_failures += 1
             return
         self.caches.states.used(state)
-        self.map.slots[slot].keys = list(state.keys)
-        self.map.slots[slot].tokens = moved.tokens
+        held.slots[slot].keys = list(state.keys)
+        held.slots[slot].tokens = moved.tokens
         self.caches.restored(self.model, moved)
 
     def done(self, placed: Placement) -> None:
