@@ -30,7 +30,9 @@ models:
   alpha:
     load_s: 0.3
     concurrency: 4
-    cmd: {SIM} --load-s 0.3 --tokens-per-s 200 --parallel 4
+    # A prompt cache per slot and llama-server's slot API: Corral keeps its caches (issue 38).
+    cmd: {SIM} --load-s 0.3 --tokens-per-s 200 --parallel 4 --prefill-tok-s 100000
+    prompt_cache: true
   slow:
     load_s: 0.3
     cmd: {SIM} --load-s 0.3 --tokens-per-s 10
@@ -177,6 +179,14 @@ def test_overview_shows_classes_live_batches_labelled_swaps_and_past_events(
     header = browser.find_element(By.CSS_SELECTOR, "#models thead").text
     assert "interactive queued" in header
     assert "batch queued" in header
+    assert "saved prompts" in header
+    models = {
+        r.text.split()[0]: r.text
+        for r in browser.find_elements(By.CSS_SELECTOR, "#models tbody tr")
+    }
+    assert "restored" in models["alpha"]  # its saved states' figures
+    assert "tokens spared" in models["alpha"]
+    assert " off " in f" {models['slow']} "  # a model that keeps none
     labels = browser.execute_script(
         "return [...document.querySelectorAll('#timeline .swap-label')].map(t => t.textContent)"
     )

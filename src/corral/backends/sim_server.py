@@ -251,9 +251,13 @@ class SimServer:
             return await self.reply(answer, bool(body.get("stream")), bytes)
         said = prompt.split()
         slot, cached = cache.take(said, body.get("id_slot"))
+        timings = cache.timings(len(said), cached)
+        prefill_s = timings["prompt_ms"] / 1000
+        if body.get("stream"):  # the slot is the stream's until it ends
+            events = self.play(answer.events(), bytes, prefill_s, lambda: cache.done(slot, said))
+            return StreamingResponse(events, media_type="text/event-stream")
         try:
-            timings = cache.timings(len(said), cached)
-            whole = await self.reply(answer, False, bytes, timings["prompt_ms"] / 1000)
+            whole = await self.reply(answer, False, bytes, prefill_s)
         finally:
             cache.done(slot, said)
         out = json.loads(bytes(whole.body))
@@ -343,15 +347,25 @@ class SimServer:
         return JSONResponse(answer.whole())
 
     async def play(
-        self, events: Sequence[tuple[T, bool]], write: Callable[[T], bytes]
+        self,
+        events: Sequence[tuple[T, bool]],
+        write: Callable[[T], bytes],
+        prefill_s: float = 0.0,
+        ended: Callable[[], None] | None = None,
     ) -> AsyncIterator[bytes]:
-        """An answer's stream of events, a token's time before each that is one."""
+        """An answer's stream of events, its prompt's time first, a token's time before each
+        event that is one; `ended` runs however the stream ends."""
         self.served += 1
-        async with self.slots:
-            for event, tick in events:
-                if tick:
-                    await asyncio.sleep(self.per_token_s)
-                yield write(event)
+        try:
+            async with self.slots:
+                await asyncio.sleep(prefill_s)
+                for event, tick in events:
+                    if tick:
+                        await asyncio.sleep(self.per_token_s)
+                    yield write(event)
+        finally:
+            if ended is not None:
+                ended()
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API (llama-server speaks it too): text, tools, thinking,
