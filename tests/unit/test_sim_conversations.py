@@ -193,3 +193,18 @@ def test_the_conversation_family_runs_every_request_and_saves_prefill() -> None:
             assert result.prompts is not None
             prefilled[on] += result.prompts.prefill_tokens
     assert prefilled[True] < prefilled[False]
+
+
+def test_an_overdue_model_gets_a_device_by_twice_its_bound_when_no_queue_runs_dry() -> None:
+    """Two devices kept busy by closed loops whose queues never run dry: a third model's
+    requests once waited 646 s under a 120 s bound (the conversation family, seed 5008),
+    because nothing decided again when the rule that lets it take a busy device applied."""
+    sc = random_conversation_scenario(5008)
+    assert len(sc.config.devices) == 2
+    run = simulate(sc.config, sc.trace, check=True)
+    bound = sc.config.scheduler.max_wait_s
+    assert bound is not None
+    waits = [r.dispatched_at - r.arrived_at for r in run.requests if r.dispatched_at is not None]
+    # Twice the bound, then the round in flight on the device it takes (its longest request
+    # there, prefill included, is under a minute).
+    assert max(waits) < 2 * bound + 60

@@ -77,6 +77,13 @@ class Swaps:
                 if at <= now:
                     if forced[k] is None or r.seq < forced_seq[k]:
                         forced[k], forced_seq[k] = m, r.seq
+                    # Several devices: past twice its bound it may take a device whose model
+                    # still has work (`_desperate`); decide again then, whatever else happens
+                    # (closed loops kept both devices' queues from running dry, and nothing
+                    # else looked: 646 s waits on the conversation family, seed 5008).
+                    at = r.arrived_at + 2 * max_wait
+                    if self._several and at > now and (next_at is None or at < next_at):
+                        next_at = at
                 elif next_at is None or at < next_at:
                     next_at = at
         return forced[0] or forced[1], next_at
