@@ -102,8 +102,8 @@ def test_a_trace_says_what_is_wrong_with_context_tokens() -> None:
             parse_trace([line], models)
 
 
-def test_the_scheduler_prices_what_a_swap_throws_away() -> None:
-    text = """
+# Two models on one device, a's prefill speed known (the scheduler's price tests).
+TWO = """
 devices: [{{name: d}}]
 prompt_cache: {cache}
 models:
@@ -111,8 +111,11 @@ models:
        prefill_tok_s: 1000}}
   b: {{cmd: llama-server -m b.gguf, load_s: 2, unload_s: 0.5, service_s: 2}}
 """
+
+
+def test_the_scheduler_prices_what_a_swap_throws_away() -> None:
     for cache, refill_s in (("false", 8.0), ("{state_tok_s: 100000}", 2 * 8000 / 100000)):
-        h = Harness(text.format(cache=cache))
+        h = Harness(TWO.format(cache=cache))
         r = h.arrive("a1")
         h.loaded("a")
         r.conversation, r.context_tokens = "agent", 8000
@@ -142,17 +145,9 @@ models:
 def test_a_model_whose_conversations_are_saved_yields_sooner() -> None:
     """A resident with work queued yields to more important work only when that is worth the
     round trip: its conversation's prefill again counts in it, unless it is saved."""
-    text = """
-devices: [{{name: d}}]
-prompt_cache: {cache}
-models:
-  a: {{cmd: llama-server -m a.gguf, load_s: 2, unload_s: 0.5, service_s: 2,
-       prefill_tok_s: 1000}}
-  b: {{cmd: llama-server -m b.gguf, load_s: 2, unload_s: 0.5, service_s: 2}}
-"""
     after: dict[bool, list[tuple[object, ...]]] = {}
     for kept, cache in ((False, "false"), (True, "{state_tok_s: 100000}")):
-        h = Harness(text.format(cache=cache))
+        h = Harness(TWO.format(cache=cache))
         for i in range(1, 5):
             h.arrive(f"a{i}")
         h.loaded("a")

@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from corral.prompt_cache.keys import shared
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}")
 
 
@@ -44,13 +46,13 @@ class SimSlots:
         if isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < len(self.busy):
             slot = asked
         else:
-            slot = max(free, key=lambda i: (_common(self.held[i], words), -self.used_at[i]))
-            if not _common(self.held[slot], words):
+            slot = max(free, key=lambda i: (shared(self.held[i], words), -self.used_at[i]))
+            if not shared(self.held[slot], words):
                 slot = min(free, key=lambda i: self.used_at[i])
         self.busy[slot] = True
         self._tasks += 1
         self.task[slot] = self._tasks
-        return slot, _common(self.held[slot], words)
+        return slot, shared(self.held[slot], words)
 
     def done(self, slot: int, words: list[str]) -> None:
         self.held[slot] = words
@@ -132,15 +134,6 @@ class SimSlots:
             Route("/slots", self.listing),
             Route("/slots/{slot}", self.action, methods=["POST"]),
         ]
-
-
-def _common(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _refuse(message: str) -> Response:
