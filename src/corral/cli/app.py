@@ -19,6 +19,7 @@ from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
 from corral.cli.models import devices_cmd, models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
+from corral.cli.zoo import zoo_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
 from corral.errors import CorralError
@@ -50,6 +51,7 @@ app.command(name="worker")(worker_cmd)
 app.command(name="bench")(bench_cmd)
 app.command(name="models")(models_cmd)
 app.command(name="devices")(devices_cmd)
+app.command(name="zoo")(zoo_cmd)
 
 
 @app.command()
