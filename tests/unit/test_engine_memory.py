@@ -1,0 +1,61 @@
+"""llama-server's own memory tables read back (issue 47): the rows of its breakdown, a CPU's
+and a GPU's, as llama.cpp's common/fit.cpp prints them; a log without one gives none."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.modelfiles.engine import DeviceMemory, breakdowns, split_command
+
+pytestmark = pytest.mark.unit
+
+# As llama-server printed them for gemma-3-270m at -c 8192 -lv 4 (projection, then at exit).
+CPU_LOG = """\
+0.00.463.716 I common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+0.00.463.773 I common_memory_breakdown_print: |   - Host               |                  312 =   222 +      61 +      28                |
+0.00.463.788 I common_memory_breakdown_print: |   - CPU_REPACK         |                   12 =    12 +       0 +       0                |
+0.00.514.673 I common_params_fit_impl: projected to use 312 MiB of host memory vs. 24105 MiB
+0.04.999.153 I common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+0.04.999.173 I common_memory_breakdown_print: |   - Host               |                  325 =   235 +      61 +      28                |
+0.04.999.186 I common_memory_breakdown_print: |   - CPU_REPACK         |                   12 =    12 +       0 +       0                |
+"""  # noqa: E501
+# A GPU row, as common/fit.cpp writes it:
+# total = free + (self = model + context + compute) + unaccounted.
+GPU_LOG = """\
+I common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+I common_memory_breakdown_print: |   - CUDA0 (NVIDIA H100 80GB HBM3) | 81079 = 79800 + (1210 = 954 + 192 + 64) +  69 |
+I common_memory_breakdown_print: |   - Host               |                  167 =   167 +       0 +       0                |
+"""  # noqa: E501
+
+
+def test_the_projection_and_the_figures_at_exit_are_read_in_order() -> None:
+    projected, held = breakdowns(CPU_LOG.splitlines())
+    assert projected.devices == {
+        "Host": DeviceMemory(222, 61, 28),
+        "CPU_REPACK": DeviceMemory(12, 0, 0),
+    }
+    assert projected.total_mib == 323
+    assert held.devices["Host"] == DeviceMemory(235, 61, 28)
+    assert held.total_bytes == 336 << 20
+
+
+def test_a_gpus_row_is_read_from_its_parenthesis() -> None:
+    (table,) = breakdowns(GPU_LOG.splitlines())
+    assert table.devices["CUDA0 (NVIDIA H100 80GB HBM3)"] == DeviceMemory(954, 192, 64)
+    assert table.devices["Host"] == DeviceMemory(167, 0, 0)
+
+
+def test_a_log_without_a_table_or_with_broken_rows_gives_none() -> None:
+    assert breakdowns(["load_model: loading model 'x.gguf'", "no table here"]) == []
+    broken = [
+        "common_memory_breakdown_print: | memory breakdown [MiB] | total |",
+        "common_memory_breakdown_print: |   - Host | 12 = 1e9 + x + 3 |",
+    ]
+    assert breakdowns(broken) == []
+
+
+def test_a_command_is_split_with_its_port_given() -> None:
+    cmd = "llama-server -m '/models/my model.gguf' --port ${PORT} --alias 'a b'"
+    assert split_command(cmd, 8123) == [
+        "llama-server", "-m", "/models/my model.gguf", "--port", "8123", "--alias", "a b",
+    ]  # fmt: skip
