@@ -137,4 +137,6 @@ def test_the_header_walk_agrees_with_llama_cpps_reader(gguf: Path) -> None:
                 assert ours.values == theirs
         else:
             assert ours == pytest.approx(theirs) if isinstance(ours, float) else ours == theirs
-    assert [(int(t.n_elements), int(t.n_bytes)) for t in reader.tensors] == tensors
+    assert [
+        (int(t.n_elements), int(t.n_bytes), t.name, int(t.tensor_type)) for t in reader.tensors
+    ] == tensors

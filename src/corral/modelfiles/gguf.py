@@ -53,6 +53,14 @@ class GgufModel:
     sliding_window: int | None
     chat_template: str | None
     weights_bytes: int
+    # Hybrid and recurrent models (issue 47): layers that keep a KV cache, and the rest's
+    # fixed state per sequence (elements, F32: convolution and SSM state, as llama.cpp's
+    # n_embd_r + n_embd_s); MLA models cache one latent per token (keys only, the values a view
+    # of it); an output tied to the embeddings is a second copy where llama.cpp repacks it.
+    attention_layers: int | None = None  # None: every layer
+    recurrent_state: int = 0
+    mla: bool = False
+    tied_copy_bytes: int = 0
 
     @property
     def size_label(self) -> str:
@@ -128,15 +136,17 @@ def read_gguf(path: Path) -> GgufModel:
     template = fields.get("tokenizer.chat_template")
     if template is not None and not isinstance(template, str):
         raise GgufError(f"{path}: tokenizer.chat_template is not text")
-    weights_bytes = sum(b for _, b in tensors)
+    weights_bytes = sum(t[1] for t in tensors)
+    layers = facts.count(f"{arch}.block_count", 1, 1 << 14)
+    attention_layers, state = _recurrence(facts, arch, layers)
     return GgufModel(
         path=path,
         architecture=arch,
         name=facts.text("general.name") or path.stem,
-        parameters=sum(n for n, _ in tensors),
+        parameters=sum(t[0] for t in tensors),
         quantization=quant,
         context_length=facts.count(f"{arch}.context_length", 1, MAX_CONTEXT),
-        layers=facts.count(f"{arch}.block_count", 1, 1 << 14),
+        layers=layers,
         embedding=embedding,
         feed_forward=facts.count(f"{arch}.feed_forward_length", 0, 1 << 22, 4 * embedding),
         heads=heads,
@@ -147,7 +157,50 @@ def read_gguf(path: Path) -> GgufModel:
         sliding_window=window or None,
         chat_template=template,
         weights_bytes=weights_bytes,
+        attention_layers=attention_layers,
+        recurrent_state=state,
+        mla=f"{arch}.attention.key_length_mla" in fields,
+        tied_copy_bytes=_tied_copy(tensors),
     )
+
+
+# The types llama.cpp's CPU backend repacks on x86 with AVX2 (ggml-cpu/repack.cpp): a tied
+# output of one of them is repacked into a buffer of its own beside the embeddings' mapped copy
+# (a GPU holds such an output apart from the embeddings too, which stay on the host).
+_REPACKED = frozenset({2, 12, 20, 39})  # Q4_0, Q4_K, IQ4_NL, MXFP4
+FULL_ATTENTION_EVERY = 4  # Qwen3.5's and Qwen3-Next's default: llama.cpp's when the key is absent
+
+
+def _tied_copy(tensors: list[tuple[int, int, str, int]]) -> int:
+    names = {t[2]: t for t in tensors}
+    embd = names.get("token_embd.weight")
+    if embd is None or "output.weight" in names or embd[3] not in _REPACKED:
+        return 0
+    return embd[1]
+
+
+def _recurrence(facts: _Facts, arch: str, layers: int) -> tuple[int | None, int]:
+    """(the layers with a KV cache, None for all; the recurrent state per sequence of all the
+    others, in elements). Which layers recur: an explicit list (`attention.recurrent_layers`),
+    zero KV heads in a per-layer list (Mamba-2 hybrids), or one full-attention layer in
+    `full_attention_interval` (Gated DeltaNet hybrids)."""
+    inner = facts.count(f"{arch}.ssm.inner_size", 0, 1 << 22, 0)
+    if not inner:
+        return None, 0
+    state = facts.count(f"{arch}.ssm.state_size", 0, 1 << 16, 0)
+    groups = facts.count(f"{arch}.ssm.group_count", 0, 1 << 16, 0)
+    conv = facts.count(f"{arch}.ssm.conv_kernel", 0, 1 << 10, 0)
+    per_layer = max(0, conv - 1) * (inner + 2 * groups * state) + state * inner
+    listed = facts.fields.get(f"{arch}.attention.recurrent_layers")
+    kv = facts.fields.get(f"{arch}.attention.head_count_kv")
+    if isinstance(listed, _Array) and len(listed.values) == layers:
+        recurrent = sum(1 for v in listed.values if v)
+    elif isinstance(kv, _Array) and len(kv.values) == layers:
+        recurrent = sum(1 for v in kv.values if v == 0)
+    else:
+        every = facts.count(f"{arch}.full_attention_interval", 1, 1 << 14, FULL_ATTENTION_EVERY)
+        recurrent = layers - layers // every
+    return layers - recurrent, recurrent * per_layer
 
 
 MAX_CONTEXT = 1 << 27  # 134M tokens: past any model's training context
@@ -303,8 +356,8 @@ def _fixed() -> dict[Any, str]:
     }  # fmt: skip
 
 
-def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
-    """The metadata and, per tensor, (elements, bytes), read from the file's header.
+def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int, str, int]]]:
+    """The metadata and, per tensor, (elements, bytes, name, type), read from its header.
 
     `gguf.GGUFReader` builds an object per array element: 20 s for a 262,144-token vocabulary
     on this VM, for facts that take 0.2 s. This walks the same layout (`gguf.constants`'
@@ -332,7 +385,7 @@ def _header(path: Path) -> tuple[dict[str, Any], list[tuple[int, int]]]:
             fields[key] = _value(w, _kind_of(w, raw), 0)
         tensors = [_tensor(w) for _ in range(n_tensors)]
         _check_data(w, fields, tensors)
-        return fields, [(elements, n) for elements, n, _ in tensors]
+        return fields, [(elements, n, name, kind) for elements, n, _, name, kind in tensors]
     finally:
         data.close()
 
@@ -377,12 +430,12 @@ def _value(w: _Walk, t: Any, depth: int) -> Any:
     return v
 
 
-def _tensor(w: _Walk) -> tuple[int, int, int]:
-    """The next tensor's record: (elements, bytes, offset of its data)."""
+def _tensor(w: _Walk) -> tuple[int, int, int, str, int]:
+    """The next tensor's record: (elements, bytes, offset of its data, name, type)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     w.tick()
-    w.string(limit=MAX_KEY_BYTES)
+    name = w.string(limit=MAX_KEY_BYTES)
     (dims,) = w.take("<I")
     if not 0 < dims <= MAX_DIMS:
         raise GgufError(f"a tensor of {dims} dimensions")
@@ -395,17 +448,25 @@ def _tensor(w: _Walk) -> tuple[int, int, int]:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_kind)]
     except (ValueError, KeyError):
         raise GgufError(f"a tensor of unknown type {raw_kind}") from None
-    return elements, elements // block * size, offset
+    return (
+        elements,
+        elements // block * size,
+        offset,
+        name if isinstance(name, str) else "",
+        raw_kind,
+    )
 
 
-def _check_data(w: _Walk, fields: dict[str, Any], tensors: list[tuple[int, int, int]]) -> None:
+def _check_data(
+    w: _Walk, fields: dict[str, Any], tensors: list[tuple[int, int, int, str, int]]
+) -> None:
     """Every tensor's data lies in the file: a file cut short (an unfinished download) or one
     that claims more than it holds is found here, not by llama-server."""
     alignment = fields.get("general.alignment", 32)
     if not isinstance(alignment, int) or not 0 < alignment <= 1 << 16:
         raise GgufError(f"general.alignment is {str(alignment)[:20]}")
     data_bytes = w.end - (w.at + -w.at % alignment)
-    needed = max((offset + n for _, n, offset in tensors), default=0)
+    needed = max((offset + n for _, n, offset, _, _ in tensors), default=0)
     if needed > data_bytes:
         raise GgufError(
             f"truncated: its tensors need {needed:,} bytes of data, the file holds "
@@ -429,18 +490,21 @@ def estimate_memory(
     slots, as its unified KV cache is): see the module docstring. `swa_full`: run with
     --swa-full, its sliding-window layers keep the whole context (what makes a saved prompt
     cache restore exactly)."""
-    per_cell = m.kv_heads * (m.key_length + m.value_length) * cache_bytes
+    # MLA caches the latent alone (its keys; the values are a view of them).
+    per_cell = m.kv_heads * (m.key_length + (0 if m.mla else m.value_length)) * cache_bytes
+    attention = m.layers if m.attention_layers is None else m.attention_layers
     every = SWA_FULL_EVERY.get(m.architecture)
     if m.sliding_window and every and not swa_full:
         full_layers = m.layers // every
         swa_cells = min(context, _pad(m.sliding_window * parallel + ubatch))
         kv = per_cell * (full_layers * context + (m.layers - full_layers) * swa_cells)
     else:
-        kv = per_cell * m.layers * context
+        kv = per_cell * attention * context
+    kv += m.recurrent_state * 4 * parallel  # F32, one state per sequence (slot)
     # One micro-batch's activations (hidden states, the feed-forward's widest tensors, the
     # attention's with flash attention on), the logits of one output per slot, and the
     # vocabulary's tables (token texts, scores, the merge map: about 64 bytes a token).
     activations = ubatch * (6 * m.embedding + 3 * m.feed_forward + m.heads * m.key_length) * 4
     logits = parallel * m.vocab * 4
     compute = activations + logits + 64 * m.vocab + RUNTIME_BYTES
-    return MemoryEstimate(m.weights_bytes, int(kv), int(compute))
+    return MemoryEstimate(m.weights_bytes + m.tied_copy_bytes, int(kv), int(compute))

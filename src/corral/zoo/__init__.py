@@ -30,8 +30,10 @@ def make(
     seed: int = 0,
     quant: str = "q4_0",
     progress: Callable[[int, int], None] | None = None,
+    weights: bool = True,
 ) -> ZooFile:
-    """One zoo model in `folder`: tiny (`size_gb` None) or near `size_gb` GB."""
+    """One zoo model in `folder`: tiny (`size_gb` None) or near `size_gb` GB; `weights` False:
+    its header alone, the data a hole (see `write`)."""
     if arch not in ARCHS:
         raise ValueError(f"no zoo architecture {arch!r}; there are: {', '.join(ARCHS)}")
     if size_gb is not None and not 0.05 <= size_gb <= 200:
@@ -39,9 +41,8 @@ def make(
     a = ARCHS[arch]
     dims = tiny_dims(a) if size_gb is None else sized_dims(a, int(size_gb * 1e9), quant)
     folder.mkdir(parents=True, exist_ok=True)
-    return write(
-        arch, folder / file_name(arch, size_gb), dims, seed=seed, quant=quant, progress=progress
-    )
+    path = folder / file_name(arch, size_gb)
+    return write(arch, path, dims, seed=seed, quant=quant, progress=progress, weights=weights)
 
 
 def make_zoo(

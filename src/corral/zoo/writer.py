@@ -18,6 +18,7 @@ from corral.zoo.archs import ARCHS, Arch, Dims, Shape
 from corral.zoo.tokenizer import CHAT_TEMPLATE, vocabulary
 
 TINY_EMBD, TINY_LAYERS, TINY_VOCAB = 256, 4, 1024
+ALIGN = 32  # GGUF's default alignment of the tensors' data
 # Quantized types: (GGUF's file type, bytes per block of 32 weights, the quants' spread).
 QUANTS = {"q4_0": (2, 18, 4.6), "q8_0": (7, 34, 73.9), "f16": (1, 64, 1.0)}
 WEIGHT_STD = 0.02  # of a random weight; norms are 1 + this
@@ -81,6 +82,10 @@ def _off(arch: Arch, dims: Dims, quant: str, target_bytes: int) -> float:
     return abs(_bytes(arch, dims, quant) / target_bytes - 1)
 
 
+def _aligned(n: int) -> int:
+    return n + -n % ALIGN
+
+
 def _bytes(arch: Arch, dims: Dims, quant: str) -> int:
     return sum(_layout(name, shape, quant)[1] for name, shape in arch.tensors(dims))
 
@@ -103,8 +108,11 @@ def write(
     seed: int = 0,
     quant: str = "q4_0",
     progress: Callable[[int, int], None] | None = None,
+    weights: bool = True,
 ) -> ZooFile:
-    """Writes the model to `path` (replaced whole: written beside it, then renamed)."""
+    """Writes the model to `path` (replaced whole: written beside it, then renamed).
+    `weights` False leaves the tensors' data a hole of its size (a sparse file): a header for
+    readers of metadata (estimates from the file), nothing a server can load."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     arch = ARCHS[arch_name]
@@ -137,6 +145,12 @@ def write(
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     done = 0
+    if not weights:  # the tensors' data left a hole: the header is all a reader sees
+        assert writer.fout is not None
+        out = writer.fout[0]
+        start = out.tell() + -out.tell() % ALIGN
+        out.truncate(start + sum(_aligned(_layout(n, s, quant)[1]) for n, s in tensors))
+        tensors = []
     for name, shape in tensors:
         kind, size = _layout(name, shape, quant)
         writer.write_tensor_data(_data(name, shape, kind, seed))
