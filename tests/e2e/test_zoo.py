@@ -5,6 +5,7 @@ tensors named as llama.cpp's own architecture test names them; `corral zoo` from
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -80,6 +81,12 @@ def test_every_zoo_model_answers_through_both_doors(zoo: Path, tmp_path: Path) -
         for _ in gen:
             pass
     assert not [line for line in logged if "skipped" in line]
+    # Each packed by llama-server's own projection for its command, kept for the next start.
+    engine = [line for line in logged if "GB (engine; the file's estimate" in line]
+    assert len(engine) == len(names), logged
+    kept = json.loads((tmp_path / "data" / "corral" / "engine-memory.json").read_text())
+    assert len(kept) == len(names)
+    assert all(v["projected_mib"] > 0 for v in kept.values())
 
 
 def test_the_zoo_names_its_tensors_as_llama_cpps_own_architecture_test(

@@ -3,9 +3,19 @@ and a GPU's, as llama.cpp's common/fit.cpp prints them; a log without one gives 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from corral.modelfiles.engine import DeviceMemory, breakdowns, split_command
+from corral.modelfiles.engine import (
+    DeviceMemory,
+    EngineFigures,
+    breakdowns,
+    fingerprint,
+    split_command,
+    without,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -59,3 +69,53 @@ def test_a_command_is_split_with_its_port_given() -> None:
     assert split_command(cmd, 8123) == [
         "llama-server", "-m", "/models/my model.gguf", "--port", "8123", "--alias", "a b",
     ]  # fmt: skip
+
+
+def test_a_fingerprint_is_the_file_and_the_flags_that_size_its_memory(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    base = ["llama-server", "-m", str(model), "--ctx-size", "8192"]
+    key = fingerprint([*base, "--port", "1234", "--alias", "a", "--slot-save-path", "/x"])
+    assert key == fingerprint([*base, "--port=999", "--alias", "b"])  # nothing it allocates
+    assert key != fingerprint(["llama-server", "-m", str(model), "--ctx-size", "4096"])
+    assert key != fingerprint([*base, "--swa-full"])
+    model.write_bytes(b"GGUF" + bytes(61))  # another file at the same path
+    assert key != fingerprint(base)
+    assert fingerprint(["llama-server", "--ctx-size", "8192"]) is None  # no file named
+    assert fingerprint(["llama-server", "-m", str(tmp_path / "gone.gguf")]) is None
+    assert without(["a", "--port", "1", "b", "--alias=x"], frozenset({"--port", "--alias"})) == [
+        "a", "b",
+    ]  # fmt: skip
+
+
+def test_the_figures_outlive_a_restart_and_a_damaged_file_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / "corral" / "engine-memory.json"
+    figures = EngineFigures(path)
+    figures.record("k1", projected_mib=412)
+    figures.record("k1", measured_mib=430)
+    figures.record(None, projected_mib=1)  # no fingerprint: nothing kept
+    again = EngineFigures(path)
+    known = again.get("k1")
+    assert known is not None
+    assert (known.projected_mib, known.measured_mib) == (412, 430)
+    for damaged in ("{", "[]", '{"k": 3}', '{"k": {"projected_mib": "412"}}', "\\x00"):
+        path.write_text(damaged)
+        f = EngineFigures(path)
+        assert f.get("k1") is None
+        k = f.get("k")
+        assert k is None or (k.projected_mib, k.measured_mib) == (None, None)
+    path.write_text(json.dumps({"k": {"projected_mib": 10**15, "measured_mib": True}}))
+    k = EngineFigures(path).get("k")
+    assert k is not None
+    assert (k.projected_mib, k.measured_mib) == (None, None)  # implausible values are dropped
+
+
+def test_the_oldest_figures_go_past_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(EngineFigures, "MAX_ENTRIES", 3)
+    figures = EngineFigures(tmp_path / "f.json")
+    for i in range(5):
+        figures.record(f"k{i}", projected_mib=i + 1)
+    kept = EngineFigures(tmp_path / "f.json")
+    assert [k for k in ("k0", "k1", "k2", "k3", "k4") if kept.get(k)] == ["k2", "k3", "k4"]

@@ -4,13 +4,16 @@ serving it takes, and the command that serves it (issue 27)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from corral.console import err_console, fail, out_console
+
+if TYPE_CHECKING:
+    from corral.modelfiles.engine import Figures
 
 
 def models_cmd(
@@ -33,8 +36,9 @@ def models_cmd(
     (unreadable, implausible, or too big for every device)."""
     from corral.config import ModelConfig, PromptCacheConfig
     from corral.gateway.demo import data_dir
+    from corral.modelfiles.engine import EngineFigures
     from corral.modelfiles.folder import find_llama_server, scan, shown
-    from corral.modelfiles.serving import fitting, machine_devices
+    from corral.modelfiles.serving import figures_key, fitting, machine_devices, memory_of
     from corral.prompt_cache.caches import folder_of, serving
 
     settings = PromptCacheConfig(enabled=prompt_cache)
@@ -43,7 +47,8 @@ def models_cmd(
     server = find_llama_server(llama_server) or "llama-server"
     devices, _ = machine_devices()
     table = Table(title=None, show_lines=False)
-    columns = ("model", "file", "arch", "params", "quant", "context", "memory", "cache")
+    figures = EngineFigures(data_dir() / "engine-memory.json")
+    columns = ("model", "file", "arch", "params", "quant", "context", "memory (GB)", "cache")
     for column in (*columns, "command"):
         # A model's name whole, to copy into a request; the rest folds in a narrow terminal.
         table.add_column(column, overflow="fold", no_wrap=column == "model")
@@ -53,13 +58,15 @@ def models_cmd(
             found, bad = scan(folder, swa_full=prompt_cache)
         except ValueError as exc:
             raise fail(str(exc)) from None
-        found, too_big = fitting(found, devices)
+        memory = memory_of(found, server, settings, figures)
+        found, too_big = fitting(found, devices, memory)
         for u in [*bad, *too_big]:
             skipped += 1
             err_console.print(f"[yellow]skipped[/yellow] {escape(u.why)}", highlight=False)
         for m in found:
             count += 1
             served = serving(ModelConfig(cmd=m.command(server)), settings, states)
+            known = figures.get(figures_key(m, server, settings))
             row = (
                 m.name,
                 shown(m.info.path),
@@ -67,7 +74,7 @@ def models_cmd(
                 m.info.size_label,
                 m.info.quantization,
                 f"{m.context:,} of {m.info.context_length:,}",
-                f"{m.estimate.total_gb:.2f} GB",
+                _memory(m.estimate.total_bytes, known, memory[m.name].source),
                 "kept" if served.on else "off",
                 shown(served.cmd or ""),
             )
@@ -80,6 +87,26 @@ def models_cmd(
             else f"no GGUF models in {where}"
         )
     out_console.print(table)
+
+
+def _memory(estimate_bytes: int, known: Figures | None, source: str) -> str:
+    """The file's estimate, llama-server's projection and its report after the last load, the
+    one the model is packed by marked with *."""
+    mib = 1 << 20
+    parts = [
+        ("file estimate", "file", estimate_bytes),
+        ("engine", "engine", known.projected_mib * mib if known and known.projected_mib else None),
+        (
+            "measured",
+            "measured",
+            known.measured_mib * mib if known and known.measured_mib else None,
+        ),
+    ]
+    return ", ".join(
+        f"{label} {value / 1e9:.2f}{'*' if key == source else ''}"
+        for key, label, value in parts
+        if value is not None
+    )
 
 
 def devices_cmd() -> None:

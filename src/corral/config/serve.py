@@ -10,8 +10,9 @@ from pathlib import Path
 
 from corral.config import Config
 from corral.errors import CorralError
-from corral.gateway.demo import demo_config
+from corral.gateway.demo import data_dir, demo_config
 from corral.llamaswap import load_config_file
+from corral.modelfiles.engine import EngineFigures
 from corral.modelfiles.serving import with_folders
 from corral.policy_names import POLICY_NAMES
 from corral.secrets import warn_if_exposed
@@ -64,7 +65,8 @@ def compose(opts: ServeOptions) -> Composed:
         warnings += [exposed] if exposed is not None else []
     folders = [Path(x) for x in config.models_dir] + folders_given
     if folders:
-        config, found = with_folders(config, folders, opts.llama_server)
+        figures = EngineFigures(engine_figures_path(config))
+        config, found = with_folders(config, folders, opts.llama_server, figures)
         notes += [f"models: {note}" for note in found]
     if opts.listen is not None:
         server = config.server.model_validate({**config.server.model_dump(), "listen": opts.listen})
@@ -77,6 +79,11 @@ def compose(opts: ServeOptions) -> Composed:
         config = config.with_policy(opts.policy)
     warnings += _served(config, title)
     return Composed(config, title, folders, notes, warnings)
+
+
+def engine_figures_path(config: Config) -> Path:
+    """Where llama-server's memory figures per model are kept (`modelfiles/engine.py`)."""
+    return Path(config.server.data_dir or data_dir()) / "engine-memory.json"
 
 
 def _served(config: Config, title: str) -> list[str]:

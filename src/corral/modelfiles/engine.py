@@ -11,9 +11,13 @@ docs/benchmarks.md, "The engine's memory figures"). Corral reads the server's.""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -84,7 +88,7 @@ def fit_params(binary: Path, flags: list[str], timeout_s: float = 120) -> Engine
     try:
         done = subprocess.run(
             [str(binary), *flags, "--fit-print", "on"],
-            capture_output=True, text=True, timeout=timeout_s, check=False,
+            capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -101,25 +105,164 @@ def server_projection(argv: list[str], timeout_s: float = 120) -> EngineMemory |
     it reads a weight: the server is started at verbosity 4 and stopped once its first table is
     printed, so nothing is loaded. None when it prints none (a build without `--fit`, a model it
     refuses, a timeout)."""
-    proc = subprocess.Popen(
-        [*argv, *VERBOSE], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    try:
+        proc = subprocess.Popen(
+            [*argv, *VERBOSE],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            errors="replace",  # token texts it logs need not be UTF-8
+            start_new_session=True,
+        )
+    except OSError:
+        return None
     lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
+    # A server that hangs without a word is stopped all the same (the read below then ends).
+    watchdog = threading.Timer(timeout_s, _kill_group, (proc,))
+    watchdog.start()
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
             lines.append(line)
-            # Its projection printed, or the weights being read (no projection to come).
-            if any(mark in line for mark in _PAST_THE_FIT) or time.monotonic() > deadline:
+            if any(mark in line for mark in _PAST_THE_FIT):  # projected, or no projection
                 break
     finally:
-        proc.kill()
+        watchdog.cancel()
+        _kill_group(proc)
         proc.wait()
     found = breakdowns(lines)
     return found[0] if found else None
 
 
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Stop the server and whatever it started (a wrapper's child): its own process group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def split_command(cmd: str, port: int) -> list[str]:
     """A model's command as argv, `${PORT}` given."""
     return [a.replace("${PORT}", str(port)) for a in shlex.split(cmd)]
+
+
+# Flags whose values change nothing the server allocates (a port, a name, where states are
+# saved): left out of a model's fingerprint, and `--slot-save-path` out of a projection run (a
+# folder that does not exist yet would stop the server before it projects).
+_NOT_MEMORY = frozenset({"--port", "--alias", "-a", "--slot-save-path", "--host", "--api-key"})
+
+
+def without(argv: list[str], flags: frozenset[str]) -> list[str]:
+    """`argv` less each of `flags` and its value (`--flag value` or `--flag=value`)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif arg.split("=", 1)[0] not in flags:
+            out.append(arg)
+    return out
+
+
+def fingerprint(argv: list[str]) -> str | None:
+    """What a model's memory depends on: its file (path, size, modified time), the server and
+    the flags it runs with (less `_NOT_MEMORY`'s); None when no file is named (`-m`)."""
+    import hashlib
+
+    try:
+        model = argv[argv.index("-m") + 1] if "-m" in argv else argv[argv.index("--model") + 1]
+        st = os.stat(model)
+    except (ValueError, IndexError, OSError):
+        return None
+    kept = without(argv, _NOT_MEMORY)
+    text = "\0".join([*kept, str(st.st_size), str(st.st_mtime_ns)])
+    return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()[:32]
+
+
+RUNTIME_MIB = 24  # the server process itself (code, threads, HTTP): no table counts it
+
+
+def device_mib(e: EngineMemory) -> int:
+    """What a breakdown puts on the device a model is placed on: its GPUs' rows where it has
+    any (the host's rows hold what stays in RAM: the embeddings), else every row (a CPU) and
+    the process itself. (A GPU's own CUDA context is not in its rows either: issue 50.)"""
+    host = ("Host", "CPU")
+    gpus = [d for name, d in e.devices.items() if not name.startswith(host)]
+    return sum(d.total_mib for d in gpus) if gpus else e.total_mib + RUNTIME_MIB
+
+
+@dataclass(slots=True)
+class Figures:
+    """One fingerprint's figures, in MiB: llama-server's projection, and what it reported it
+    allocated after its last load."""
+
+    projected_mib: int | None = None
+    measured_mib: int | None = None
+    at: float = 0.0
+
+
+class EngineFigures:
+    """The engine's figures per model fingerprint, kept in a JSON file so that they outlive a
+    restart (a projection is asked once per file and flags; a measurement replaces the last).
+    A file that cannot be read is started over; one that cannot be written is left (the
+    figures are then asked again at the next start). At most `MAX_ENTRIES`, the oldest go."""
+
+    MAX_ENTRIES = 4096
+
+    def __init__(self, path: Path) -> None:
+        import json
+
+        self.path = path
+        self._data: dict[str, Figures] = {}
+        try:
+            raw = json.loads(path.read_text())
+            for key, value in raw.items():
+                if isinstance(key, str) and isinstance(value, dict):
+                    self._data[key] = Figures(
+                        _mib(value.get("projected_mib")),
+                        _mib(value.get("measured_mib")),
+                        float(value.get("at", 0.0))
+                        if isinstance(value.get("at"), int | float)
+                        else 0.0,
+                    )
+        except (OSError, ValueError, AttributeError):
+            self._data = {}
+
+    def get(self, key: str | None) -> Figures | None:
+        return None if key is None else self._data.get(key)
+
+    def record(self, key: str | None, *, projected_mib: int | None = None,
+               measured_mib: int | None = None) -> None:  # fmt: skip
+        if key is None:
+            return
+        f = self._data.setdefault(key, Figures())
+        if projected_mib is not None:
+            f.projected_mib = projected_mib
+        if measured_mib is not None:
+            f.measured_mib = measured_mib
+        f.at = time.time()
+        self._save()
+
+    def _save(self) -> None:
+        import json
+
+        while len(self._data) > self.MAX_ENTRIES:
+            del self._data[min(self._data, key=lambda k: self._data[k].at)]
+        body = {k: {"projected_mib": f.projected_mib, "measured_mib": f.measured_mib, "at": f.at}
+                for k, f in self._data.items()}  # fmt: skip
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            part = self.path.with_name(self.path.name + f".{os.getpid()}.part")
+            part.write_text(json.dumps(body))
+            part.replace(self.path)
+        except OSError:
+            pass  # asked again at the next start
+
+
+def _mib(value: object) -> int | None:
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40
+        else None
+    )

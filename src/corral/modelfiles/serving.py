@@ -9,14 +9,101 @@ why for a client that asks for a skipped model."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from corral.config import CapabilitiesConfig, Config, DeviceConfig, ModelConfig
+from corral.backends.process import free_port
+from corral.config import CapabilitiesConfig, Config, DeviceConfig, ModelConfig, PromptCacheConfig
 from corral.errors import CorralError
 from corral.machine import detect
+from corral.modelfiles.engine import (
+    MIB,
+    EngineFigures,
+    device_mib,
+    fingerprint,
+    server_projection,
+    split_command,
+    without,
+)
 from corral.modelfiles.folder import FoundModel, Unreadable, find_llama_server, scan, shown
+from corral.prompt_cache.caches import serving
 
 CPU_SHARE = 0.8  # of the host's memory that models may take on a CPU device (the rest: the OS)
+# llama-server's projections asked at a start, at most this long in all (2 at a time, about
+# 0.5 s each on a CPU); the models past it are packed by their file's estimate until measured.
+PROJECTION_BUDGET_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What a found model is packed by: bytes, and which figure it is."""
+
+    bytes: int
+    source: str  # "measured" (after its last load), "engine" (its projection), "file estimate"
+
+    @property
+    def gb(self) -> float:
+        return self.bytes / 1e9
+
+
+def served_command(m: FoundModel, server: str, settings: PromptCacheConfig) -> str:
+    """The command Corral runs for `m`: its own, with the prompt cache's flags where kept
+    (less their folder, which changes nothing the server allocates)."""
+    cmd = serving(ModelConfig(cmd=m.command(server)), settings, Path("states")).cmd
+    assert cmd is not None
+    return cmd
+
+
+def figures_key(m: FoundModel, server: str, settings: PromptCacheConfig) -> str | None:
+    """`m`'s fingerprint among the engine's figures (`EngineFigures`)."""
+    return fingerprint(split_command(served_command(m, server, settings), 0))
+
+
+def memory_of(
+    found: list[FoundModel],
+    server: str,
+    settings: PromptCacheConfig,
+    figures: EngineFigures | None,
+    budget_s: float = PROJECTION_BUDGET_S,
+) -> dict[str, Memory]:
+    """Per model, the best figure known before it loads: the server's report after its last
+    load, else its projection for this very command (asked now, within `budget_s`, and kept),
+    else the file's estimate."""
+    out = {m.name: Memory(m.estimate.total_bytes, "file estimate") for m in found}
+    if figures is None:
+        return out
+    keys = {
+        m.name: fingerprint(split_command(served_command(m, server, settings), 0)) for m in found
+    }
+    todo = []
+    for m in found:
+        known = figures.get(keys[m.name])
+        if known is not None and known.measured_mib:
+            out[m.name] = Memory(known.measured_mib * MIB, "measured")
+        elif known is not None and known.projected_mib:
+            out[m.name] = Memory(known.projected_mib * MIB, "engine")
+        elif keys[m.name] is not None:
+            todo.append(m)
+    deadline = time.monotonic() + budget_s
+
+    def ask(m: FoundModel) -> None:
+        if time.monotonic() > deadline:
+            return
+        argv = without(split_command(served_command(m, server, settings), free_port()),
+                       frozenset({"--slot-save-path"}))  # fmt: skip
+        try:
+            projected = server_projection(argv, timeout_s=max(1.0, deadline - time.monotonic()))
+        except (OSError, ValueError):  # any server's odd output: the file's estimate stays
+            projected = None
+        if projected is not None:
+            figures.record(keys[m.name], projected_mib=device_mib(projected))
+            out[m.name] = Memory(device_mib(projected) * MIB, "engine")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(ask, todo))
+    return out
 
 
 def machine_devices() -> tuple[list[DeviceConfig], str | None]:
@@ -35,20 +122,22 @@ def machine_devices() -> tuple[list[DeviceConfig], str | None]:
 
 
 def fitting(
-    found: list[FoundModel], devices: list[DeviceConfig]
+    found: list[FoundModel], devices: list[DeviceConfig], memory: dict[str, Memory] | None = None
 ) -> tuple[list[FoundModel], list[Unreadable]]:
-    """The models whose estimate fits one of `devices`, and the others, with why."""
+    """The models whose figure (`memory`, else the file's estimate) fits one of `devices`, and
+    the others, with why."""
     if any(d.memory_gb is None for d in devices):  # holds any one model, alone
         return found, []
     largest = max(devices, key=lambda d: d.memory_gb or 0.0)
     assert largest.memory_gb is not None
     fits, too_big = [], []
     for m in found:
-        if round(m.estimate.total_gb, 3) <= largest.memory_gb + 1e-9:  # as Config checks it
+        gb = memory[m.name].gb if memory and m.name in memory else m.estimate.total_gb
+        if round(gb, 3) <= largest.memory_gb + 1e-9:  # as Config checks it
             fits.append(m)
             continue
         why = (
-            f"{shown(m.info.path)}: needs about {m.estimate.total_gb:.1f} GB at context "
+            f"{shown(m.info.path)}: needs about {gb:.1f} GB at context "
             f"{m.context:,}, more than the largest device ({largest.name}, "
             f"{largest.memory_gb:g} GB) has"
         )
@@ -57,10 +146,14 @@ def fitting(
 
 
 def with_folders(
-    config: Config, folders: list[Path], llama_server: str | None = None
+    config: Config,
+    folders: list[Path],
+    llama_server: str | None = None,
+    figures: EngineFigures | None = None,
 ) -> tuple[Config, list[str]]:
     """`config` with every model of `folders` added, and lines to tell the user (what was
-    found, skipped or kept)."""
+    found, skipped or kept). `figures`: llama-server's own memory figures, asked and kept
+    there (`memory_of`); without it each model is packed by its file's estimate."""
     notes: list[str] = []
     if not folders:
         return config, notes
@@ -85,7 +178,8 @@ def with_folders(
             found, bad = scan(folder, swa_full=config.prompt_cache.enabled)
         except ValueError as exc:
             raise CorralError(str(exc)) from None
-        found, too_big = fitting(found, devices)
+        memory = memory_of(found, server, config.prompt_cache, figures)
+        found, too_big = fitting(found, devices, memory)
         for u in [*bad, *too_big]:
             notes.append(f"skipped {u.why}")
             if u.name is not None and u.name not in models:
@@ -97,7 +191,7 @@ def with_folders(
             template = m.info.chat_template or ""
             models[m.name] = ModelConfig(
                 cmd=m.command(server),
-                memory_gb=round(m.estimate.total_gb, 3),
+                memory_gb=round(memory[m.name].gb, 3),
                 health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
                 capabilities=CapabilitiesConfig(
                     inputs=["text", "image"] if m.projector is not None else ["text"],
@@ -118,7 +212,8 @@ def with_folders(
             )
             notes.append(
                 f"{m.name}: {m.info.architecture} {m.info.size_label} {m.info.quantization}, "
-                f"context {m.context:,}, about {m.estimate.total_gb:.2f} GB ({shown(m.info.path)})"
+                f"context {m.context:,}, {memory[m.name].gb:.2f} GB ({memory[m.name].source}; "
+                f"the file's estimate {m.estimate.total_gb:.2f}) ({shown(m.info.path)})"
             )
     spec = config.model_dump(mode="json")
     spec["models"] = {k: v.model_dump(mode="json") for k, v in models.items()}
