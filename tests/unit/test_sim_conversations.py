@@ -142,6 +142,29 @@ def test_the_scheduler_prices_what_a_swap_throws_away() -> None:
         assert a.est.refill_s == 0.0
 
 
+def test_a_model_whose_restores_proved_useless_is_priced_as_its_whole_prefill() -> None:
+    """Issue 47: once its server is found not to reuse what it restored (prompt_cache/caches.py
+    tells `Conversations.lost`), a model that keeps its prompt caches by its configuration is
+    priced as one that keeps none, and stays so when its settings change."""
+    h = Harness(TWO.format(cache="{state_tok_s: 100000}"))
+    a = h.s.models["a"]
+    r = h.arrive("a1")
+    h.loaded("a")
+    r.conversation, r.context_tokens = "agent", 8000
+    h.finish("a1")
+    assert a.est.refill_s == pytest.approx(2 * 8000 / 100000)  # kept: a save and a restore
+    h.s.conversations.lost("a")
+    r = h.arrive("a2")
+    r.conversation, r.context_tokens = "agent", 8000
+    h.finish("a2")
+    assert a.est.refill_s == pytest.approx(8.0)  # 8,000 tokens at 1,000 a second, again
+    h.s.on_model_changed("a", h.s.models["a"].spec.model_copy(update={"priority": 2}))
+    r = h.arrive("a3")
+    r.conversation, r.context_tokens = "agent", 8000
+    h.finish("a3")
+    assert a.est.refill_s == pytest.approx(8.0)
+
+
 def test_a_model_whose_conversations_are_saved_yields_sooner() -> None:
     """A resident with work queued yields to more important work only when that is worth the
     round trip: its conversation's prefill again counts in it, unless it is saved."""

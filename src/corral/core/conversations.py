@@ -33,6 +33,7 @@ class Conversations:
         self._settings = config.prompt_cache
         self._state_tok_s = config.prompt_cache.state_tok_s
         self._keeps: dict[str, bool] = {}
+        self._lost: set[str] = set()  # models whose restores proved useless (`lost`)
         self._prefill: dict[str, float | None] = {}
         self._held: dict[int, dict[str, int]] = {}  # by id() of a copy's record
         for name, spec in config.models.items():
@@ -40,9 +41,16 @@ class Conversations:
 
     def add_model(self, name: str, spec: ModelConfig) -> None:
         """A model (new, or with new settings: its measured speed stays)."""
-        self._keeps[name] = keeps_prompt_cache(spec, self._settings)
+        self._keeps[name] = keeps_prompt_cache(spec, self._settings) and name not in self._lost
         if self._prefill.get(name) is None:
             self._prefill[name] = spec.prefill_tok_s
+
+    def lost(self, model: str) -> None:
+        """`model`'s prompt caches are not kept after all (its server did not reuse what it
+        restored: prompt_cache/caches.py): from now on what leaving throws away is priced as
+        its whole prefill again (each copy's price is set anew at its next finished request)."""
+        self._lost.add(model)
+        self._keeps[model] = False
 
     def finished(self, copy: ModelRecord, r: Request) -> None:
         """`r` ended on `copy`: its server holds `r`'s conversation now; its prefill is one

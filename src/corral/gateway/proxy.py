@@ -149,7 +149,7 @@ class Proxy:
                 content = await self.upstream.read(resp, backend, model)  # small: read whole
         except BaseException:
             if after is not None:
-                after()
+                after(b"")
             raise
         if content is not None:
             return self._whole(call, slot, resp, content, after)
@@ -161,14 +161,14 @@ class Proxy:
         slot: Slot,
         resp: ClientResponse,
         content: bytes,
-        after: Callable[[], None] | None = None,
+        after: Callable[[bytes], None] | None = None,
     ) -> Response:
         """The answer read whole: one response message instead of a chunk loop. `after` runs
-        once the answer has ended (its prompt cache's bookkeeping)."""
+        once the answer has ended, with its last bytes (its prompt cache's bookkeeping)."""
         resp.release()
-        if after is not None:
-            after()
         tail = content[-TAIL_BYTES:]
+        if after is not None:
+            after(tail)
         self._observe(call, slot, resp.status, None, completion_tokens(tail), tail)
         out_headers = self._headers(resp, slot)
         dialect = call.dialect
@@ -200,7 +200,7 @@ class Proxy:
         resp: ClientResponse,
         backend: Backend,
         sse: bool,
-        after: Callable[[], None] | None = None,
+        after: Callable[[bytes], None] | None = None,
     ) -> Response:
         """The answer relayed as it comes. Server-sent events on an OpenAI route: a server that
         dies mid-answer is reported with an error event, as OpenAI does, since the 200 is
@@ -232,7 +232,7 @@ class Proxy:
             if not done:
                 done = True
                 if after is not None:
-                    after()
+                    after(tail)
                 tokens = completion_tokens(tail) or (texts or None)
                 self._observe(call, slot, resp.status, first_byte, tokens, tail)
 

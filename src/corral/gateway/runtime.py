@@ -112,6 +112,8 @@ class Gateway:
             log.info("sleeping models may hold %.1f GB of host memory", host.memory_gb)
         replicas = self.servers.copyable()
         self.scheduler = Scheduler(config, self, self._loop.time, replicas=replicas)
+        # A model whose restores prove useless is priced as its whole prefill from then on.
+        self.prompt_caches.on_lost = self.scheduler.conversations.lost
 
     async def close(self) -> None:
         for t in list(self._busy):

@@ -144,7 +144,7 @@ class Servers:
         cache = backend.hooks
         return cache if isinstance(cache, ServerCache) and cache.active else None
 
-    def prompt_cache_view(self, model: str) -> dict[str, float | int] | None:
+    def prompt_cache_view(self, model: str) -> dict[str, float | int | str] | None:
         """`model`'s prompt-cache figures (/api/status), None if it keeps none."""
         own = self.backends.get(model)
         if self.caches is None or not isinstance(own, ProcessBackend):

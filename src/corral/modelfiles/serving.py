@@ -145,6 +145,32 @@ def fitting(
     return fits, too_big
 
 
+def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
+    """The configuration of found model `m`, served by `server`, packed by `memory`."""
+    template = m.info.chat_template or ""
+    return ModelConfig(
+        cmd=m.command(server),
+        memory_gb=round(memory.gb, 3),
+        health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
+        capabilities=CapabilitiesConfig(
+            inputs=["text", "image"] if m.projector is not None else ["text"],
+            outputs=["text"],
+            tools="tools" in template,  # the template renders a tool list
+            context=m.context,
+        ),
+        # What Ollama's /api/tags and /api/show report (gateway/ollama_routes.py).
+        metadata={
+            "file": shown(m.info.path),
+            "architecture": m.info.architecture,
+            "parameters": m.info.parameters,
+            "parameter_size": m.info.size_label,
+            "quantization": m.info.quantization,
+            "size_bytes": m.info.weights_bytes,
+            "context_length": m.info.context_length,
+        },
+    )
+
+
 def with_folders(
     config: Config,
     folders: list[Path],
@@ -188,28 +214,7 @@ def with_folders(
             if m.name in models:
                 notes.append(f"{m.name}: kept the model written in the config ({m.info.path})")
                 continue
-            template = m.info.chat_template or ""
-            models[m.name] = ModelConfig(
-                cmd=m.command(server),
-                memory_gb=round(memory[m.name].gb, 3),
-                health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
-                capabilities=CapabilitiesConfig(
-                    inputs=["text", "image"] if m.projector is not None else ["text"],
-                    outputs=["text"],
-                    tools="tools" in template,  # the template renders a tool list
-                    context=m.context,
-                ),
-                # What Ollama's /api/tags and /api/show report (gateway/ollama_routes.py).
-                metadata={
-                    "file": shown(m.info.path),
-                    "architecture": m.info.architecture,
-                    "parameters": m.info.parameters,
-                    "parameter_size": m.info.size_label,
-                    "quantization": m.info.quantization,
-                    "size_bytes": m.info.weights_bytes,
-                    "context_length": m.info.context_length,
-                },
-            )
+            models[m.name] = _model_config(m, server, memory[m.name])
             notes.append(
                 f"{m.name}: {m.info.architecture} {m.info.size_label} {m.info.quantization}, "
                 f"context {m.context:,}, {memory[m.name].gb:.2f} GB ({memory[m.name].source}; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class CacheStats:
     restored_tokens: int = 0  # tokens its server did not process again
     restore_ms: float = 0.0
     restore_failures: int = 0
+    honoured: int = 0  # restores whose tokens the next answer reused (its timings say)
+    not_honoured: int = 0  # restores the server reported, then processed the prompt again
 
 
 class PromptCaches:
@@ -83,6 +86,10 @@ class PromptCaches:
         )
         self._stats: dict[str, CacheStats] = {}
         self._loaded = False
+        self._lost: dict[str, str] = {}  # model -> why its prompt caches are not kept
+        # Told when a model's prompt caches turn out not to be kept (the scheduler prices its
+        # swaps as a whole prefill again from then on).
+        self.on_lost: Callable[[str], None] | None = None
 
     def load(self) -> None:
         """Read back the states a previous run saved (once)."""
@@ -123,11 +130,56 @@ class PromptCaches:
         s.restored_tokens += moved.tokens
         s.restore_ms += moved.ms
 
-    def view(self, model: str) -> dict[str, float | int]:
+    def kept(self, model: str) -> bool:
+        """Whether `model`'s prompt caches are kept: not once its restores proved useless."""
+        return model not in self._lost
+
+    def verdict(self, model: str, restored: int, reused: int) -> None:
+        """After a restore of `restored` tokens, the server reused `reused` of the prompt. At
+        least half: honoured. Less: the server took the state and then processed the prompt
+        again (a hybrid's or recurrent model's state cannot be rolled back to where the
+        conversation goes on; a sliding-window one's without --swa-full); once such restores
+        outnumber honoured ones, the model's prompt caches are not kept: said once with why,
+        nothing is saved or restored for it again, and `on_lost` is told."""
+        s = self.stats(model)
+        if 2 * reused >= restored:
+            s.honoured += 1
+            return
+        s.not_honoured += 1
+        s.restore_failures += 1
+        if s.not_honoured <= s.honoured or model in self._lost:
+            return
+        why = (
+            f"its server restored {restored} tokens of a saved conversation and then reused "
+            f"{reused} of them (timings.cache_n): it processed the prompt again, as a model "
+            "whose state cannot be rolled back does (hybrid and recurrent models; "
+            "sliding-window ones without --swa-full)"
+        )
+        self._lost[model] = why
+        log.warning(
+            "model %s: prompt caches not kept across swaps from now on: %s; its swaps are "
+            "priced as the whole prefill again",
+            model,
+            why,
+        )
+        if self.on_lost is not None:
+            self.on_lost(model)
+
+    def verified(self, model: str) -> str:
+        """`kept and verified` (a restore was honoured), `kept` (none verified yet), or
+        `not kept: why`."""
+        if model in self._lost:
+            return f"not kept: {self._lost[model]}"
+        return "kept and verified" if self.stats(model).honoured else "kept"
+
+    def view(self, model: str) -> dict[str, float | int | str]:
         """The figures /api/status shows for `model`."""
         held = self.states.states(model)
         s = self.stats(model)
         return {
+            "verified": self.verified(model),
+            "honoured": s.honoured,
+            "not_honoured": s.not_honoured,
             "states": len(held),
             "bytes": sum(x.bytes for x in held),
             "saves": s.saves,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,20 @@ class Owner(Protocol):
     def saved(self, model: str, moved: Moved) -> None: ...
 
     def restored(self, model: str, moved: Moved) -> None: ...
+
+    def kept(self, model: str) -> bool: ...
+
+    def verdict(self, model: str, restored: int, reused: int) -> None: ...
+
+
+_CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')  # llama-server's timings: prompt tokens reused
+
+
+def reused_tokens(answer: bytes) -> int | None:
+    """The prompt tokens the server reused from its cache for an answer (the last
+    `timings.cache_n` in it, whole or a stream's tail); None where it does not say."""
+    found = _CACHE_N.findall(answer)
+    return int(found[-1]) if found else None
 
 
 def conversation_keys(data: Mapping[str, Any]) -> list[str]:
@@ -116,6 +131,7 @@ class Placement:
     keys: list[str]
     body: bytes
     by_server: bool = False
+    restored: int = 0  # tokens restored into its slot before it was sent
 
 
 class ServerCache:
@@ -172,6 +188,8 @@ class ServerCache:
         itself the body is left as it is (see `SERVER_PLACED`)."""
         if self.map is None or "id_slot" in data or data.get("cache_prompt") is False:
             return None  # no slot API now, or the client chose (a slot, or no cache)
+        if not self.caches.kept(self.model):
+            return None  # its restores were not honoured: nothing is restored or saved
         keys = conversation_keys(data)
         if not keys:
             return None
@@ -181,23 +199,25 @@ class ServerCache:
         slot, reused = got
         held = self.map
         try:
-            await self._restore(slot, keys, reused)
+            restored = await self._restore(slot, keys, reused)
         except BaseException:  # the request will not go there (cancelled): the slot frees
             held.lost(slot)
             raise
         if path in SERVER_PLACED:
-            return Placement(slot, keys, b"", by_server=True)
+            return Placement(slot, keys, b"", by_server=True, restored=restored)
         body = json.dumps({**data, "id_slot": slot, "cache_prompt": True}).encode()
-        return Placement(slot, keys, body)
+        return Placement(slot, keys, body, restored=restored)
 
-    async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> None:
+    async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> int:
+        """Restore the saved state sharing most of `keys` into `slot` when it shares more than
+        the slot holds (`reused`); the tokens restored (0: none)."""
         # The map and the client as they are now: a stop may clear them while this awaits.
         held, slots = self.map, self._slots
         assert held is not None
         assert slots is not None
         found = self.caches.states.best(self.model, self.fingerprint, keys)
         if found is None or found[1] <= reused:
-            return
+            return 0
         state, _ = found
         try:
             moved = await slots.restore(slot, state.file)
@@ -205,15 +225,22 @@ class ServerCache:
             held.slots[slot].keys, held.slots[slot].tokens = [], 0
             self.caches.states.drop(state, f"its restore failed ({exc})")
             self.caches.stats(self.model).restore_failures += 1
-            return
+            return 0
         self.caches.states.used(state)
         held.slots[slot].keys = list(state.keys)
         held.slots[slot].tokens = moved.tokens
         self.caches.restored(self.model, moved)
+        return moved.tokens
 
-    def done(self, placed: Placement) -> None:
+    def done(self, placed: Placement, answer: bytes = b"") -> None:
         """The request `placed` ended: its slot holds its conversation now (read back from the
-        server when it placed the request itself)."""
+        server when it placed the request itself). After a restore, the server's own figures
+        in its answer (`answer`, its last bytes: `timings.cache_n`) say whether the restored
+        tokens were reused (`Owner.verdict`)."""
+        if placed.restored:
+            reused = reused_tokens(answer)
+            if reused is not None:
+                self.caches.verdict(self.model, placed.restored, reused)
         if self.map is None or placed.slot >= len(self.map.slots):
             return
         self.map.done(placed.slot, [] if placed.by_server else placed.keys, 0)
@@ -255,7 +282,7 @@ class ServerCache:
         self.map = None
 
     async def _save_all(self) -> None:
-        if self.map is None or self._slots is None:
+        if self.map is None or self._slots is None or not self.caches.kept(self.model):
             return
         states = self.caches.states
         listed = {s.id: s for s in await self._slots.list()}
