@@ -185,6 +185,7 @@ def test_overview_shows_classes_live_batches_labelled_swaps_and_past_events(
         for r in browser.find_elements(By.CSS_SELECTOR, "#models tbody tr")
     }
     assert "restored" in models["alpha"]  # its saved states' figures
+    assert "kept" in models["alpha"]  # and whether its restores are honoured (issue 47)
     assert "tokens spared" in models["alpha"]
     assert " off " in f" {models['slow']} "  # a model that keeps none
     labels = browser.execute_script(
