@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,16 @@ bench-first-answer: $(LLAMA_STAMP)
 # llama-server with the gemma GGUF behind corral serve, prompt_cache: false beside it (~15 min).
 bench-prompt-cache: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_prompt_cache.py --json out/bench-prompt-cache.json
+
+# The memory of each zoo architecture (1 GB files, written once under out/) at 4K and 32K: the
+# file's estimate, llama-fit-params, llama-server's own projection, what it held (~8 min).
+bench-zoo-memory: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_zoo_memory.py --size-gb 1 --json out/bench-zoo-memory.json
+
+# A saved 8K-token conversation restored after a swap, per zoo architecture: goes on or
+# diverges, with and without the restore, and whether the server reused it (~15 min).
+bench-zoo-restores: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 8000 --json out/bench-zoo-restores.json
 
 # llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
 bench-page-cache: $(LLAMA_STAMP)

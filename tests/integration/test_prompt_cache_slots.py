@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,7 +45,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     cmd += [*FLAGS, "--slot-save-path", str(saves)]
     log_path = saves.parent / "llama-server.log"
     log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # Its own process group: the `llama-cpp-server` wrapper exits on SIGTERM before the
+    # llama-server it started, which a signal to the wrapper alone left running after the suite.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):
@@ -55,7 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
             pytest.fail(f"llama-server did not start: {log_path.read_text()[-2000:]}")
         yield url, gguf, saves
     finally:
-        proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
         log.close()
 
