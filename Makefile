@@ -105,10 +105,10 @@ bench-prompt-cache: $(LLAMA_STAMP)
 bench-zoo-memory: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_memory.py --size-gb 1 --json out/bench-zoo-memory.json
 
-# A saved 8K-token conversation restored after a swap, per zoo architecture: goes on or
-# diverges, with and without the restore, and whether the server reused it (~15 min).
+# A saved 4.7K-token conversation restored after a swap, per zoo architecture: goes on or
+# diverges, with and without the restore, and whether the server reused it (~30 min).
 bench-zoo-restores: $(LLAMA_STAMP)
-	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 8000 --json out/bench-zoo-restores.json
+	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 4700 --json out/bench-zoo-restores.json
 
 # llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
 bench-page-cache: $(LLAMA_STAMP)

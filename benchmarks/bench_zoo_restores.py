@@ -12,7 +12,7 @@ Each way is timed with the state restored and without it, from the model being r
 restore's own time plus the prefill the server still did (its `timings`), against the whole
 prefill. `cache_n` says whether the server reused what it restored.
 
-    .venv/bin/python benchmarks/bench_zoo_restores.py [--size-gb 1] [--tokens 8000]
+    .venv/bin/python benchmarks/bench_zoo_restores.py [--size-gb 1] [--tokens 4700]
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Server:
 
 
 def conversation(tokens: int) -> str:
-    """Text of about `tokens` tokens of the zoo's vocabulary (1.15 characters a token for
+    """Text of about `tokens` tokens of the zoo's vocabulary (1.95 characters a token for
     these words and numbers: its merges are letter pairs and their extensions)."""
     words = [
         "the",
@@ -88,7 +88,7 @@ def conversation(tokens: int) -> str:
         "memory",
     ]
     out: list[str] = []
-    while sum(len(w) + 1 for w in out) < 1.15 * tokens:
+    while sum(len(w) + 1 for w in out) < 1.95 * tokens:
         out.append(words[len(out) % len(words)] + str(len(out) % 97))
     return " ".join(out)
 
@@ -135,7 +135,7 @@ def measure(binary: str, model: Path, tokens: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-gb", type=float, default=None, help="zoo files' size (tiny)")
-    parser.add_argument("--tokens", type=int, default=8000)
+    parser.add_argument("--tokens", type=int, default=4700)
     parser.add_argument("--arch", action="append")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
