@@ -74,9 +74,7 @@ def memory_of(
     out = {m.name: Memory(m.estimate.total_bytes, "file estimate") for m in found}
     if figures is None:
         return out
-    keys = {
-        m.name: fingerprint(split_command(served_command(m, server, settings), 0)) for m in found
-    }
+    keys = {m.name: figures_key(m, server, settings) for m in found}
     todo = []
     for m in found:
         known = figures.get(keys[m.name])
