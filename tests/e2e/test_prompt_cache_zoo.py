@@ -80,3 +80,11 @@ def test_a_restore_is_verified_by_the_servers_own_figures(zoo: Path, tmp_path: P
         ]
         assert len(said) == 1
         assert "model hybrid" in said[0]
+    # Corral starts again: the verdict on that server (its file and flags) holds from its start.
+    with serving(tmp_path / "again", config(zoo, states)) as g:
+        g.chat("hybrid", conversation("Why is the sky blue?"))
+        view = g.cache("hybrid")
+        assert view["verified"].startswith("not kept: its server restored")
+        assert "found in an earlier run" in view["verified"]
+        assert view["restores"] == 0  # nothing restored for it: its state is no use
+        assert g.cache("dense")["verified"] == "kept"  # verified afresh when it comes back

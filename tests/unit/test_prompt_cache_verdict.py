@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corral.config import PromptCacheConfig
-from corral.prompt_cache.caches import PromptCaches
+from corral.prompt_cache.caches import PromptCaches, recorded_verdicts
 from corral.prompt_cache.server import reused_tokens
 
 pytestmark = pytest.mark.unit
@@ -48,3 +48,31 @@ def test_a_model_is_not_kept_once_its_restores_prove_useless(
     view = caches.view("hybrid")
     assert (view["honoured"], view["not_honoured"], view["restore_failures"]) == (0, 2, 2)
     assert caches.view("dense")["verified"] == "kept and verified"
+
+
+def test_a_verdict_outlives_a_restart_for_the_same_server(tmp_path: Path) -> None:
+    first = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
+    first.verdict("hybrid", restored=1005, reused=0, fingerprint="fp-hybrid")
+    assert recorded_verdicts(tmp_path)["fp-hybrid"].startswith("its server restored 1005")
+    again = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
+    told: list[str] = []
+    again.on_lost = told.append
+    again.recall("hybrid", "fp-other")  # another file or other flags: verified afresh
+    assert again.kept("hybrid")
+    again.recall("hybrid", "fp-hybrid")
+    assert not again.kept("hybrid")
+    assert "found in an earlier run" in again.verified("hybrid")
+    assert told == ["hybrid"]
+    again.recall("hybrid", "fp-hybrid")  # said once
+    assert told == ["hybrid"]
+
+
+@pytest.mark.parametrize("damaged", ["{", "[]", '{"fp": 3}', '{"fp": {"why": 7}}', "\\x00"])
+def test_a_damaged_verdicts_file_is_no_verdict(tmp_path: Path, damaged: str) -> None:
+    (tmp_path / "verdicts.json").write_text(damaged)
+    assert recorded_verdicts(tmp_path) == {}
+    caches = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
+    caches.recall("m", "fp")
+    assert caches.kept("m")
+    caches.verdict("m", restored=100, reused=0, fingerprint="fp")  # written over it, whole
+    assert "fp" in recorded_verdicts(tmp_path)

@@ -39,7 +39,7 @@ def models_cmd(
     from corral.modelfiles.engine import EngineFigures
     from corral.modelfiles.folder import find_llama_server, scan, shown
     from corral.modelfiles.serving import figures_key, fitting, machine_devices, memory_of
-    from corral.prompt_cache.caches import folder_of, serving
+    from corral.prompt_cache.caches import folder_of, recorded_verdicts, serving
 
     settings = PromptCacheConfig(enabled=prompt_cache)
     states = folder_of(settings, data_dir() / "logs")
@@ -48,6 +48,8 @@ def models_cmd(
     devices, _ = machine_devices()
     table = Table(title=None, show_lines=False)
     figures = EngineFigures(data_dir() / "engine-memory.json")
+    verdicts = recorded_verdicts(states)  # earlier runs' prompt caches found not kept
+    lost: list[str] = []
     columns = ("model", "file", "arch", "params", "quant", "context", "memory (GB)", "cache")
     for column in (*columns, "command"):
         # A model's name whole, to copy into a request; the rest folds in a narrow terminal.
@@ -67,6 +69,9 @@ def models_cmd(
             count += 1
             served = serving(ModelConfig(cmd=m.command(server)), settings, states)
             known = figures.get(figures_key(m, server, settings))
+            why = verdicts.get(_cache_fingerprint(served.cmd)) if served.on else None
+            if why is not None:
+                lost.append(f"{m.name}: prompt caches not kept: {why}")
             row = (
                 m.name,
                 shown(m.info.path),
@@ -75,7 +80,7 @@ def models_cmd(
                 m.info.quantization,
                 f"{m.context:,} of {m.info.context_length:,}",
                 _memory(m.estimate.total_bytes, known, memory[m.name].source),
-                "kept" if served.on else "off",
+                "off" if not served.on else "kept" if why is None else "not kept",
                 shown(served.cmd or ""),
             )
             table.add_row(*map(escape, row))  # names from files are text, never markup
@@ -87,6 +92,19 @@ def models_cmd(
             else f"no GGUF models in {where}"
         )
     out_console.print(table)
+    for line in lost:
+        err_console.print(escape(line), highlight=False)
+
+
+def _cache_fingerprint(cmd: str | None) -> str:
+    """The fingerprint a server started by `cmd` gives its saved states and verdicts."""
+    import shlex
+
+    from corral.prompt_cache.server import model_file
+    from corral.prompt_cache.states import fingerprint
+
+    flags = shlex.split(cmd or "")
+    return fingerprint(model_file(flags) or Path(cmd or ""), flags)
 
 
 def _memory(estimate_bytes: int, known: Figures | None, source: str) -> str:

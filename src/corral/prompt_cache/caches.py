@@ -7,9 +7,11 @@ scheduler prices swaps the same way)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,24 @@ log = logging.getLogger("corral.prompt_cache")
 # What makes a restore exact: without --swa-full a sliding-window model's saved cache is not
 # reused (llama.cpp #26676): the whole conversation is processed again.
 EXACT = ("--swa-full",)
+VERDICTS = "verdicts.json"  # in the states' folder: server fingerprint -> why not kept
+MAX_VERDICTS = 1024
+
+
+def recorded_verdicts(folder: Path) -> dict[str, str]:
+    """The prompt caches found not kept in earlier runs: server fingerprint -> why. A file
+    that cannot be read or trusted is no verdict (the restores are verified again)."""
+    try:
+        raw = json.loads((folder / VERDICTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        k: v["why"]
+        for k, v in raw.items()
+        if isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("why"), str)
+    }
 
 
 def folder_of(settings: PromptCacheConfig, log_dir: Path) -> Path:
@@ -134,7 +154,14 @@ class PromptCaches:
         """Whether `model`'s prompt caches are kept: not once its restores proved useless."""
         return model not in self._lost
 
-    def verdict(self, model: str, restored: int, reused: int) -> None:
+    def recall(self, model: str, fingerprint: str) -> None:
+        """A server of `model` made as `fingerprint` says started: if an earlier run found such
+        a server's restores useless, its caches are not kept from the start."""
+        why = recorded_verdicts(self.folder).get(fingerprint) if fingerprint else None
+        if why is not None and model not in self._lost:
+            self._lose(model, f"{why} (found in an earlier run; remove {VERDICTS} to try again)")
+
+    def verdict(self, model: str, restored: int, reused: int, fingerprint: str = "") -> None:
         """After a restore of `restored` tokens, the server reused `reused` of the prompt. At
         least half: honoured. Less: the server took the state and then processed the prompt
         again (a hybrid's or recurrent model's state cannot be rolled back to where the
@@ -155,6 +182,11 @@ class PromptCaches:
             "whose state cannot be rolled back does (hybrid and recurrent models; "
             "sliding-window ones without --swa-full)"
         )
+        self._lose(model, why)
+        if fingerprint:
+            self._record(fingerprint, model, why)
+
+    def _lose(self, model: str, why: str) -> None:
         self._lost[model] = why
         log.warning(
             "model %s: prompt caches not kept across swaps from now on: %s; its swaps are "
@@ -164,6 +196,24 @@ class PromptCaches:
         )
         if self.on_lost is not None:
             self.on_lost(model)
+
+    def _record(self, fingerprint: str, model: str, why: str) -> None:
+        """Keep the verdict for the next runs (the oldest go past MAX_VERDICTS); a folder
+        that cannot be written keeps it for this run only."""
+        try:
+            raw = json.loads((self.folder / VERDICTS).read_text())
+            kept = raw if isinstance(raw, dict) else {}
+        except (OSError, ValueError):
+            kept = {}
+        kept[fingerprint] = {"model": model, "why": why, "at": time.time()}
+        while len(kept) > MAX_VERDICTS:
+            del kept[next(iter(kept))]
+        part = self.folder / f"{VERDICTS}.{os.getpid()}.part"
+        try:
+            part.write_text(json.dumps(kept))
+            part.replace(self.folder / VERDICTS)
+        except OSError as exc:
+            log.warning("prompt cache: the verdict on %s not kept for the next run: %s", model, exc)
 
     def verified(self, model: str) -> str:
         """`kept and verified` (a restore was honoured), `kept` (none verified yet), or

@@ -60,7 +60,9 @@ class Owner(Protocol):
 
     def kept(self, model: str) -> bool: ...
 
-    def verdict(self, model: str, restored: int, reused: int) -> None: ...
+    def recall(self, model: str, fingerprint: str) -> None: ...
+
+    def verdict(self, model: str, restored: int, reused: int, fingerprint: str = "") -> None: ...
 
 
 _CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')  # llama-server's timings: prompt tokens reused
@@ -162,6 +164,7 @@ class ServerCache:
             flags = [self.cmd]
         path = model_file(argv)
         self.fingerprint = fingerprint(path or Path(self.cmd), flags)
+        self.caches.recall(self.model, self.fingerprint)  # an earlier run's verdict on it
         self._client = httpx.AsyncClient(verify=not base_url.startswith("http://"))
         self._slots = Slots(base_url, self._client, timeout_s=self.caches.timeout_s)
         try:
@@ -240,7 +243,7 @@ class ServerCache:
         if placed.restored:
             reused = reused_tokens(answer)
             if reused is not None:
-                self.caches.verdict(self.model, placed.restored, reused)
+                self.caches.verdict(self.model, placed.restored, reused, self.fingerprint)
         if self.map is None or placed.slot >= len(self.map.slots):
             return
         self.map.done(placed.slot, [] if placed.by_server else placed.keys, 0)
