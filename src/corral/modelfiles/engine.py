@@ -167,17 +167,15 @@ def without(argv: list[str], flags: frozenset[str]) -> list[str]:
 
 def fingerprint(argv: list[str]) -> str | None:
     """What a model's memory depends on: its file (path, size, modified time), the server and
-    the flags it runs with (less `_NOT_MEMORY`'s); None when no file is named (`-m`)."""
-    import hashlib
+    the flags it runs with (less `_NOT_MEMORY`'s), as the prompt caches fingerprint what made
+    a saved state; None when no file is named (`-m`) or it is not there."""
+    from corral.prompt_cache.server import model_file
+    from corral.prompt_cache.states import fingerprint as made_by
 
-    try:
-        model = argv[argv.index("-m") + 1] if "-m" in argv else argv[argv.index("--model") + 1]
-        st = os.stat(model)
-    except (ValueError, IndexError, OSError):
+    path = model_file(argv)
+    if path is None or not path.is_file():
         return None
-    kept = without(argv, _NOT_MEMORY)
-    text = "\0".join([*kept, str(st.st_size), str(st.st_mtime_ns)])
-    return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()[:32]
+    return made_by(path, without(argv, _NOT_MEMORY))
 
 
 RUNTIME_MIB = 24  # the server process itself (code, threads, HTTP): no table counts it
