@@ -98,3 +98,24 @@ def test_the_sleeping_models_example_is_a_valid_configuration() -> None:
     assert nap is not None
     assert (nap.level, nap.wake_s, nap.api) == (1, 2, "vllm")
     assert config.host.memory_gb == 96
+
+
+def test_the_demo_answers_an_agents_32000_token_requests_like_a_model(demo: str) -> None:
+    """OpenCode's title (explorer) and main request (coder) each ask `max_tokens: 32000`: the
+    demo's models say what an answer needs and stop (issue 48), they do not generate 32,000
+    tokens (six minutes at the explorer's speed) with `finish_reason: length`."""
+    import openai
+
+    c = openai.OpenAI(base_url=f"http://{demo}/v1", api_key="unused", timeout=120)
+    for model in ("explorer", "coder"):
+        r = c.chat.completions.create(
+            model=model,
+            max_tokens=32000,
+            messages=[
+                {"role": "system", "content": "You are opencode, an interactive CLI tool."},
+                {"role": "user", "content": "Generate a title for this conversation: fix the bug"},
+            ],
+        )
+        assert r.choices[0].finish_reason == "stop"
+        assert r.usage is not None
+        assert 0 < r.usage.completion_tokens <= 200

@@ -9,24 +9,39 @@ import time
 import uuid
 from typing import Any
 
+from corral.backends import sim_turns
 from corral.backends.sim_schema import fill
 
 
 def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
-    """With `tools` and a user's turn last, the model calls the first tool (arguments made from
-    its schema), as a model that decides to call one does; after a tool's answer, it talks."""
-    tools = body.get("tools")
-    messages = body.get("messages") or []
-    if not tools or body.get("tool_choice") == "none" or not messages:
+    """The tool call the model makes now (`sim_turns.pick`), its arguments made from the
+    tool's schema; None: it answers in text."""
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    fns = [t.get("function") for t in tools]
+    named = {str(f.get("name")): f for f in fns if isinstance(f, dict) and f.get("name")}
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    called = {
+        str((c.get("function") or {}).get("name"))
+        for m in messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+        if isinstance(c, dict) and isinstance(c.get("function"), dict)
+    }
+    raw = body.get("tool_choice")
+    if isinstance(raw, dict):
+        fn = raw.get("function")
+        choice = sim_turns.Choice("required", str(fn.get("name")) if isinstance(fn, dict) else None)
+    else:
+        choice = sim_turns.Choice(raw if raw in ("none", "required") else "auto")
+    user_last = bool(messages) and messages[-1].get("role") == "user"
+    name = sim_turns.pick(list(named), choice, user_last, called)
+    if name is None:
         return None
-    if not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
-        return None
-    fn = (tools[0] or {}).get("function") or {}
-    args = fill(fn.get("parameters") or {"type": "object", "properties": {}})
+    args = fill(named[name].get("parameters") or {"type": "object", "properties": {}})
     return {
         "id": f"call_{uuid.uuid4().hex[:12]}",
         "type": "function",
-        "function": {"name": str(fn.get("name", "tool")), "arguments": json.dumps(args)},
+        "function": {"name": name, "arguments": json.dumps(args)},
     }
 
 
@@ -160,21 +175,34 @@ class Answer:
         chat: bool,
         model: str,
         words: list[str],
-        usage: dict[str, Any],
+        prompt_tokens: int,
+        cut: bool = False,
     ) -> None:
-        self.rid, self.chat, self.model, self.usage = rid, chat, model, usage
+        """`words`: the text's tokens, `cut`: whether a cap ended them (`sim_turns.length`)."""
+        self.rid, self.chat, self.model = rid, chat, model
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.call = tool_call(body) if chat else None
         self.shaped = formatted(body, words)
+        words, stop = sim_turns.cut_at_stop(words, sim_turns.stops_of(body.get("stop")))
         self.words = [self.shaped] if self.shaped is not None else words
         self.probs = logprobs_asked(body, chat)
         self.thought = thought(body, self.words) if chat and self.call is None else []
-        self.pieces = len(self.words)
+        if self.call is not None:
+            self.finish = "tool_calls"
+            self.pieces = 2 + len(self.call["function"]["arguments"]) // 4
+        else:
+            ended = self.shaped is not None or stop is not None or not cut
+            self.finish = "stop" if ended else "length"
+            self.pieces = len(self.words) + len(self.thought)
+        self.usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.pieces,
+            "total_tokens": prompt_tokens + self.pieces,
+        }
 
     def whole(self) -> dict[str, Any]:
         text = " ".join(self.words)
-        finish = "tool_calls" if self.call else ("stop" if self.shaped is not None else "length")
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish, "logprobs": None}
         if self.call is not None:
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": [self.call]}
         elif self.chat:
@@ -213,8 +241,7 @@ class Answer:
                 probs = None if self.probs is None else logprobs([piece], self.probs, chat)
                 first = i == 0 and not self.thought
                 out.append((chunk(rid, chat, model, piece, None, first, probs), True))
-            finish = "stop" if self.shaped is not None else "length"
-            out.append((chunk(rid, chat, model, None, finish, first=not self.words), False))
+            out.append((chunk(rid, chat, model, None, self.finish, first=not self.words), False))
         if self.include_usage:
             last: dict[str, Any] = {
                 "id": rid,

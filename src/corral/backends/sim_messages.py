@@ -10,6 +10,7 @@ import json
 import uuid
 from typing import Any
 
+from corral.backends import sim_turns
 from corral.backends.sim_schema import fill
 
 Event = tuple[dict[str, Any], bool]  # an event, and whether a token's time passes before it
@@ -44,36 +45,54 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 
 def tool_use(body: dict[str, Any]) -> dict[str, Any] | None:
-    """With tools and the user's words last (not a tool's result), the model calls the first
-    tool (or the one `tool_choice` names), its input filled from `input_schema`."""
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t]
-    raw_choice = body.get("tool_choice")
-    choice: dict[str, Any] = raw_choice if isinstance(raw_choice, dict) else {}
-    if not tools or choice.get("type") == "none":
-        return None
-    turns = body.get("messages") or []
-    last = turns[-1] if turns else None
-    if not isinstance(last, dict) or last.get("role") != "user":
-        return None
+    """The tool the model calls now (`sim_turns.pick` over Anthropic's `tool_choice`: auto,
+    any, tool, none), its input filled from `input_schema`; None: it answers in text."""
+    tools = {
+        str(t["name"]): t for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t
+    }
+    raw = body.get("tool_choice")
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "tool":
+        choice = sim_turns.Choice(
+            "required", str(raw.get("name")) if isinstance(raw, dict) else None
+        )
+    else:
+        choice = sim_turns.Choice({"any": "required", "none": "none"}.get(str(kind), "auto"))
+    turns = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    called = {
+        str(b.get("name"))
+        for m in turns
+        if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    }
+    last = turns[-1] if turns else {}
     content = last.get("content")
-    if isinstance(content, list) and any(
+    answered = isinstance(content, list) and any(
         isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-    ):
-        return None  # a tool answered: the model speaks now
-    tool = next((t for t in tools if t["name"] == choice.get("name")), tools[0])
+    )  # a tool answered: the model speaks now, unless a call is required
+    name = sim_turns.pick(list(tools), choice, last.get("role") == "user" and not answered, called)
+    if name is None:
+        return None
     return {
         "type": "tool_use",
         "id": f"toolu_{uuid.uuid4().hex[:24]}",
-        "name": str(tool["name"]),
-        "input": fill(tool.get("input_schema") or {"type": "object", "properties": {}}),
+        "name": name,
+        "input": fill(tools[name].get("input_schema") or {"type": "object", "properties": {}}),
     }
 
 
 class Answer:
     """One answer: `whole()` the message, `events()` its stream; `pieces` tokens long."""
 
-    def __init__(self, body: dict[str, Any], model: str, words: list[str]) -> None:
+    def __init__(
+        self, body: dict[str, Any], model: str, words: list[str], cut: bool = False
+    ) -> None:
+        """`words`: the text's tokens, `cut`: whether `max_tokens` ended them."""
         self.body, self.model = body, model
+        words, self.stop_sequence = sim_turns.cut_at_stop(
+            words, sim_turns.stops_of(body.get("stop_sequences"))
+        )
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.prompt = prompt_text(body)
         self.call = tool_use(body)
@@ -84,8 +103,14 @@ class Answer:
             else None
         )
         self.words = words
-        self.stop = "tool_use" if self.call is not None else "max_tokens"
-        self.pieces = (3 if self.call is not None else len(words)) + (1 if self.thinking else 0)
+        if self.call is not None:
+            self.stop = "tool_use"
+        elif self.stop_sequence is not None:
+            self.stop = "stop_sequence"
+        else:
+            self.stop = "max_tokens" if cut else "end_turn"
+        said = 2 + len(json.dumps(self.call["input"])) // 4 if self.call else len(words)
+        self.pieces = said + (1 if self.thinking else 0)
 
     def _blocks(self) -> list[dict[str, Any]]:
         blocks: list[dict[str, Any]] = []
@@ -113,7 +138,7 @@ class Answer:
             "model": self.model,
             "content": self._blocks(),
             "stop_reason": self.stop,
-            "stop_sequence": None,
+            "stop_sequence": self.stop_sequence,
             "usage": self._usage(self.pieces),
         }
 
@@ -123,7 +148,7 @@ class Answer:
         out.append(({"type": "ping"}, False))
         for index, block in enumerate(self._blocks()):
             out += _block_events(index, block, self.words)
-        delta = {"stop_reason": self.stop, "stop_sequence": None}
+        delta = {"stop_reason": self.stop, "stop_sequence": self.stop_sequence}
         usage = {"output_tokens": self.pieces}
         out.append(({"type": "message_delta", "delta": delta, "usage": usage}, False))
         out.append(({"type": "message_stop"}, False))

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from corral.backends import sim_turns
 from corral.backends.sim_schema import fill
 
 Event = tuple[dict[str, Any], bool]  # an event, and whether a token's time passes before it
@@ -50,27 +51,31 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 
 def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
-    """With function tools and the user's turn last, the model calls the first tool
-    (arguments filled from its schema); after a tool's output, it answers in text."""
+    """The function the model calls now (`sim_turns.pick` over `tool_choice`: auto, none,
+    required, a named function), its arguments filled from its schema; None: it answers in
+    text (after a function's output, unless a call is required)."""
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
     functions = [t.get("function", t) for t in tools if t.get("type", "function") == "function"]
-    functions = [f for f in functions if isinstance(f, dict)]
-    if not functions or body.get("tool_choice") == "none":
+    named = {str(f["name"]): f for f in functions if isinstance(f, dict) and f.get("name")}
+    raw = body.get("tool_choice")
+    if isinstance(raw, dict):
+        choice = sim_turns.Choice("required", str(raw.get("name")) if raw.get("name") else None)
+    else:
+        choice = sim_turns.Choice(raw if raw in ("none", "required") else "auto")
+    items = body.get("input")
+    items = [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+    called = {str(i.get("name")) for i in items if i.get("type") == "function_call"}
+    last = items[-1] if items else {"role": "user"}  # a string input: the user's words
+    user_last = last.get("type", "message") == "message" and last.get("role", "user") == "user"
+    name = sim_turns.pick(list(named), choice, user_last, called)
+    if name is None:
         return None
-    raw = body.get("input")
-    if isinstance(raw, list) and raw:
-        last = raw[-1]
-        if not isinstance(last, dict) or last.get("type", "message") != "message":
-            return None  # a function_call_output: the model answers now
-        if last.get("role", "user") != "user":
-            return None
-    fn = functions[0]
-    args = fill(fn.get("parameters") or {"type": "object", "properties": {}})
+    args = fill(named[name].get("parameters") or {"type": "object", "properties": {}})
     return {
         "type": "function_call",
         "id": f"fc_{uuid.uuid4().hex[:24]}",
         "call_id": f"call_{uuid.uuid4().hex[:24]}",
-        "name": str(fn.get("name", "tool")),
+        "name": name,
         "arguments": json.dumps(args),
         "status": "completed",
     }
@@ -141,19 +146,21 @@ class Answer:
     """One answer to a Responses request: `whole()` the response object, `events()` its
     stream. `pieces` is how many tokens it takes (a token's time each)."""
 
-    def __init__(self, body: dict[str, Any], model: str, words: list[str]) -> None:
+    def __init__(
+        self, body: dict[str, Any], model: str, words: list[str], cut: bool = False
+    ) -> None:
+        """`words`: the text's tokens, `cut`: whether `max_output_tokens` ended them."""
         self.body, self.model = body, model
         self.rid = f"resp_{uuid.uuid4().hex[:24]}"
         self.prompt = prompt_text(body)
         self.call = tool_call(body)
         text, whole = output_text(body, words)
         self.text = text
-        limit = body.get("max_output_tokens")
-        self.status = "completed"
-        if not whole and self.call is None and isinstance(limit, int) and len(words) >= limit:
-            self.status = "incomplete"
+        self.status = "incomplete" if cut and not whole and self.call is None else "completed"
         self.deltas = [text] if whole else [w if i == 0 else " " + w for i, w in enumerate(words)]
-        self.pieces = 3 if self.call is not None else len(self.deltas)
+        self.pieces = (
+            2 + len(self.call["arguments"]) // 4 if self.call is not None else len(self.deltas)
+        )
         self.msg_id = f"msg_{uuid.uuid4().hex[:24]}"
 
     def _items(self) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from corral.backends import sim_chat, sim_messages, sim_responses
+from corral.backends import sim_chat, sim_messages, sim_responses, sim_turns
 from corral.backends.sim_sleep import SimSleep
 from corral.backends.sim_slots import SimSlots
 
@@ -86,7 +86,10 @@ class SimSettings:
     load_s: float = 2.0  # not healthy until this long after start
     tokens_per_s: float = 50.0  # per request
     parallel: int = 1  # requests served at once; the rest wait for a slot
-    max_tokens: int = 16  # when a request does not say
+    max_tokens: int = 16  # when a request does not say (answer_tokens 0)
+    # An answer's natural length (0.5x-1.5x, by the prompt), cut by a request's cap; 0: as long
+    # as the request's cap (the sim as a load generator). `sim_turns.length`.
+    answer_tokens: int = 0
     embedding_dim: int = 16
     unload_s: float = 0.0  # a stop (SIGTERM) takes this long, like freeing the device
     # vLLM's sleep mode (issue 28): going to sleep takes `sleep_s`; a wake from level 1 (the
@@ -234,18 +237,12 @@ class SimServer:
 
     async def generate(self, request: Request, chat: bool) -> Response:
         body = await self.parse(request)
-        n = int(
-            body.get("max_completion_tokens") or body.get("max_tokens") or self.settings.max_tokens
-        )
         prompt = _prompt_text(body)
-        words = _words(prompt, max(n, 0))
-        usage = {
-            "prompt_tokens": len(prompt.split()),
-            "completion_tokens": len(words),
-            "total_tokens": len(prompt.split()) + len(words),
-        }
+        size = self.length(prompt, body.get("max_completion_tokens") or body.get("max_tokens"))
+        words = _words(prompt, size.tokens)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        answer = sim_chat.Answer(body, rid, chat, self.settings.model, words, usage)
+        model = self.settings.model
+        answer = sim_chat.Answer(body, rid, chat, model, words, len(prompt.split()), size.cut)
         cache = self.prompts
         if cache is None:
             return await self.reply(answer, bool(body.get("stream")), bytes)
@@ -262,6 +259,13 @@ class SimServer:
             cache.done(slot, said)
         out = json.loads(bytes(whole.body))
         return JSONResponse({**out, "timings": timings})
+
+    def length(self, prompt: str, limit: object) -> sim_turns.Length:
+        """An answer's length (`sim_turns.length`) under a request's cap (an integer, or
+        none)."""
+        cap = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+        s = self.settings
+        return sim_turns.length(prompt, cap, s.answer_tokens, s.max_tokens)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, chat=True)
@@ -375,7 +379,10 @@ class SimServer:
         if wrong is not None:
             return JSONResponse(sim_messages.error(wrong), status_code=400)
         prompt = sim_messages.prompt_text(body)
-        answer = sim_messages.Answer(body, self.settings.model, _words(prompt, body["max_tokens"]))
+        size = self.length(prompt, body["max_tokens"])
+        answer = sim_messages.Answer(
+            body, self.settings.model, _words(prompt, size.tokens), size.cut
+        )
         return await self.reply(answer, bool(body.get("stream")), sim_messages.sse)
 
     async def responses(self, request: Request) -> Response:
@@ -384,14 +391,10 @@ class SimServer:
         wrong = sim_responses.refusal(body)
         if wrong is not None:
             return _error(400, wrong)
-        limit = body.get("max_output_tokens")
-        n = (
-            limit
-            if isinstance(limit, int) and not isinstance(limit, bool)
-            else self.settings.max_tokens
-        )
-        words = _words(sim_responses.prompt_text(body), max(n, 0))
-        answer = sim_responses.Answer(body, self.settings.model, words)
+        prompt = sim_responses.prompt_text(body)
+        size = self.length(prompt, body.get("max_output_tokens"))
+        words = _words(prompt, size.tokens)
+        answer = sim_responses.Answer(body, self.settings.model, words, size.cut)
         return await self.reply(answer, bool(body.get("stream")), sim_responses.sse)
 
     async def input_tokens(self, request: Request) -> Response:

@@ -468,6 +468,15 @@ def sim_backend_cmd(
     max_tokens: Annotated[
         int, typer.Option(min=0, help="Tokens per answer when a request does not say.")
     ] = 16,
+    answer_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Answer like a model: about this many tokens (0.5x-1.5x by the prompt), "
+            "ending with finish_reason stop, cut only by a smaller max_tokens. 0: as many as "
+            "a request's max_tokens (a load generator).",
+        ),
+    ] = 0,
     unload_s: Annotated[
         float, typer.Option(min=0, help="Seconds a stop takes, like freeing the device.")
     ] = 0.0,
@@ -520,6 +529,7 @@ def sim_backend_cmd(
         tokens_per_s,
         parallel,
         max_tokens,
+        answer_tokens=answer_tokens,
         unload_s=unload_s,
         sleep_s=sleep_s,
         wake_s=wake_s,
