@@ -189,3 +189,35 @@ server: {{log_dir: LOG_DIR}}
             assert last_first < first_end, runs  # all four decoding together
         else:
             assert last_first > first_end, runs  # one at a time
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_the_real_server_generating(
+    llama: Gateway,
+) -> None:
+    """Issue 48: a non-streamed chat without `max_tokens` (as the Agents SDK, pydantic-ai and
+    aider send it) would generate toward the whole 2,048-token context; the client leaves after
+    2 s. llama-server's own slot stops processing (its /slots, asked directly) and the model's
+    next request is answered; the activity log says 499."""
+    import httpx
+
+    client = llama.client(max_retries=0, timeout=120)
+    client.chat.completions.create(model="gemma-chat", messages=CAPITALS, max_tokens=1)
+    proxy = llama.status(auth=True)["models"]["gemma-chat"]["proxy"]
+    story = [{"role": "user", "content": "Tell me a very long story about a dragon."}]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{llama.url}/v1/chat/completions",
+            json={"model": "gemma-chat", "messages": story, "temperature": 1.0},
+            timeout=2.0,
+        )
+    left_at = time.monotonic()
+    busy = True
+    while busy and time.monotonic() - left_at < 30:
+        slots = httpx.get(f"{proxy}/slots", timeout=10).json()
+        busy = any(s["is_processing"] for s in slots)
+        time.sleep(0.1)
+    assert not busy
+    out = client.chat.completions.create(model="gemma-chat", messages=CAPITALS, max_tokens=2)
+    assert out.choices[0].message.content is not None
+    seen = [a for a in llama.status()["activity"] if a["model"] == "gemma-chat"]
+    assert 499 in [a["status"] for a in seen]

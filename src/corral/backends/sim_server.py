@@ -145,6 +145,12 @@ def _prompt_text(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
 
 
+async def _left(request: Request) -> None:
+    """Returns when the client has gone (its body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def process_age_s() -> float:
     """Seconds since this process started (Linux's /proc; 0 where it cannot be read)."""
     try:
@@ -174,6 +180,7 @@ class SimServer:
             settings.load_s, settings.sleep_s, settings.wake_s, settings.wake2_s, settings.memory_gb
         )
         self.served = 0  # requests answered, in /health: tells a model's copies' work apart
+        self.cancelled = 0  # whole answers whose client left first (their work stopped)
         self.per_token_s = 1.0 / settings.tokens_per_s
         self.prompts = (
             SimSlots(
@@ -200,6 +207,7 @@ class SimServer:
                 "started_at": self.started_epoch,
                 "ready_at": self.nap.woke_at or self.ready_epoch,
                 "served": self.served,
+                "cancelled": self.cancelled,
                 **self.nap.status(),
             }
         )
@@ -245,7 +253,7 @@ class SimServer:
         answer = sim_chat.Answer(body, rid, chat, model, words, len(prompt.split()), size.cut)
         cache = self.prompts
         if cache is None:
-            return await self.reply(answer, bool(body.get("stream")), bytes)
+            return await self.reply(answer, bool(body.get("stream")), bytes, request=request)
         said = prompt.split()
         slot, cached = cache.take(said, body.get("id_slot"))
         timings = cache.timings(len(said), cached)
@@ -254,9 +262,11 @@ class SimServer:
             events = self.play(answer.events(), bytes, prefill_s, lambda: cache.done(slot, said))
             return StreamingResponse(events, media_type="text/event-stream")
         try:
-            whole = await self.reply(answer, False, bytes, prefill_s)
+            whole = await self.reply(answer, False, bytes, prefill_s, request)
         finally:
             cache.done(slot, said)
+        if whole.status_code != 200:  # the client left
+            return whole
         out = json.loads(bytes(whole.body))
         return JSONResponse({**out, "timings": timings})
 
@@ -339,15 +349,30 @@ class SimServer:
         stream: bool,
         write: Callable[[T], bytes],
         prefill_s: float = 0.0,
-    ) -> JSONResponse | StreamingResponse:
+        request: Request | None = None,
+    ) -> Response:
         """An answer whole, after its prompt's and its tokens' time in a slot, or streamed
-        (`play`)."""
+        (`play`). Like llama-server, a client that leaves (`request`'s connection closes)
+        cancels the work and frees the slot at once."""
         if stream:
             events = self.play(answer.events(), write)
             return StreamingResponse(events, media_type="text/event-stream")
         self.served += 1
         async with self.slots:
-            await asyncio.sleep(prefill_s + answer.pieces * self.per_token_s)
+            work = asyncio.ensure_future(
+                asyncio.sleep(prefill_s + answer.pieces * self.per_token_s)
+            )
+            waits: set[asyncio.Future[Any]] = {work}
+            if request is not None:
+                waits.add(asyncio.ensure_future(_left(request)))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if not work.done() or work.cancelled():
+                self.cancelled += 1
+                return Response(status_code=499)  # nobody reads it
         return JSONResponse(answer.whole())
 
     async def play(
@@ -383,7 +408,7 @@ class SimServer:
         answer = sim_messages.Answer(
             body, self.settings.model, _words(prompt, size.tokens), size.cut
         )
-        return await self.reply(answer, bool(body.get("stream")), sim_messages.sse)
+        return await self.reply(answer, bool(body.get("stream")), sim_messages.sse, request=request)
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API: text, tools, structured output, whole or streamed."""
@@ -395,7 +420,9 @@ class SimServer:
         size = self.length(prompt, body.get("max_output_tokens"))
         words = _words(prompt, size.tokens)
         answer = sim_responses.Answer(body, self.settings.model, words, size.cut)
-        return await self.reply(answer, bool(body.get("stream")), sim_responses.sse)
+        return await self.reply(
+            answer, bool(body.get("stream")), sim_responses.sse, request=request
+        )
 
     async def input_tokens(self, request: Request) -> Response:
         """How many tokens a Responses request's input is (words, for the sim)."""

@@ -454,6 +454,25 @@ def _serve(
     )
 
 
+_AnswerTokens = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Answer like a model: about this many tokens (0.5x-1.5x by the prompt), ending "
+        "with finish_reason stop, cut only by a smaller max_tokens. 0: as many as a request's "
+        "max_tokens (a load generator).",
+    ),
+]
+_PrefillTokS = Annotated[
+    float | None,
+    typer.Option(
+        min=0.001,
+        help="A prompt cache per slot: prompts processed at this many words a second where "
+        "their slot does not hold them, and llama-server's /slots API.",
+    ),
+]
+
+
 @app.command(name="sim-backend")
 def sim_backend_cmd(
     model: Annotated[str, typer.Option(help="The model id it serves.")],
@@ -468,15 +487,7 @@ def sim_backend_cmd(
     max_tokens: Annotated[
         int, typer.Option(min=0, help="Tokens per answer when a request does not say.")
     ] = 16,
-    answer_tokens: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Answer like a model: about this many tokens (0.5x-1.5x by the prompt), "
-            "ending with finish_reason stop, cut only by a smaller max_tokens. 0: as many as "
-            "a request's max_tokens (a load generator).",
-        ),
-    ] = 0,
+    answer_tokens: _AnswerTokens = 0,
     unload_s: Annotated[
         float, typer.Option(min=0, help="Seconds a stop takes, like freeing the device.")
     ] = 0.0,
@@ -496,14 +507,7 @@ def sim_backend_cmd(
         bool, typer.Option(help="Serve the sleep endpoints (vLLM's and SGLang's).")
     ] = True,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    prefill_tok_s: Annotated[
-        float | None,
-        typer.Option(
-            min=0.001,
-            help="A prompt cache per slot: prompts processed at this many words a second where "
-            "their slot does not hold them, and llama-server's /slots API.",
-        ),
-    ] = None,
+    prefill_tok_s: _PrefillTokS = None,
     state_tok_s: Annotated[
         float, typer.Option(min=0.001, help="Words a second a slot is saved or restored at.")
     ] = 200_000.0,

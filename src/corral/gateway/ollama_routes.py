@@ -108,7 +108,6 @@ class OllamaDoor:
         self.px = px
         self.config = px.config
         self.gateway = px.gateway
-        self._told: set[str] = set()  # models whose dropped tools were logged
 
     async def handle(self, request: Request, path: str) -> Response:
         try:
@@ -170,8 +169,6 @@ class OllamaDoor:
                 if not data.get("messages"):
                     return await self.bare(call, keep, reply)
                 path, body = "/v1/chat/completions", chat_request(data, served)
-                if "tools" in body and not self._takes_tools(model):
-                    del body["tools"]
             elif kind == "generate":
                 if not data.get("prompt") and not data.get("images"):
                     return await self.bare(call, keep, reply)
@@ -193,23 +190,6 @@ class OllamaDoor:
         if path == FILL_PATH and response.status_code in (404, 501):
             return _no_insert(name, response)
         return response  # its errors written by `reply` (the call's dialect)
-
-    def _takes_tools(self, model: str) -> bool:
-        """Whether `model`'s server can take `tools`. Not a model whose capabilities say no (a
-        GGUF whose chat template has no tools: llama-server refuses them with a 500). Open
-        WebUI sends its built-in tools with every chat, so they are left out, said once, and the
-        model answers in text, rather than every chat failing."""
-        caps = self.config.models[model].capabilities
-        if caps is None or caps.tools:
-            return True
-        if model not in self._told:
-            self._told.add(model)
-            log.info(
-                "model %s: its chat template takes no tools; tools sent with a chat are left "
-                "out (capabilities.tools is false)",
-                model,
-            )
-        return False
 
     async def bare(self, call: Call, keep: float | None, reply: OllamaAnswer) -> Response:
         """Nothing to generate: `keep_alive: 0` unloads the model once idle; otherwise the

@@ -8,6 +8,8 @@ leaves mid-stream closes the upstream request and frees the slot."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +25,14 @@ from corral.gateway.admission import Slot, Turns, disconnected
 from corral.gateway.calls import Call, Reader
 from corral.gateway.cluster import Cluster, Unreachable
 from corral.gateway.coalesce import Coalescer
-from corral.gateway.errors import GatewayError, UpstreamFailed, upstream_body, upstream_message
+from corral.gateway.errors import (
+    ClientLeft,
+    GatewayError,
+    InvalidRequest,
+    UpstreamFailed,
+    upstream_body,
+    upstream_message,
+)
 from corral.gateway.loading import LoadingStream
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
@@ -109,10 +118,51 @@ class Proxy:
         return c
 
     async def serve(self, call: Call) -> Response:
-        """Wait for the model's turn, then `answer`."""
+        """Wait for the model's turn, then `answer`, unless the client leaves first: then the
+        upstream request is closed (the server stops generating and frees its slot), the
+        model's turn goes to the next request at once, and the activity log says 499."""
+        refused = self._takes_none(call)
+        if refused is not None:
+            raise InvalidRequest(refused, param="tools", code="tools_not_supported")
         gone = functools.partial(disconnected, call.request)
         async with self.turns.admit(call.model, call.priority, gone) as slot:
-            return await self.answer(call, slot)
+            answering = asyncio.ensure_future(self.answer(call, slot))
+            left = asyncio.ensure_future(gone())
+            try:
+                await asyncio.wait({answering, left}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                answering.cancel()
+                raise
+            finally:
+                left.cancel()
+            if answering.done():  # answered (or refused) before the client left
+                return answering.result()
+            answering.cancel()  # closes the upstream connection: llama-server cancels its task
+            with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                await answering
+            slot.release()  # counted where the refusal is answered (the door), logged here
+            self.gateway.activity.record(
+                call.model, call.request.scope["path"], ClientLeft.status, slot.device,
+                slot.wait_s, slot.swaps_waited, slot.arrived, None, None,
+            )  # fmt: skip
+            raise ClientLeft()
+
+    def _takes_none(self, call: Call) -> str | None:
+        """Why the call's `tools` cannot be served, or None. A model whose capabilities say it
+        takes no tools (a GGUF whose template renders none: llama-server answers `tools` with
+        a 500, which clients retry) is refused at once, at every door alike, as Ollama refuses
+        them: not retryable, nothing loaded."""
+        data = call.data
+        if data is None or not data.get("tools"):
+            return None
+        caps = self.config.models[call.model].capabilities
+        if caps is None or caps.tools:
+            return None
+        return (
+            f"model {call.model} does not support tools: its chat template renders none "
+            "(capabilities.tools is false). Send the request without `tools`, or choose a model "
+            "whose template takes them (/v1/models and /api/show list each model's capabilities)"
+        )
 
     async def answer(self, call: Call, slot: Slot) -> Response:
         """In the slot's turn: send the call to the model's server and relay its answer, whole
@@ -234,7 +284,8 @@ class Proxy:
                 if after is not None:
                     after(tail)
                 tokens = completion_tokens(tail) or (texts or None)
-                self._observe(call, slot, resp.status, first_byte, tokens, tail)
+                status = ClientLeft.status if stream.cut else resp.status  # left mid-answer
+                self._observe(call, slot, status, first_byte, tokens, tail)
 
         slot.keep()
         out_headers = self._headers(resp, slot)
@@ -248,7 +299,7 @@ class Proxy:
             resp.close()
             ended()
 
-        return ModelStream(
+        stream = ModelStream(
             body_iterator,
             self.config.server.stream_send_timeout_s,
             f"model {model}",
@@ -256,6 +307,7 @@ class Proxy:
             status_code=resp.status,
             headers=out_headers,
         )
+        return stream
 
     def _headers(self, resp: ClientResponse, slot: Slot) -> dict[str, str]:
         """The server's answer headers, less the hop-by-hop ones, and Corral's own."""

@@ -50,6 +50,7 @@ class ModelStream(StreamingResponse):
         self.what = what
         self._closed = closed
         self._gone = False
+        self.cut = False  # it ended early: the client left, stalled or the task was cancelled
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
         await super().listen_for_disconnect(receive)
@@ -58,6 +59,7 @@ class ModelStream(StreamingResponse):
         # buffered data to read never waits, so the stream ran on to its end (and held the
         # model's slot). The next send stops it instead.
         self._gone = True
+        self.cut = True  # before the cancellation reaches the body, whose `finally` reads it
 
     async def stream_response(self, send: Send) -> None:
         async def timed(message: Message) -> None:
@@ -87,6 +89,7 @@ class ModelStream(StreamingResponse):
             if not ended:
                 # Stalled, left or cancelled: close the body now, so its `finally` frees the
                 # slot, rather than whenever the garbage collector finalizes it.
+                self.cut = True
                 aclose = getattr(self.body_iterator, "aclose", None)
                 if aclose is not None:
                     with anyio.CancelScope(shield=True):

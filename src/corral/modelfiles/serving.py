@@ -145,7 +145,6 @@ def fitting(
 
 def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
     """The configuration of found model `m`, served by `server`, packed by `memory`."""
-    template = m.info.chat_template or ""
     return ModelConfig(
         cmd=m.command(server),
         memory_gb=round(memory.gb, 3),
@@ -153,7 +152,7 @@ def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
         capabilities=CapabilitiesConfig(
             inputs=["text", "image"] if m.projector is not None else ["text"],
             outputs=["text"],
-            tools="tools" in template,  # the template renders a tool list
+            tools=m.takes_tools,
             context=m.context,
         ),
         # What Ollama's /api/tags and /api/show report (gateway/ollama_routes.py).

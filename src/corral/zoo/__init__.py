@@ -31,9 +31,10 @@ def make(
     quant: str = "q4_0",
     progress: Callable[[int, int], None] | None = None,
     weights: bool = True,
+    template: bool = True,
 ) -> ZooFile:
     """One zoo model in `folder`: tiny (`size_gb` None) or near `size_gb` GB; `weights` False:
-    its header alone, the data a hole (see `write`)."""
+    its header alone, the data a hole; `template` False: no chat template (see `write`)."""
     if arch not in ARCHS:
         raise ValueError(f"no zoo architecture {arch!r}; there are: {', '.join(ARCHS)}")
     if size_gb is not None and not 0.05 <= size_gb <= 200:
@@ -42,7 +43,10 @@ def make(
     dims = tiny_dims(a) if size_gb is None else sized_dims(a, int(size_gb * 1e9), quant)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / file_name(arch, size_gb)
-    return write(arch, path, dims, seed=seed, quant=quant, progress=progress, weights=weights)
+    return write(
+        arch, path, dims, seed=seed, quant=quant, progress=progress, weights=weights,
+        template=template,
+    )  # fmt: skip
 
 
 def make_zoo(

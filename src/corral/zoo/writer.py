@@ -109,10 +109,12 @@ def write(
     quant: str = "q4_0",
     progress: Callable[[int, int], None] | None = None,
     weights: bool = True,
+    template: bool = True,
 ) -> ZooFile:
     """Writes the model to `path` (replaced whole: written beside it, then renamed).
     `weights` False leaves the tensors' data a hole of its size (a sparse file): a header for
-    readers of metadata (estimates from the file), nothing a server can load."""
+    readers of metadata (estimates from the file), nothing a server can load. `template`
+    False: no chat template (as many converted GGUFs carry none)."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     arch = ARCHS[arch_name]
@@ -121,7 +123,7 @@ def write(
     tensors = arch.tensors(dims)
     part = path.with_name(path.name + ".part")
     writer = GGUFWriter(str(part), arch.name)
-    _metadata(writer, arch, dims, quant, path.stem)
+    _metadata(writer, arch, dims, quant, path.stem, template)
     kinds = {
         "f32": GGMLQuantizationType.F32,
         "f16": GGMLQuantizationType.F16,
@@ -162,7 +164,9 @@ def write(
     return ZooFile(path, arch.name, dims, quant, total)
 
 
-def _metadata(writer: object, arch: Arch, dims: Dims, quant: str, name: str) -> None:
+def _metadata(
+    writer: object, arch: Arch, dims: Dims, quant: str, name: str, template: bool = True
+) -> None:
     from gguf import GGUFValueType, GGUFWriter
 
     assert isinstance(writer, GGUFWriter)
@@ -190,7 +194,8 @@ def _metadata(writer: object, arch: Arch, dims: Dims, quant: str, name: str) -> 
     writer.add_eot_token_id(vocab.eos)
     writer.add_pad_token_id(vocab.bos)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    if template:
+        writer.add_chat_template(CHAT_TEMPLATE)
 
 
 def _data(name: str, shape: Shape, kind: str, seed: int) -> np.ndarray:
