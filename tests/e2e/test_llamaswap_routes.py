@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httpx
 import openai
@@ -287,6 +287,9 @@ models:
                 first_s = time.monotonic() - began
             if not chunk.choices:
                 continue
+            assert chunk.id
+            assert chunk.created > 0
+            assert chunk.model == "slow-loader"  # every chunk whole, progress included
             delta = chunk.choices[0].delta
             extra = delta.model_extra or {}
             if extra.get("reasoning_content"):
@@ -296,16 +299,34 @@ models:
             if delta.content:
                 content.append(delta.content)
         told = "".join(thinking)
-        assert told.startswith("Waiting for model slow-loader to load")
+        assert told.startswith("[corral] waiting for model slow-loader to load\n")
         # The stream was open during the 2 s load, not started after it: it said how long it
-        # had waited at least once (every 0.75 s) before the model was ready, and its first
-        # chunk came before the ready one. (Asserted against the gateway's own order, not a
-        # wall-clock bound that a busy machine stretches.)
-        assert re.search(r"\.\.\. \d+ s\n.*is ready after", told, re.S), told
+        # had waited at least once (a line per whole second, none repeated) before the model
+        # was ready, and its first chunk came before the ready one. (Asserted against the
+        # gateway's own order, not a wall-clock bound that a busy machine stretches.)
+        seconds = re.findall(r"^\[corral\] (\d+) s$", told, re.M)
+        assert seconds
+        assert len(seconds) == len(set(seconds))
+        assert re.search(r"\[corral\] \d+ s\n.*is ready after", told, re.S), told
+        assert all(line.startswith("[corral] ") for line in told.splitlines())
         assert first_s is not None
         assert ready_s is not None
         assert first_s < ready_s
-        assert len("".join(content).split()) == 3  # then the model's own answer
+        answer = "".join(content)
+        assert len(answer.split()) == 3  # then the model's own answer
+        # A client sends the answer back, progress and all (OpenCode sends the reasoning back
+        # with every later request; some merge it into the text): the model never sees it.
+        prompts = []
+        for said in ({"content": answer}, {"content": told + answer, "reasoning_content": told}):
+            turns: Any = [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", **said},
+                {"role": "user", "content": "and then?"},
+            ]
+            again = c.chat.completions.create(model="slow-loader", messages=turns, max_tokens=2)
+            assert again.usage is not None
+            prompts.append(again.usage.prompt_tokens)
+        assert prompts[0] == prompts[1]
         # a model that opts out streams only its answer
         quiet = c.chat.completions.create(
             model="quiet", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True

@@ -15,6 +15,7 @@ from starlette.formparsers import MultiPartParser
 
 from corral.backends.base import Backend
 from corral.config import Config, FiltersConfig
+from corral.gateway import progress
 from corral.gateway.errors import BodyTooLarge, InvalidRequest, ModelNotFound
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
@@ -171,9 +172,18 @@ def outgoing(
     """What `model`'s server (which knows it as `served`) gets of the JSON object `data`, as an
     object and as bytes: the request named the model `name`; `sent`, its body as it came, goes
     on as it is when nothing changes. The server's own name for the model, no `priority`, the
-    model's llama-swap filters (every door, and the Batch API's lines, send through this)."""
+    model's llama-swap filters, no loading progress of Corral's in its assistant turns (every
+    door, and the Batch API's lines, send through this)."""
     m = config.models[model]
-    if sent is not None and name == served and "priority" not in data and m.filters is None:
+    # Corral's own loading progress, sent back by the client as the model's reasoning: out.
+    stripped = (sent is None or progress.MARK_BYTES in sent) and progress.strip(data)
+    if (
+        sent is not None
+        and not stripped
+        and name == served
+        and "priority" not in data
+        and m.filters is None
+    ):
         return data, sent
     out = {k: v for k, v in data.items() if k != "priority"}
     if m.filters is not None:

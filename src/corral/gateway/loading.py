@@ -1,6 +1,8 @@
 """llama-swap's `sendLoadingState`: a streamed chat request that has to wait for its model gets
 its stream at once, with the wait told as reasoning text (`delta.reasoning_content`, which chat
-UIs show as the model's thinking) until the model's answer follows in the same stream.
+UIs show as the model's thinking), a line per whole second, until the model's answer follows in
+the same stream. Each line is marked (`progress.MARK`): clients send an answer's reasoning back
+with their next request, and the gateway takes Corral's lines out before a model sees them.
 
 Only for streamed `/v1/chat/completions`, as llama-swap does it. The 200 is sent before the
 model is ready, so anything that goes wrong afterwards (a failed load, the wait bound, a server
@@ -14,18 +16,20 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol
 
 from fastapi.responses import Response, StreamingResponse
 
 from corral.config import Config
+from corral.gateway import progress
 from corral.gateway.admission import Slot, Turns
 from corral.gateway.calls import Call
 from corral.gateway.errors import GatewayError, stream_error
 from corral.gateway.streams import ModelStream
 
-TICK_S = 0.75  # llama-swap's pace of loading updates
+TICK_S = 0.25  # how often the wait is looked at; a line is told per whole second
 
 
 class Answer(Protocol):
@@ -34,10 +38,18 @@ class Answer(Protocol):
     def __call__(self, call: Call, slot: Slot) -> Awaitable[Response]: ...
 
 
-def _thinking(text: str) -> bytes:
+def _thinking(rid: str, model: str, text: str, first: bool = False) -> bytes:
+    """One chunk of progress, whole as OpenAI's (id, created, model), its text marked
+    (`progress.line`) so that it is taken out of the conversation when a client sends it back."""
+    delta: dict[str, str] = {"reasoning_content": progress.line(text)}
+    if first:
+        delta = {"role": "assistant", **delta}
     chunk = {
+        "id": rid,
         "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": {"reasoning_content": text}}],
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
     }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
@@ -72,8 +84,10 @@ class LoadingStream:
 
     async def _events(self, call: Call, slot: Slot) -> AsyncIterator[bytes]:
         model, timeout_s = slot.model, self.config.models[slot.model].request_timeout_s
+        rid, told_s = f"chatcmpl-corral-{uuid.uuid4().hex[:20]}", 0
+        name = str((call.data or {}).get("model") or model)  # as the client named it
         try:
-            yield _thinking(f"Waiting for model {model} to load (Corral)\n")
+            yield _thinking(rid, name, f"waiting for model {model} to load", first=True)
             while not slot.turn.done():
                 if time.monotonic() - slot.arrived > timeout_s:
                     yield stream_error(
@@ -82,11 +96,13 @@ class LoadingStream:
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(slot.turn), TICK_S)
-                if not slot.turn.done():
-                    yield _thinking(f"... {time.monotonic() - slot.arrived:.0f} s\n")
+                waited_s = int(time.monotonic() - slot.arrived)
+                if not slot.turn.done() and waited_s > told_s:  # a line per whole second
+                    told_s = waited_s
+                    yield _thinking(rid, name, f"{waited_s} s")
             try:
                 async with self.turns.turn(slot) as held:
-                    yield _thinking(f"Model {model} is ready after {held.wait_s:.1f} s\n\n")
+                    yield _thinking(rid, name, f"model {model} is ready after {held.wait_s:.1f} s")
                     answer = await self.answer(call, held)
             except GatewayError as exc:
                 yield self._refused(call, exc)
