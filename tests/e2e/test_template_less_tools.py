@@ -63,7 +63,8 @@ def test_corrals_template_takes_tools_where_the_gguf_carries_none(gw: Gateway) -
             messages=ASK,
             tools=[WEATHER],
             tool_choice="required",
-            max_tokens=200,
+            parallel_tool_calls=False,
+            max_tokens=80 if name == "gemma" else 1,  # its call comes within 60 tokens
             temperature=0,
         )
         assert out.usage is not None
