@@ -33,6 +33,8 @@ def demo_config(listen: str = "127.0.0.1:8080") -> Config:
             f"--load-s {load_s:g} --tokens-per-s {tps:g} --parallel {parallel} "
             f"--answer-tokens {answer_tokens}",
             "stop_grace_s": 2,
+            # The sim answers tools (tool_choice honoured): said, so clients offer them.
+            "capabilities": {"inputs": ["text"], "outputs": ["text"], "tools": True},
         }
     return parse_config(
         json.dumps({"models": models, "server": {"listen": listen}}), "<built-in demo>"

@@ -373,7 +373,9 @@ def _capabilities(m: ModelConfig) -> list[str]:
 def _entry(name: str, m: ModelConfig) -> dict[str, Any]:
     size = m.metadata.get("size_bytes")
     file = m.metadata.get("file", "")
-    digest = hashlib.sha256(f"{name}\0{file}\0{size}".encode()).hexdigest()
+    # Ollama's clients cache what a model can do by its digest: it changes with capabilities.
+    said = ",".join(_capabilities(m))
+    digest = hashlib.sha256(f"{name}\0{file}\0{size}\0{said}".encode()).hexdigest()
     return {
         "name": tag_of(name),
         "model": tag_of(name),
