@@ -1,8 +1,9 @@
 """Tools on GGUFs that carry no chat template (issue 48), on the real llama-server through
-`corral serve --models DIR`: where Corral has a template for the architecture (gemma3 here, the
-packaged gemma; qwen3, a zoo file written without one) the server takes `tools` and answers
-with a parsed tool call; where it has none (deepseek2), both doors refuse `tools` at once with
-the same 400 naming the model and why, not a retryable 500, and nothing is loaded for it."""
+`corral serve` with a models folder: Corral's template for the architecture (gemma3 here, the
+packaged gemma; qwen3 and deepseek2, zoo files written without one, get ChatML's) takes `tools`
+and the server answers with a parsed tool call. A configured llama-server started with
+`--no-jinja` takes none: both doors refuse `tools` at once with the same 400 naming the model
+and why, not a retryable 500, and nothing is loaded for it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ollama
 import openai
 import pytest
 
+from corral.modelfiles.folder import find_llama_server
 from corral.zoo import make
 from tests.e2e.test_models_folder import serving
 from tests.support.gateway import Gateway
@@ -42,7 +44,13 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     gemma_gguf(folder / "gemma.gguf")
     make("qwen3", folder, template=False)
     make("deepseek2", folder, template=False)
-    gen = serving(["--models", str(folder)], tmp_path_factory.mktemp("home"))
+    config = folder.parent / f"{folder.name}.yaml"
+    server, gguf = find_llama_server(None), folder / "gemma.gguf"
+    config.write_text(
+        f"models_dir: [{folder}]\nmodels:\n  plain:\n"
+        f"    cmd: {server} -m {gguf} --port ${{PORT}} --no-jinja --chat-template gemma\n"
+    )
+    gen = serving(["--config", str(config)], tmp_path_factory.mktemp("home"))
     g, _ = next(gen)
     try:
         yield g
@@ -52,10 +60,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 def test_corrals_template_takes_tools_where_the_gguf_carries_none(gw: Gateway) -> None:
     """The packaged gemma (a real model) calls the tool, parsed back into `tool_calls`; the
-    random-weight qwen3 answers with the tools in its prompt (more tokens than without)."""
+    random-weight qwen3 and deepseek2 answer with the tools in their prompts (more tokens than
+    without)."""
     client = gw.client(max_retries=0, timeout=240)
     listed = {m["id"]: m for m in httpx.get(f"{gw.url}/v1/models").json()["data"]}
-    for name in ("gemma", "qwen3-tiny"):
+    for name in ("gemma", "qwen3-tiny", "deepseek2-tiny"):
         assert listed[name]["capabilities"].get("function_calling") is True
         bare = client.chat.completions.create(model=name, messages=ASK, max_tokens=1)
         out = client.chat.completions.create(
@@ -80,7 +89,7 @@ def test_corrals_template_takes_tools_where_the_gguf_carries_none(gw: Gateway) -
 
 
 def test_a_model_that_takes_no_tools_is_refused_alike_at_both_doors(gw: Gateway) -> None:
-    name = "deepseek2-tiny"
+    name = "plain"
     listed = {m["id"]: m for m in httpx.get(f"{gw.url}/v1/models").json()["data"]}
     assert not listed[name].get("capabilities", {}).get("function_calling")
     client = gw.client(max_retries=0, timeout=60)

@@ -12,6 +12,7 @@ from corral.config import Config
 from corral.errors import CorralError
 from corral.gateway.demo import data_dir, demo_config
 from corral.llamaswap import load_config_file
+from corral.modelfiles.capabilities import capabilities_of
 from corral.modelfiles.engine import EngineFigures
 from corral.modelfiles.serving import with_folders
 from corral.policy_names import POLICY_NAMES
@@ -63,6 +64,7 @@ def compose(opts: ServeOptions) -> Composed:
         notes += [f"ignored  {key}: {why}" for key, why in (mapping.ignored if mapping else ())]
         exposed = warn_if_exposed(Path(opts.config_path), config)
         warnings += [exposed] if exposed is not None else []
+    config = with_capabilities(config)
     folders = [Path(x) for x in config.models_dir] + folders_given
     if folders:
         figures = EngineFigures(engine_figures_path(config))
@@ -107,3 +109,15 @@ def _served(config: Config, title: str) -> list[str]:
             "requests to them)"
         )
     return out
+
+
+def with_capabilities(config: Config) -> Config:
+    """`config` with each `cmd:` model that declares no capabilities given those its command
+    shows (`modelfiles.capabilities`): what listings say and which `tools` are refused."""
+    models = dict(config.models)
+    for name, m in config.models.items():
+        if m.cmd is not None and m.capabilities is None:
+            found = capabilities_of(m.cmd)
+            if found is not None:
+                models[name] = m.model_copy(update={"capabilities": found})
+    return config.model_copy(update={"models": models})

@@ -25,18 +25,19 @@ from corral.modelfiles.ollama_store import is_store, scan_store
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})$")
 DEFAULT_CONTEXT = 8192  # what a model gets unless it was trained for less
 # Corral's chat templates (templates/*.jinja), for GGUFs that carry none of their own, by
-# architecture: each renders the family's turns and offers tools as Hermes' <tool_call> JSON,
-# which llama-server parses back into tool calls. llama.cpp's own built-in templates (its
-# `--no-jinja --chat-template NAME`) take no tools: a 500 for every agent's request (issue 48).
+# architecture (ChatML for the rest, as llama-server falls back to): each renders the family's
+# turns and offers tools as Hermes' <tool_call> JSON, which llama-server parses back into tool
+# calls. llama.cpp's own built-in templates (`--no-jinja --chat-template NAME`) take no tools:
+# a 500 for every agent's request (issue 48).
 BUILTIN_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml",
                      "qwen3": "chatml", "phi3": "phi3"}  # fmt: skip
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-def builtin_template(architecture: str) -> Path | None:
-    """Corral's template file for a GGUF of `architecture` that carries none, or None."""
-    name = BUILTIN_TEMPLATES.get(architecture)
-    return None if name is None else TEMPLATES / f"{name}.jinja"
+def builtin_template(architecture: str) -> Path:
+    """Corral's template file for a GGUF of `architecture` that carries none: its family's,
+    else ChatML's (what llama-server itself falls back to, here with tools)."""
+    return TEMPLATES / f"{BUILTIN_TEMPLATES.get(architecture, 'chatml')}.jinja"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +51,15 @@ class FoundModel:
     def command(self, server: str) -> str:
         """The llama-server command that serves it (`${PORT}` filled in by Corral). The GGUF's
         own chat template when it carries one (--jinja), else Corral's for its architecture
-        where there is one (BUILTIN_TEMPLATES; tools included), else llama-server's generic
-        one (which takes no tools: `takes_tools`)."""
+        (BUILTIN_TEMPLATES, else ChatML; tools included)."""
         argv = [server, "-m", str(self.info.path), "--port", PORT, "--alias", self.name]
         argv += ["--ctx-size", str(self.context)]
         if self.projector is not None:
             argv += ["--mmproj", str(self.projector)]
-        template = builtin_template(self.info.architecture)
         if self.info.chat_template:
             argv.append("--jinja")
-        elif template is not None:
+        else:
+            template = builtin_template(self.info.architecture)
             argv += ["--jinja", "--chat-template-file", str(template)]
         # Paths and names are data: quoted for the shell-like split, and their `${` escaped.
         return " ".join(a if a is PORT else shlex.quote(escape_macros(a)) for a in argv)
@@ -67,11 +67,9 @@ class FoundModel:
     @property
     def takes_tools(self) -> bool:
         """Whether its server takes `tools`: its own template renders a tool list, or it has
-        none and Corral's for its architecture is used (which does)."""
+        none and Corral's is used (which does)."""
         own = self.info.chat_template
-        if own:
-            return "tools" in own
-        return builtin_template(self.info.architecture) is not None
+        return "tools" in own if own else True
 
 
 PORT = "${PORT}"  # the one macro in a command built from files
