@@ -34,6 +34,7 @@ from corral.gateway.errors import (
     upstream_message,
 )
 from corral.gateway.loading import LoadingStream
+from corral.gateway.props import KeptProps
 from corral.gateway.runtime import Gateway
 from corral.gateway.streams import ModelStream
 from corral.gateway.upstream import DROP_BACK, DROP_RAW, Upstream, relay
@@ -58,6 +59,7 @@ class Proxy:
         self.reader = Reader(config, gateway.backends, self.max_body)
         self._coalescers: dict[str, Coalescer] = {}
         self._loading = LoadingStream(config, self.turns, self.answer)
+        self.props = KeptProps(config)
 
     # --- entries ------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
@@ -121,6 +123,8 @@ class Proxy:
         """Wait for the model's turn, then `answer`, unless the client leaves first: then the
         upstream request is closed (the server stops generating and frees its slot), the
         model's turn goes to the next request at once, and the activity log says 499."""
+        if call.path == "/props" and call.request.method == "GET" and not self._ready(call):
+            return self.props.answer(call.model)  # a probe never loads the model
         refused = self._takes_none(call)
         if refused is not None:
             raise InvalidRequest(refused, param="tools", code="tools_not_supported")
@@ -146,6 +150,11 @@ class Proxy:
                 slot.wait_s, slot.swaps_waited, slot.arrived, None, None,
             )  # fmt: skip
             raise ClientLeft()
+
+    def _ready(self, call: Call) -> bool:
+        """Whether the call's model is loaded and ready now (in this node's scheduler)."""
+        record = self.gateway.scheduler.models.get(call.model) if self.gateway.scheduler else None
+        return record is not None and record.state.value == "ready"
 
     def _takes_none(self, call: Call) -> str | None:
         """Why the call's `tools` cannot be served, or None. A model whose capabilities say it
@@ -216,6 +225,8 @@ class Proxy:
         """The answer read whole: one response message instead of a chunk loop. `after` runs
         once the answer has ended, with its last bytes (its prompt cache's bookkeeping)."""
         resp.release()
+        if call.path == "/props" and resp.status == 200:
+            self.props.keep(call.model, content)
         tail = content[-TAIL_BYTES:]
         if after is not None:
             after(tail)
