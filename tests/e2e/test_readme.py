@@ -4,8 +4,8 @@ error it shows, produced by `corral config check` on the file it describes."""
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +24,22 @@ README = (Path(__file__).parents[2] / "README.md").read_text()
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```$", README, flags=re.S | re.M)
+    """The README's fenced blocks in `language` ("": no language), each fence opened and closed
+    in order (a closing fence is not the opening of the next block)."""
+    found: list[str] = []
+    current: list[str] = []
+    lang: str | None = None
+    for line in README.splitlines(keepends=True):
+        if line.startswith("```"):
+            if lang is None:
+                lang, current = line[3:].strip(), []
+            else:
+                if lang == language:
+                    found.append("".join(current))
+                lang = None
+        elif lang is not None:
+            current.append(line)
+    return found
 
 
 def python_block(marker: str) -> str:
@@ -119,3 +134,45 @@ def test_the_demo_answers_an_agents_32000_token_requests_like_a_model(demo: str)
         assert r.choices[0].finish_reason == "stop"
         assert r.usage is not None
         assert 0 < r.usage.completion_tokens <= 200
+
+
+def test_corral_launch_opencode_starts_it_on_the_demos_models(demo: str, tmp_path: Path) -> None:
+    """`corral launch opencode` against `make run`: it reads the demo's listing, writes
+    OpenCode's configuration and starts `opencode` (a stand-in on PATH that records what it
+    was given) with it and the arguments after `--`; `--print` shows the same, starting
+    nothing; no Corral at the URL is a clear error."""
+    fake = tmp_path / "bin" / "opencode"
+    fake.parent.mkdir()
+    fake.write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD.args"\ncp "$OPENCODE_CONFIG" "$RECORD.json"\n'
+    )
+    fake.chmod(0o755)
+    record = tmp_path / "record"
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "RECORD": str(record),
+           "XDG_DATA_HOME": str(tmp_path / "data")}  # fmt: skip
+    url = f"http://{demo}"
+    ran = subprocess.run(
+        [CORRAL, "launch", "opencode", "--url", url, "--", "run", "fix the bug"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert record.with_suffix(".args").read_text().splitlines() == ["run", "fix the bug"]
+    config = json.loads(record.with_suffix(".json").read_text())
+    provider = config["provider"]["corral"]
+    assert provider["options"]["baseURL"] == f"{url}/v1"
+    assert sorted(provider["models"]) == ["coder-7b", "explorer-3b", "orchestrator-14b"]
+    assert config["model"] == "corral/coder-7b"
+    assert config["small_model"] == "corral/explorer-3b"
+    printed = subprocess.run(
+        [CORRAL, "launch", "opencode", "--url", url, "--print"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert printed.returncode == 0
+    assert "OPENCODE_CONFIG=" in printed.stdout
+    assert '"small_model": "corral/explorer-3b"' in printed.stdout
+    gone = subprocess.run(
+        [CORRAL, "launch", "opencode", "--url", f"http://127.0.0.1:{free_port()}"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert gone.returncode == 2
+    assert "no Corral answers at" in gone.stderr

@@ -17,6 +17,7 @@ from rich.table import Table
 from corral import __version__
 from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
+from corral.cli.launch import launch_cmd
 from corral.cli.models import devices_cmd, models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
 from corral.cli.zoo import zoo_cmd
@@ -52,6 +53,7 @@ app.command(name="bench")(bench_cmd)
 app.command(name="models")(models_cmd)
 app.command(name="devices")(devices_cmd)
 app.command(name="zoo")(zoo_cmd)
+app.command(name="launch")(launch_cmd)
 
 
 @app.command()

@@ -34,7 +34,12 @@ def demo_config(listen: str = "127.0.0.1:8080") -> Config:
             f"--answer-tokens {answer_tokens}",
             "stop_grace_s": 2,
             # The sim answers tools (tool_choice honoured): said, so clients offer them.
-            "capabilities": {"inputs": ["text"], "outputs": ["text"], "tools": True},
+            "capabilities": {
+                "inputs": ["text"],
+                "outputs": ["text"],
+                "tools": True,
+                "context": 32768,
+            },
         }
     return parse_config(
         json.dumps({"models": models, "server": {"listen": listen}}), "<built-in demo>"
