@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,16 @@ $(BROWSER_STAMP): | $(STAMP)
 
 test: lint typecheck $(LLAMA_STAMP) $(EMBED_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -n auto
+
+# The agent tools themselves, unchanged, through `corral launch` (issue 48): OpenCode from the
+# npm registry (pinned), run headless against the demo and a models folder on llama-server.
+COMPAT_STAMP := .compat/.installed
+$(COMPAT_STAMP):
+	mkdir -p .compat && cd .compat && npm install --silent --no-audit --no-fund opencode-ai@1.18.33
+	touch $@
+
+compat: $(LLAMA_STAMP) $(COMPAT_STAMP)
+	$(BIN)/python -m pytest -s -p no:cacheprovider compat
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py --policy cost --policy fifo-plus --policy grouped --policy fifo
