@@ -99,9 +99,12 @@ def test_multipart_audio_speech_and_json_routes_are_routed_by_model(gw: Gateway)
 
 
 def test_get_routes_take_the_model_from_the_query(gw: Gateway) -> None:
+    # Loaded first: a probe of a model that is not loaded is answered without its server
+    # (tests/e2e/test_probes.py); this one reaches the server.
+    client(gw).completions.create(model="alpha", prompt="x", max_tokens=1)
     r = httpx.get(f"{gw.url}/props", params={"model": "alpha"}, headers=AUTH)
     assert r.status_code == 200, r.text
-    assert r.json() == {"model_alias": "alpha", "total_slots": 2}
+    assert r.json() == {"model_alias": "alpha", "total_slots": 2}  # the sim's own answer
     missing = httpx.get(f"{gw.url}/props", headers=AUTH)
     assert missing.status_code == 400
     assert missing.json()["error"]["param"] == "model"
