@@ -90,3 +90,26 @@ def test_a_client_that_leaves_frees_its_model_for_the_next_request(
     status = gw.status()
     left = [a for a in status["activity"] if a["model"] == "slow" and a["route"] == route]
     assert left[0]["status"] == 499  # newest first: the client left, not a 200
+
+
+def test_a_client_that_closes_once_it_has_the_whole_stream_did_not_leave(gw: Gateway) -> None:
+    """The official clients close their connection as soon as they read `data: [DONE]`, which
+    can reach the gateway before the relay has seen its server's end: the answer was whole, and
+    the log says 200 (the loaded CI run of 70ef95c logged such a stream as 499)."""
+    url = f"{gw.url}/v1/chat/completions"
+    body = {"model": "other", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "stream": True}  # fmt: skip
+    rounds = 12
+    for _ in range(rounds):
+        with httpx.stream("POST", url, json=body, timeout=60) as r:
+            for chunk in r.iter_bytes():
+                if b"[DONE]" in chunk:
+                    break  # closes the connection at once
+    done = time.monotonic() + 10
+    while True:  # the log's entry is written when the relay ends, just after the client left
+        streams = [a for a in gw.status()["activity"] if a["model"] == "other"][:rounds]
+        if all(a["tokens"] == 3 for a in streams) or time.monotonic() > done:
+            break
+        time.sleep(0.1)
+    assert [a["status"] for a in streams] == [200] * rounds
+    assert [a["tokens"] for a in streams] == [3] * rounds

@@ -92,10 +92,19 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         assert details.parameter_size == "268M"
         info = oc.show("gemma-a").modelinfo or {}
         assert info["general.architecture"] == "gemma3"
-        assert info["gemma3.context_length"] == 8192
+        # The default context (issue 48): trained for 32K, and a CPU device of gigabytes.
+        assert info["gemma3.context_length"] == 32768
+        listing = {t["name"]: t for t in httpx.get(f"{g.url}/api/tags").json()["models"]}
+        assert listing["gemma-a:latest"]["context_length"] == 32768
+        assert listing["gemma-a:latest"]["state"] == "loaded"
+        assert "tools" in listing["gemma-a:latest"]["capabilities"]
+        # A larger num_ctx than the window (aider's) is served in it, with no reload.
+        swaps = g.status()["swaps"]
         answer = oc.chat(
-            model="gemma-a", messages=CAPITALS, options={"num_predict": 4, "temperature": 0}
-        )
+            model="gemma-a", messages=CAPITALS,
+            options={"num_predict": 4, "temperature": 0, "num_ctx": 65536},
+        )  # fmt: skip
+        assert g.status()["swaps"] == swaps
         assert (answer.message.content or "").strip().startswith("Paris")
         assert answer.eval_count
         assert answer.eval_duration
@@ -115,7 +124,8 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         for _ in gen:
             pass
     text = "\n".join(logged)
-    assert "gemma-a: gemma3 268M Q4_K_M, context 8,192" in text
+    assert "gemma-a: gemma3 268M Q4_K_M, context 32,768 (default; trained for 32,768)" in text
+    assert "a client asked for num_ctx 65536; it is served with its context of 32768" in text
     assert "devices: cpu (" in text
 
 
@@ -123,7 +133,10 @@ def test_models_dir_in_a_config_and_a_hand_written_model_wins(folder: Path, tmp_
     config = tmp_path / "corral.yaml"
     config.write_text(
         f"""
-models_dir: [{folder}]
+models_dir:
+  - path: {folder}
+    context: 2048
+    contexts: {{gemma-b: 4096, gemma-c: 1024}}
 models:
   gemma-b:   # the same name as a file in the folder: this one is served
     load_s: 0.1
@@ -143,10 +156,22 @@ server:
         assert r.status_code == 200
         assert "timings" not in r.json()  # the sim answered, not llama-server (which adds them)
         assert sorted(g.status()["models"]) == ["gemma-a", "gemma-b"]
+        a = httpx.post(
+            f"{g.url}/v1/chat/completions",
+            json={"model": "gemma-a", "messages": [{"role": "user", "content": "hi"}],
+                  "max_tokens": 1},
+            timeout=120,
+        )  # fmt: skip
+        assert a.headers["x-corral-context"] == "2048"  # the folder's, told with the answer
+        (listed,) = [m for m in httpx.get(f"{g.url}/v1/models").json()["data"]
+                     if m["id"] == "gemma-a"]  # fmt: skip
+        assert listed["context_length"] == 2048
     finally:
         for _ in gen:
             pass
     assert any("gemma-b: kept the model written in the config" in x for x in logged)
+    assert any("context 2,048 (set for the folder; trained for 32,768)" in x for x in logged)
+    assert any("`contexts` names no model found there: gemma-c" in x for x in logged)
 
 
 def test_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:

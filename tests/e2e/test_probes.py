@@ -25,7 +25,8 @@ models:
 server:
   log_dir: LOG_DIR
 """
-    with serve(tmp_path_factory.mktemp("probes"), config) as gw:
+    folder = tmp_path_factory.mktemp("probes")
+    with serve(folder, config) as gw:
 
         def state() -> str:
             return str(gw.status()["models"]["m"]["state"])
@@ -50,3 +51,11 @@ server:
         assert kept.headers["x-corral-props"] == "kept"
         assert kept.json() == live.json()  # its last answer
         assert state() == "unloaded"
+    with serve(folder, config) as gw:  # restarted: the answer was kept in its data folder
+        again = httpx.get(f"{gw.url}/upstream/m/props", timeout=30)
+        assert again.headers["x-corral-props"] == "kept"
+        assert again.json() == live.json()
+        assert gw.status()["models"]["m"]["state"] == "unloaded"
+    other = config.replace("--parallel 2", "--parallel 2 --answer-tokens 5")
+    with serve(folder, other) as gw:  # another command: what it kept is not this server's
+        assert httpx.get(f"{gw.url}/upstream/m/props").headers["x-corral-props"] == "config"

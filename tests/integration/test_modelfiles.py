@@ -49,7 +49,7 @@ def test_a_folder_names_its_models_by_file(gguf: Path, tmp_path: Path) -> None:
     big = found[0]
     assert big.projector == tmp_path / "sub" / "mmproj-big-f16.gguf"
     assert f"--mmproj {big.projector}" in big.command("llama-server")
-    assert "--alias big --ctx-size 8192" in big.command("llama-server")
+    assert "--alias big --ctx-size 32768" in big.command("llama-server")  # trained for 32K
     assert [u.path.name for u in bad] == ["broken.gguf"]
     assert "not a GGUF file" in bad[0].why
 

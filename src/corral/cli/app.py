@@ -18,7 +18,7 @@ from corral import __version__
 from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
 from corral.cli.launch import launch_cmd
-from corral.cli.models import devices_cmd, models_cmd
+from corral.cli.models import CONTEXT_HELP, devices_cmd, models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
 from corral.cli.zoo import zoo_cmd
 from corral.console import err_console, out_console
@@ -378,6 +378,7 @@ def serve_cmd(
     llama_server: Annotated[
         str | None, typer.Option("--llama-server", help="The llama-server for --models.")
     ] = None,
+    context: Annotated[list[str] | None, typer.Option("--context", help=CONTEXT_HELP)] = None,
     watch: Annotated[
         bool,
         typer.Option(
@@ -389,7 +390,9 @@ def serve_cmd(
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
     from corral.config.serve import ServeOptions, compose
 
-    options = ServeOptions(config_path, listen, policy, list(models or []), llama_server)
+    options = ServeOptions(
+        config_path, listen, policy, list(models or []), llama_server, list(context or [])
+    )
     try:
         composed = compose(options)
     except CorralError as exc:

@@ -13,7 +13,14 @@ from rich.table import Table
 from corral.console import err_console, fail, out_console
 
 if TYPE_CHECKING:
-    from corral.modelfiles.engine import Figures
+    from corral.config import PromptCacheConfig
+    from corral.modelfiles.engine import EngineFigures, Figures
+    from corral.modelfiles.folder import FoundModel
+
+CONTEXT_HELP = (
+    "Tokens of context for the models found in folders: N for all, NAME=N for one "
+    "(repeatable). Default: up to 32K by memory (README.md, Context)."
+)
 
 
 def models_cmd(
@@ -29,6 +36,10 @@ def models_cmd(
             "default; `prompt_cache: false` in a config turns it off).",
         ),
     ] = True,
+    context: Annotated[
+        list[str] | None,
+        typer.Option("--context", help=CONTEXT_HELP),
+    ] = None,
 ) -> None:
     """List the models in FOLDERS: name, file, architecture, parameters, quantization, context,
     memory estimate, whether their prompt caches are kept across swaps, and the command that
@@ -37,15 +48,14 @@ def models_cmd(
     from corral.config import ModelConfig, PromptCacheConfig
     from corral.gateway.demo import data_dir
     from corral.modelfiles.engine import EngineFigures
-    from corral.modelfiles.folder import find_llama_server, scan, shown
-    from corral.modelfiles.serving import figures_key, fitting, machine_devices, memory_of
+    from corral.modelfiles.folder import find_llama_server, shown
+    from corral.modelfiles.serving import figures_key
     from corral.prompt_cache.caches import folder_of, recorded_verdicts, serving
 
     settings = PromptCacheConfig(enabled=prompt_cache)
     states = folder_of(settings, data_dir() / "logs")
 
     server = find_llama_server(llama_server) or "llama-server"
-    devices, _ = machine_devices()
     table = Table(title=None, show_lines=False)
     figures = EngineFigures(data_dir() / "engine-memory.json")
     verdicts = recorded_verdicts(states)  # earlier runs' prompt caches found not kept
@@ -54,37 +64,26 @@ def models_cmd(
     for column in (*columns, "command"):
         # A model's name whole, to copy into a request; the rest folds in a narrow terminal.
         table.add_column(column, overflow="fold", no_wrap=column == "model")
-    count = skipped = 0
-    for folder in folders:
-        try:
-            found, bad = scan(folder, swa_full=prompt_cache)
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-        memory = memory_of(found, server, settings, figures)
-        found, too_big = fitting(found, devices, memory)
-        for u in [*bad, *too_big]:
-            skipped += 1
-            err_console.print(f"[yellow]skipped[/yellow] {escape(u.why)}", highlight=False)
-        for m in found:
-            count += 1
-            served = serving(ModelConfig(cmd=m.command(server)), settings, states)
-            known = figures.get(figures_key(m, server, settings))
-            why = verdicts.get(_cache_fingerprint(served.cmd)) if served.on else None
-            if why is not None:
-                lost.append(f"{m.name}: prompt caches not kept: {why}")
-            row = (
-                m.name,
-                shown(m.info.path),
-                m.info.architecture,
-                m.info.size_label,
-                m.info.quantization,
-                f"{m.context:,} of {m.info.context_length:,}",
-                _memory(m.estimate.total_bytes, known, memory[m.name].source),
-                "off" if not served.on else "kept" if why is None else "not kept",
-                shown(served.cmd or ""),
-            )
-            table.add_row(*map(escape, row))  # names from files are text, never markup
-    if not count:
+    found, skipped = _scanned(folders, context or [], server, settings, figures)
+    for m, source in found:
+        served = serving(ModelConfig(cmd=m.command(server)), settings, states)
+        known = figures.get(figures_key(m, server, settings))
+        why = verdicts.get(_cache_fingerprint(served.cmd)) if served.on else None
+        if why is not None:
+            lost.append(f"{m.name}: prompt caches not kept: {why}")
+        row = (
+            m.name,
+            shown(m.info.path),
+            m.info.architecture,
+            m.info.size_label,
+            m.info.quantization,
+            f"{m.context:,} of {m.info.context_length:,}",
+            _memory(m.estimate.total_bytes, known, source),
+            "off" if not served.on else "kept" if why is None else "not kept",
+            shown(served.cmd or ""),
+        )
+        table.add_row(*map(escape, row))  # names from files are text, never markup
+    if not found:
         where = ", ".join(map(shown, folders))
         raise fail(
             f"no model in {where} can be served ({skipped} skipped, above)"
@@ -94,6 +93,43 @@ def models_cmd(
     out_console.print(table)
     for line in lost:
         err_console.print(escape(line), highlight=False)
+
+
+def _scanned(
+    folders: list[Path],
+    context: list[str],
+    server: str,
+    settings: PromptCacheConfig,
+    figures: EngineFigures,
+) -> tuple[list[tuple[FoundModel, str]], int]:
+    """The models of `folders` that fit this machine's devices, each with the figure it is
+    packed by, and how many files were skipped (each said on stderr, with why)."""
+    from corral.config import ModelsDir
+    from corral.config.serve import with_contexts
+    from corral.errors import CorralError
+    from corral.modelfiles.folder import Contexts, scan
+    from corral.modelfiles.serving import budget_bytes, fitting, machine_devices, memory_of
+
+    devices, _ = machine_devices()
+    try:
+        dirs = with_contexts([ModelsDir(path=str(f)) for f in folders], context)
+    except CorralError as exc:
+        raise fail(str(exc)) from None
+    out: list[tuple[FoundModel, str]] = []
+    skipped = 0
+    for d in dirs:
+        rule = Contexts(budget_bytes(devices), d.context, d.contexts)
+        try:
+            found, bad = scan(Path(d.path), settings.enabled, rule)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        memory = memory_of(found, server, settings, figures)
+        found, too_big = fitting(found, devices, memory)
+        for u in [*bad, *too_big]:
+            skipped += 1
+            err_console.print(f"[yellow]skipped[/yellow] {escape(u.why)}", highlight=False)
+        out += [(m, memory[m.name].source) for m in found]
+    return out, skipped
 
 
 def _cache_fingerprint(cmd: str | None) -> str:

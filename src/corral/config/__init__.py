@@ -21,7 +21,7 @@ from corral.config.models import (
     SchedulerConfig,
     SleepConfig,
 )
-from corral.config.schema import Config
+from corral.config.schema import Config, ModelsDir
 from corral.config.server import BatchConfig, PromptCacheConfig, ServerConfig
 from corral.policy_names import POLICY_NAMES, PolicyName
 
@@ -37,6 +37,7 @@ __all__ = [
     "HookConfig",
     "HostConfig",
     "ModelConfig",
+    "ModelsDir",
     "PolicyName",
     "PromptCacheConfig",
     "SchedulerConfig",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -21,6 +21,30 @@ def _default_devices() -> list[DeviceConfig]:
     return [DeviceConfig(name="device0")]
 
 
+MIN_CONTEXT = 256  # tokens: less leaves no room for a chat template and an answer
+Context = Annotated[int, Field(ge=MIN_CONTEXT, le=1 << 24)]
+
+
+class ModelsDir(Strict):
+    """A folder of GGUF files, and the context its models get (README.md, "Context")."""
+
+    path: str = Field(min_length=1, description="The folder (searched to any depth).")
+    context: Context | None = Field(
+        default=None,
+        description="Tokens of context for every model found here; default: the largest of "
+        "32K, 16K, 8K, 4K that the model was trained for and whose memory takes at most half "
+        "the largest device (up to 128K on a device of 48 GiB or more).",
+    )
+    contexts: dict[str, Context] = Field(
+        default_factory=dict, description="Tokens of context by model name, over `context`."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_path(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+
 class Config(Strict):
     """The whole configuration file."""
 
@@ -31,10 +55,11 @@ class Config(Strict):
 
     devices: list[DeviceConfig] = Field(default_factory=_default_devices, min_length=1)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
-    models_dir: list[str] = Field(
+    models_dir: list[ModelsDir] = Field(
         default_factory=list,
         description="Folders of GGUF files: each file a model served by llama-server, named by "
-        "its file (`corral models DIR` lists them). Models written under `models:` win.",
+        "its file (`corral models DIR` lists them). Models written under `models:` win. Each "
+        "a path, or `{path, context, contexts}` to set the context of its models.",
     )
     scheduler: SchedulerConfig = SchedulerConfig()
     host: HostConfig = HostConfig()

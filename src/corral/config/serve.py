@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.config import Config
+from corral.config import Config, ModelsDir
+from corral.config.schema import MIN_CONTEXT
 from corral.errors import CorralError
 from corral.gateway.demo import data_dir, demo_config
 from corral.llamaswap import load_config_file
@@ -29,6 +30,7 @@ class ServeOptions:
     policy: str | None = None
     models: Sequence[Path] = ()  # folders of GGUF files
     llama_server: str | None = None  # the llama-server for the folders
+    contexts: Sequence[str] = ()  # --context: `N` for every found model, `NAME=N` for one
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def compose(opts: ServeOptions) -> Composed:
     if opts.config_path is None and folders_given:
         config = Config.model_validate({"models_dir": [str(m) for m in folders_given]})
         folders_given = []
-        title = f"the models in {', '.join(config.models_dir)}"
+        title = f"the models in {', '.join(d.path for d in config.models_dir)}"
     elif opts.config_path is None:
         config = demo_config()
         title = "the built-in demo (three simulated models)"
@@ -65,10 +67,12 @@ def compose(opts: ServeOptions) -> Composed:
         exposed = warn_if_exposed(Path(opts.config_path), config)
         warnings += [exposed] if exposed is not None else []
     config = with_capabilities(config)
-    folders = [Path(x) for x in config.models_dir] + folders_given
-    if folders:
+    dirs = [*config.models_dir, *(ModelsDir(path=str(f)) for f in folders_given)]
+    dirs = with_contexts(dirs, opts.contexts)
+    folders = [Path(d.path) for d in dirs]
+    if dirs:
         figures = EngineFigures(engine_figures_path(config))
-        config, found = with_folders(config, folders, opts.llama_server, figures)
+        config, found = with_folders(config, dirs, opts.llama_server, figures)
         notes += [f"models: {note}" for note in found]
     if opts.listen is not None:
         server = config.server.model_validate({**config.server.model_dump(), "listen": opts.listen})
@@ -81,6 +85,39 @@ def compose(opts: ServeOptions) -> Composed:
         config = config.with_policy(opts.policy)
     warnings += _served(config, title)
     return Composed(config, title, folders, notes, warnings)
+
+
+def with_contexts(dirs: list[ModelsDir], given: Sequence[str]) -> list[ModelsDir]:
+    """`dirs` with `--context` applied over what each says: `N` for every model found, `NAME=N`
+    for one (repeatable). CorralError naming the option's value when it is not one of those."""
+    every: int | None = None
+    one: dict[str, int] = {}
+    for text in given:
+        name, _, value = text.rpartition("=")
+        try:
+            tokens = int(value.replace("_", "").replace(",", ""))
+        except ValueError:
+            tokens = 0
+        if tokens < MIN_CONTEXT or tokens > 1 << 24 or (_ and not name):
+            raise CorralError(
+                f"--context {text!r}: give tokens of context ({MIN_CONTEXT:,} to 16,777,216) "
+                "for every model found (`--context 32768`) or for one (`--context NAME=65536`)"
+            )
+        if name:
+            one[name] = tokens
+        else:
+            every = tokens
+    if every is None and not one:
+        return dirs
+    return [
+        d.model_copy(
+            update={
+                "context": every if every is not None else d.context,
+                "contexts": {**d.contexts, **one},
+            }
+        )
+        for d in dirs
+    ]
 
 
 def engine_figures_path(config: Config) -> Path:

@@ -38,6 +38,7 @@ from corral.gateway.ollama_shapes import (
     FILL_PATH,
     BadRequest,
     Kind,
+    asked_context,
     chat_request,
     embed_request,
     generate_request,
@@ -108,6 +109,7 @@ class OllamaDoor:
         self.px = px
         self.config = px.config
         self.gateway = px.gateway
+        self._told: set[str] = set()  # models whose window was too small for a num_ctx
 
     async def handle(self, request: Request, path: str) -> Response:
         try:
@@ -163,6 +165,7 @@ class OllamaDoor:
         reply = OllamaAnswer(name, kind)
         served = self.gateway.backends[model].served_name
         try:
+            self._window(model, asked_context(data))
             keep = keep_alive_s(data.get("keep_alive"))
             reply.top_logprobs = top_logprobs(data) if kind in ("chat", "generate") else None
             if kind == "chat":
@@ -190,6 +193,26 @@ class OllamaDoor:
         if path == FILL_PATH and response.status_code in (404, 501):
             return _no_insert(name, response)
         return response  # its errors written by `reply` (the call's dialect)
+
+    def _window(self, model: str, asked: int | None) -> None:
+        """A request asked for a larger window than `model` is served with: it is served in the
+        model's own (the answer's `x-corral-context` says which), and the log says once per
+        model how to give it more."""
+        caps = self.config.models[model].capabilities
+        context = caps.context if caps is not None else 0
+        if asked is None or not context or asked <= context or model in self._told:
+            return
+        self._told.add(model)
+        log.warning(
+            "model %s: a client asked for num_ctx %d; it is served with its context of %d "
+            "(give it more with `corral serve --context %s=%d` or `contexts:` under "
+            "`models_dir:`; README.md, Context)",
+            model,
+            asked,
+            context,
+            model,
+            asked,
+        )
 
     async def bare(self, call: Call, keep: float | None, reply: OllamaAnswer) -> Response:
         """Nothing to generate: `keep_alive: 0` unloads the model once idle; otherwise the
@@ -220,9 +243,8 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
 
     @router.api_route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> Response:
-        return JSONResponse(
-            {"models": [_entry(n, config.models[n]) for n in _listed(config, gateway)]}
-        )
+        return JSONResponse({"models": [_tag(n, config.models[n], gateway.state_of(n))
+                                        for n in _listed(config, gateway)]})  # fmt: skip
 
     @router.get("/api/ps")
     async def ps() -> Response:
@@ -368,6 +390,20 @@ def _capabilities(m: ModelConfig) -> list[str]:
     if caps is not None and "image" in caps.inputs:
         out.append("vision")
     return out
+
+
+def _tag(name: str, m: ModelConfig, state: str | None) -> dict[str, Any]:
+    """A model as `/api/tags` lists it: Ollama's fields, and what agents ask of a listing
+    without loading the model (issue 48): its context, capabilities and state (Corral's
+    fields; Ollama's clients ignore fields they do not know)."""
+    entry = _entry(name, m)
+    context = _context(m)
+    if context:
+        entry["context_length"] = context
+    entry["capabilities"] = _capabilities(m)
+    if state is not None:
+        entry["state"] = state
+    return entry
 
 
 def _entry(name: str, m: ModelConfig) -> dict[str, Any]:

@@ -110,6 +110,20 @@ def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
+def asked_context(body: dict[str, Any]) -> int | None:
+    """The context window `options.num_ctx` asks for, if any. A smaller one than the model's
+    is served in the model's (llama-server's window is fixed when it starts, and a reload for
+    it would throw the loaded model away: Ollama's users' standing complaint); a larger one
+    too, and the door says so (README.md, "Context")."""
+    value = _object(body, "options").get("num_ctx")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadRequest(f"options.num_ctx must be a positive whole number of tokens; got "
+                         f"{value!r:.40}")  # fmt: skip
+    return value
+
+
 def _sampling(body: dict[str, Any], out: dict[str, Any]) -> None:
     """`options` and `format` into the OpenAI request `out`."""
     options = _object(body, "options")

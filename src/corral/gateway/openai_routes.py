@@ -152,7 +152,7 @@ def _models(router: APIRouter, config: Config, gateway: Gateway) -> None:
             {
                 "object": "list",
                 "data": [
-                    listed_model(listed, name, config, created, _status(gateway, name))
+                    listed_model(listed, name, config, created, gateway.state_of(name))
                     for name in gateway.backends
                     if not config.models[name].unlisted
                     for listed in (
@@ -163,17 +163,6 @@ def _models(router: APIRouter, config: Config, gateway: Gateway) -> None:
                 ],
             }
         )
-
-
-# Scheduler states as llama-swap names them in /v1/models (Open WebUI shows them).
-_STATUS = {"ready": "loaded", "loading": "loading", "unloaded": "unloaded"}
-
-
-def _status(gateway: Gateway, name: str) -> str | None:
-    sched = gateway.scheduler
-    if sched is None or name not in sched.models:
-        return None
-    return _STATUS.get(sched.models[name].state.value, sched.models[name].state.value)
 
 
 def listed_model(

@@ -2,12 +2,19 @@
 `/props` (context size, chat template, its capabilities) of every model they list, through
 `/props?model=M` or `/upstream/M/props`; asked of a model that is not loaded, that request
 would load it, and a plugin probing each model loads every model in turn (llama-swap's users
-met it). `KeptProps` answers such a probe from the model's last `/props` answer, kept while its
-command stays the same, or, before any, from what the configuration says of it, marked
-`x-corral-props: kept` or `config`."""
+met it). `KeptProps` answers such a probe from the model's last `/props` answer, kept per
+fingerprint of what the server runs (its command, and the model file's size and time when the
+command names one) in `props.json` in Corral's data folder, so it outlives a restart; or,
+before any, from what the configuration says of it; marked `x-corral-props: kept` or
+`config`."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
@@ -15,28 +22,78 @@ from fastapi.responses import JSONResponse, Response
 from corral.config import Config
 
 MAX_PROPS_BYTES = 1 << 20  # an answer bigger than this is not kept
+MAX_KEPT = 256  # answers kept in the file, the oldest dropped
 
 
 class KeptProps:
-    """The last `/props` answer of each model's server, by model and command."""
+    """The last `/props` answer of each model's server, by fingerprint, in `path` (None: kept
+    in memory only). A file that cannot be read is started over; one that cannot be written
+    is left (the answers are then kept until the gateway stops)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, path: Path | None = None) -> None:
         self.config = config
-        self._kept: dict[str, tuple[str, bytes]] = {}
+        self.path = path
+        self._kept: dict[str, tuple[float, bytes]] = {}
+        self._keys: dict[str, str] = {}  # by model: its fingerprint, made once
+        if path is not None:
+            self._read(path)
 
-    def _command(self, model: str) -> str:
-        m = self.config.models[model]
-        return m.cmd or m.upstream or ""
+    def _read(self, path: Path) -> None:
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(raw, dict):
+            return
+        for key, value in raw.items():
+            if isinstance(value, dict) and isinstance(value.get("props"), dict):
+                at = value.get("at")
+                when = float(at) if isinstance(at, int | float) else 0.0
+                self._kept[str(key)] = (when, json.dumps(value["props"]).encode())
+
+    def _key(self, model: str) -> str:
+        if model not in self._keys:
+            from corral.modelfiles.engine import fingerprint, split_command
+
+            m = self.config.models[model]
+            command = m.cmd or m.upstream or ""
+            made = fingerprint(split_command(command, 0)) if m.cmd else None
+            self._keys[model] = made or hashlib.sha256(command.encode()).hexdigest()
+        return self._keys[model]
 
     def keep(self, model: str, body: bytes) -> None:
         """The model's server answered `/props` with `body` (a 200)."""
-        if len(body) <= MAX_PROPS_BYTES:
-            self._kept[model] = (self._command(model), body)
+        if len(body) > MAX_PROPS_BYTES:
+            return
+        key = self._key(model)
+        if key in self._kept and self._kept[key][1] == body:
+            return  # as kept: a probe polled often writes nothing
+        self._kept[key] = (time.time(), body)
+        self._save()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        while len(self._kept) > MAX_KEPT:
+            del self._kept[min(self._kept, key=lambda k: self._kept[k][0])]
+        out: dict[str, Any] = {}
+        for key, (at, body) in self._kept.items():
+            try:
+                out[key] = {"at": at, "props": json.loads(body)}
+            except ValueError:
+                continue  # not JSON: answered while the gateway runs, never written
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            part = self.path.with_name(self.path.name + f".{os.getpid()}.part")
+            part.write_text(json.dumps(out))
+            part.replace(self.path)
+        except OSError:
+            pass
 
     def answer(self, model: str) -> Response:
         """The probe's answer for a model that is not loaded: kept, else from the config."""
-        kept = self._kept.get(model)
-        if kept is not None and kept[0] == self._command(model):
+        kept = self._kept.get(self._key(model))
+        if kept is not None:
             return Response(
                 kept[1], media_type="application/json", headers={"x-corral-props": "kept"}
             )

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import ClientResponse
 from fastapi import Request
@@ -25,6 +26,7 @@ from corral.gateway.admission import Slot, Turns, disconnected
 from corral.gateway.calls import Call, Reader
 from corral.gateway.cluster import Cluster, Unreachable
 from corral.gateway.coalesce import Coalescer
+from corral.gateway.demo import data_dir
 from corral.gateway.errors import (
     ClientLeft,
     GatewayError,
@@ -59,7 +61,7 @@ class Proxy:
         self.reader = Reader(config, gateway.backends, self.max_body)
         self._coalescers: dict[str, Coalescer] = {}
         self._loading = LoadingStream(config, self.turns, self.answer)
-        self.props = KeptProps(config)
+        self.props = KeptProps(config, Path(config.server.data_dir or data_dir()) / "props.json")
 
     # --- entries ------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
@@ -231,7 +233,7 @@ class Proxy:
         if after is not None:
             after(tail)
         self._observe(call, slot, resp.status, None, completion_tokens(tail), tail)
-        out_headers = self._headers(resp, slot)
+        out_headers = self._headers(call.model, resp, slot)
         dialect = call.dialect
         ctype = resp.headers.get("content-type", "")
         wrapped = None  # the body the client gets instead of the server's
@@ -288,18 +290,21 @@ class Proxy:
 
         done = False
 
-        def ended() -> None:  # finished, failed, or the client left: free the slot either way
+        def ended(whole: bool) -> None:  # finished, failed, or the client left: free the slot
             nonlocal done
             if not done:
                 done = True
                 if after is not None:
                     after(tail)
                 tokens = completion_tokens(tail) or (texts or None)
-                status = ClientLeft.status if stream.cut else resp.status  # left mid-answer
+                # Left mid-answer. A client that closes as soon as it has read the last chunk
+                # is seen leaving before the relay's `finally` runs: the answer was whole.
+                left = stream.cut and not whole
+                status = ClientLeft.status if left else resp.status
                 self._observe(call, slot, status, first_byte, tokens, tail)
 
         slot.keep()
-        out_headers = self._headers(resp, slot)
+        out_headers = self._headers(call.model, resp, slot)
         body_iterator = relay(resp, events, cut_short, seen, ended)
         if call.dialect is not None:
             body_iterator = call.dialect.stream(body_iterator, slot.wait_s)
@@ -308,7 +313,7 @@ class Proxy:
 
         def closed() -> None:  # the relay may never have started: its `finally` never ran
             resp.close()
-            ended()
+            ended(False)
 
         stream = ModelStream(
             body_iterator,
@@ -320,9 +325,12 @@ class Proxy:
         )
         return stream
 
-    def _headers(self, resp: ClientResponse, slot: Slot) -> dict[str, str]:
+    def _headers(self, model: str, resp: ClientResponse, slot: Slot) -> dict[str, str]:
         """The server's answer headers, less the hop-by-hop ones, and Corral's own."""
         out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
+        caps = self.config.models[model].capabilities
+        if caps is not None and caps.context:  # the window it was served in (issue 48)
+            out["x-corral-context"] = str(caps.context)
         # How long the request waited for its model (queue and swap): clients, benchmarks and
         # `corral replay` read it to tell waiting from serving.
         out["x-corral-wait-ms"] = f"{slot.wait_s * 1000:.1f}"

@@ -376,6 +376,16 @@ class Gateway:
         assert self.scheduler is not None, "the gateway is not started"
         return self.scheduler
 
+    def state_of(self, name: str) -> str | None:
+        """Model `name`'s state as listings say it (llama-swap's words in /v1/models, which
+        Open WebUI shows; Ollama's /api/tags too): loaded, loading, sleeping, waking or
+        unloaded; None before the gateway starts."""
+        sched = self.scheduler
+        if sched is None or name not in sched.models:
+            return None
+        state = sched.models[name].state.value
+        return "loaded" if state == "ready" else state
+
 
 def _log_failure(t: asyncio.Task[Any]) -> None:
     """A background operation that raised: a bug in Corral, said at once (not when the task

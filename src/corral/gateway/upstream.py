@@ -126,14 +126,16 @@ async def relay(
     events: bool,
     cut_short: Callable[[BaseException], Awaitable[str]],
     seen: Callable[[bytes], None] | None = None,
-    ended: Callable[[], None] | None = None,
+    ended: Callable[[bool], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """An answer's body, chunk by chunk as it comes. `events` (server-sent events): chunks are
     cut at line ends, so an error event added after a failure stays parsable, and a failure
     mid-answer becomes that error event (`cut_short` says why), since the 200 is already on its
     way; otherwise the failure is raised and the client sees a cut connection, the only signal
     left. `seen` gets each chunk; `ended` runs however it ends (finished, failed, or the client
-    left, which drops the connection so the server stops generating)."""
+    left, which drops the connection so the server stops generating), told whether the server's
+    answer was relayed whole: a client that closes its connection once it has read the last
+    chunk did not cut the answer short."""
     whole = False
     partial = b""  # events: a line not yet ended
     try:
@@ -162,4 +164,4 @@ async def relay(
         else:
             resp.close()
         if ended is not None:
-            ended()
+            ended(whole)

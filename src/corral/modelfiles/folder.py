@@ -15,7 +15,8 @@ import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.backends.process import escape_macros
@@ -23,7 +24,13 @@ from corral.modelfiles.gguf import GgufModel, MemoryEstimate, estimate_memory, r
 from corral.modelfiles.ollama_store import is_store, scan_store
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<parts>\d{5})$")
-DEFAULT_CONTEXT = 8192  # what a model gets unless it was trained for less
+# The default context (README.md, "Context"): the largest of these that the model
+# was trained for and whose estimate takes at most half the largest device, so two models fit
+# together. Agents need 32K: OpenCode's first request is ~7,000 tokens of system prompt and
+# tool schemas. Devices of 48 GiB and more may give up to 128K (Ollama gives 256K there).
+AGENT_CONTEXTS = (32768, 16384, 8192, 4096)
+LARGE_CONTEXTS = (131072, 65536)
+LARGE_DEVICE_BYTES = 48 << 30
 # Corral's chat templates (templates/*.jinja), for GGUFs that carry none of their own, by
 # architecture (ChatML for the rest, as llama-server falls back to): each renders the family's
 # turns and offers tools as Hermes' <tool_call> JSON, which llama-server parses back into tool
@@ -40,6 +47,40 @@ def builtin_template(architecture: str) -> Path:
     return TEMPLATES / f"{BUILTIN_TEMPLATES.get(architecture, 'chatml')}.jinja"
 
 
+def default_context(info: GgufModel, budget_bytes: int | None, swa_full: bool = False) -> int:
+    """The context a found model gets when none is set: the largest of `AGENT_CONTEXTS` (and
+    `LARGE_CONTEXTS` for a device of 48 GiB or more) that the model was trained for and at
+    which its estimate is at most half of `budget_bytes` (the largest device's memory; None:
+    unsized, any); at least 4,096, or its trained context if that is less."""
+    large = budget_bytes is not None and budget_bytes >= LARGE_DEVICE_BYTES
+    for context in (*LARGE_CONTEXTS, *AGENT_CONTEXTS) if large else AGENT_CONTEXTS:
+        if context > info.context_length:
+            continue
+        if budget_bytes is None:
+            return context
+        if 2 * estimate_memory(info, context, swa_full=swa_full).total_bytes <= budget_bytes:
+            return context
+    return min(info.context_length, AGENT_CONTEXTS[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Contexts:
+    """How found models get their context: `per_model` (by name) wins, then `folder` (every
+    model of the folder), else `default_context` for `budget_bytes`."""
+
+    budget_bytes: int | None = None
+    folder: int | None = None
+    per_model: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, name: str, info: GgufModel, swa_full: bool) -> tuple[int, str]:
+        """The context for model `name`, and where it comes from (for the notes)."""
+        if name in self.per_model:
+            return self.per_model[name], "set for the model"
+        if self.folder is not None:
+            return self.folder, "set for the folder"
+        return default_context(info, self.budget_bytes, swa_full), "default"
+
+
 @dataclass(frozen=True, slots=True)
 class FoundModel:
     name: str
@@ -47,6 +88,14 @@ class FoundModel:
     context: int
     estimate: MemoryEstimate
     projector: Path | None = None
+    context_from: str = "default"  # or "set for the folder", "set for the model"
+
+    @property
+    def context_note(self) -> str:
+        """Its context for a person: `32,768 (default; trained for 131,072)`."""
+        trained = self.info.context_length
+        past = ", past what it was trained for" if self.context > trained else ""
+        return f"{self.context:,} ({self.context_from}; trained for {trained:,}{past})"
 
     def command(self, server: str) -> str:
         """The llama-server command that serves it (`${PORT}` filled in by Corral). The GGUF's
@@ -94,9 +143,9 @@ _SPACE = re.compile(r"\s+")
 
 
 def model_name(stem: str) -> str:
-    """The model name a file's name gives (docs/models-folder.md): whitespace runs become `-`;
-    bytes that are not UTF-8, and characters that do not print, become `%XX` (their bytes in
-    hex); the rest is kept as it is. Never empty."""
+    """The model name a file's name gives (docs/design/modelfiles.md, "Serving folders"):
+    whitespace runs become `-`; bytes that are not UTF-8, and characters that do not print,
+    become `%XX` (their bytes in hex); the rest is kept as it is. Never empty."""
     raw = os.fsencode(stem).decode("utf-8", errors="surrogateescape")
     out = []
     for ch in _SPACE.sub("-", raw.strip()) or "-":
@@ -107,15 +156,19 @@ def model_name(stem: str) -> str:
     return "".join(out)
 
 
-def scan(folder: Path, swa_full: bool = False) -> tuple[list[FoundModel], list[Unreadable]]:
+def scan(
+    folder: Path, swa_full: bool = False, contexts: Contexts | None = None
+) -> tuple[list[FoundModel], list[Unreadable]]:
     """Every model in `folder` (searched to any depth), by name; and the files that could not
     be read, with why. An Ollama model store (`manifests/` and `blobs/`) gives its models under
     their Ollama names. `swa_full`: estimates for a server run with --swa-full (its prompt
-    caches kept across swaps: sliding-window layers hold the whole context)."""
+    caches kept across swaps: sliding-window layers hold the whole context). `contexts`: how
+    each gets its context (default: `default_context`, devices unsized)."""
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder")
+    rule = contexts or Contexts()
     if is_store(folder):
-        return _scan_store(folder, swa_full)
+        return _scan_store(folder, swa_full, rule)
     files = sorted(folder.rglob("*.gguf"), key=os.fsencode)
     projectors = {p.parent: p for p in files if p.name.lower().startswith("mmproj")}
     found: dict[str, FoundModel] = {}
@@ -134,15 +187,16 @@ def scan(folder: Path, swa_full: bool = False) -> tuple[list[FoundModel], list[U
         except ValueError as exc:
             bad.append(Unreadable(path, shown(str(exc)), name))
             continue
-        context = min(info.context_length, DEFAULT_CONTEXT)
-        found[name] = FoundModel(
-            name,
-            info,
-            context,
-            estimate_memory(info, context, swa_full=swa_full),
-            projectors.get(path.parent),
-        )
+        found[name] = _found(name, info, projectors.get(path.parent), rule, swa_full)
     return [found[k] for k in sorted(found)], bad
+
+
+def _found(
+    name: str, info: GgufModel, projector: Path | None, rule: Contexts, swa_full: bool
+) -> FoundModel:
+    context, source = rule.of(name, info, swa_full)
+    estimate = estimate_memory(info, context, swa_full=swa_full)
+    return FoundModel(name, info, context, estimate, projector, source)
 
 
 def _unique(name: str, where: Path | None, taken: set[str]) -> str:
@@ -163,7 +217,9 @@ def _unique(name: str, where: Path | None, taken: set[str]) -> str:
     return f"{name}-{n}"
 
 
-def _scan_store(store: Path, swa_full: bool) -> tuple[list[FoundModel], list[Unreadable]]:
+def _scan_store(
+    store: Path, swa_full: bool, rule: Contexts
+) -> tuple[list[FoundModel], list[Unreadable]]:
     models, problems = scan_store(store)
     found: list[FoundModel] = []
     bad = [Unreadable(path, shown(f"{path}: {why}")) for path, why in problems]
@@ -175,9 +231,7 @@ def _scan_store(store: Path, swa_full: bool) -> tuple[list[FoundModel], list[Unr
         except ValueError as exc:
             bad.append(Unreadable(m.gguf, shown(f"{name}: {exc}"), name))
             continue
-        context = min(info.context_length, DEFAULT_CONTEXT)
-        estimate = estimate_memory(info, context, swa_full=swa_full)
-        found.append(FoundModel(name, info, context, estimate, m.projector))
+        found.append(_found(name, info, m.projector, rule, swa_full))
     return sorted(found, key=lambda f: f.name), bad
 
 

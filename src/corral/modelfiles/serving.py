@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.backends.process import free_port
-from corral.config import CapabilitiesConfig, Config, DeviceConfig, ModelConfig, PromptCacheConfig
+from corral.config import (
+    CapabilitiesConfig,
+    Config,
+    DeviceConfig,
+    ModelConfig,
+    ModelsDir,
+    PromptCacheConfig,
+)
 from corral.errors import CorralError
 from corral.machine import detect
 from corral.modelfiles.engine import (
@@ -27,7 +34,14 @@ from corral.modelfiles.engine import (
     split_command,
     without,
 )
-from corral.modelfiles.folder import FoundModel, Unreadable, find_llama_server, scan, shown
+from corral.modelfiles.folder import (
+    Contexts,
+    FoundModel,
+    Unreadable,
+    find_llama_server,
+    scan,
+    shown,
+)
 from corral.prompt_cache.caches import serving
 
 CPU_SHARE = 0.8  # of the host's memory that models may take on a CPU device (the rest: the OS)
@@ -168,9 +182,17 @@ def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
     )
 
 
+def budget_bytes(devices: list[DeviceConfig]) -> int | None:
+    """The largest device's memory, what a found model's default context is sized by; None
+    when a device is unsized (it holds any one model)."""
+    if not devices or any(d.memory_gb is None for d in devices):
+        return None
+    return int(max(d.memory_gb or 0.0 for d in devices) * 1e9)
+
+
 def with_folders(
     config: Config,
-    folders: list[Path],
+    folders: list[ModelsDir],
     llama_server: str | None = None,
     figures: EngineFigures | None = None,
 ) -> tuple[Config, list[str]]:
@@ -196,11 +218,17 @@ def with_folders(
         )
     models = dict(config.models)
     skipped: dict[str, str] = {}
+    budget = budget_bytes(devices)
     for folder in folders:
+        rule = Contexts(budget, folder.context, folder.contexts)
         try:
-            found, bad = scan(folder, swa_full=config.prompt_cache.enabled)
+            found, bad = scan(Path(folder.path), config.prompt_cache.enabled, rule)
         except ValueError as exc:
             raise CorralError(str(exc)) from None
+        unknown = sorted(set(folder.contexts) - {m.name for m in found})
+        if unknown:
+            notes.append(f"{folder.path}: `contexts` names no model found there: "
+                         + ", ".join(unknown))  # fmt: skip
         memory = memory_of(found, server, config.prompt_cache, figures)
         found, too_big = fitting(found, devices, memory)
         for u in [*bad, *too_big]:
@@ -214,7 +242,7 @@ def with_folders(
             models[m.name] = _model_config(m, server, memory[m.name])
             notes.append(
                 f"{m.name}: {m.info.architecture} {m.info.size_label} {m.info.quantization}, "
-                f"context {m.context:,}, {memory[m.name].gb:.2f} GB ({memory[m.name].source}; "
+                f"context {m.context_note}, {memory[m.name].gb:.2f} GB ({memory[m.name].source}; "
                 f"the file's estimate {m.estimate.total_gb:.2f}) ({shown(m.info.path)})"
             )
     spec = config.model_dump(mode="json")
@@ -224,7 +252,7 @@ def with_folders(
     if not any(m.cmd or m.upstream for m in models.values()):
         lines = [n for n in notes if n.startswith("skipped ")]
         raise CorralError(
-            f"no model in {', '.join(shown(f) for f in folders)} can be served"
+            f"no model in {', '.join(shown(f.path) for f in folders)} can be served"
             + "".join(f"\n  {line}" for line in lines[:20])
             + (f"\n  ... and {len(lines) - 20} more" if len(lines) > 20 else "")
         )
