@@ -69,8 +69,27 @@ $(BROWSER_STAMP): | $(STAMP)
 	  (echo "make test needs chromium and chromium-driver: apt-get install chromium chromium-driver" && false)
 	touch $@
 
-test: lint typecheck $(LLAMA_STAMP) $(EMBED_STAMP) $(BROWSER_STAMP)
+# The agent frameworks people run (issue 48), each unchanged, in a venv of their own (their pins
+# never enter the project's): pinned as tested, from the package registry.
+COMPAT_VENV_STAMP := .compat/venv/.installed
+$(COMPAT_VENV_STAMP): compat/requirements.txt
+	$(PYTHON) -m venv .compat/venv
+	.compat/venv/bin/python -m pip install --quiet --upgrade pip
+	.compat/venv/bin/python -m pip install --quiet -r compat/requirements.txt
+	touch $@
+
+AIDER_STAMP := .compat/aider/.installed
+$(AIDER_STAMP): compat/aider-requirements.txt
+	$(PYTHON) -m venv .compat/aider
+	.compat/aider/bin/python -m pip install --quiet --upgrade pip
+	.compat/aider/bin/python -m pip install --quiet -r compat/aider-requirements.txt
+	touch $@
+
+# The suite, then the fast agent frameworks (compat/test_tools.py less what `make compat` adds:
+# OpenCode and aider) against the demo.
+test: lint typecheck $(LLAMA_STAMP) $(EMBED_STAMP) $(BROWSER_STAMP) $(COMPAT_VENV_STAMP)
 	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not heavy_install" compat/test_tools.py
 
 # The agent tools themselves, unchanged, through `corral launch` (issue 48): OpenCode from the
 # npm registry (pinned), run headless against the demo and a models folder on llama-server.
@@ -79,8 +98,8 @@ $(COMPAT_STAMP):
 	mkdir -p .compat && cd .compat && npm install --silent --no-audit --no-fund opencode-ai@1.18.33
 	touch $@
 
-compat: $(LLAMA_STAMP) $(COMPAT_STAMP)
-	$(BIN)/python -m pytest -s -p no:cacheprovider compat
+compat: $(LLAMA_STAMP) $(COMPAT_STAMP) $(COMPAT_VENV_STAMP) $(AIDER_STAMP)
+	$(BIN)/python -m pytest -s -p no:cacheprovider compat/test_tools.py compat/test_opencode.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py --policy cost --policy fifo-plus --policy grouped --policy fifo

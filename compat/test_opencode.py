@@ -23,7 +23,7 @@ from corral.backends.process import free_port
 
 BIN = Path(__file__).parents[1] / ".compat" / "node_modules" / ".bin"
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.heavy_install]
 
 
 @pytest.fixture

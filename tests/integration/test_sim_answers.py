@@ -224,3 +224,23 @@ def test_messages_and_responses_end_by_themselves_and_honour_tool_choice(sim: Si
         tool_choice={"type": "function", "name": "answer"},
     )
     assert [i.name for i in named.output if i.type == "function_call"] == ["answer"]
+
+
+def test_a_call_kept_as_text_counts_as_made(sim: Sim) -> None:
+    """smolagents keeps its calls as the assistant's text (`Calling tools: [...]`) and their
+    results as the user's: the model reads the call as made and calls the next tool, as a
+    model would, so smolagents' loop reaches its `final_answer` (it looped to max_steps)."""
+    c = sim.client()
+    calling = "Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': " \
+        "'read_file', 'arguments': {'path': 'a'}}}]"  # fmt: skip
+    history: list[Any] = [
+        {"role": "user", "content": [{"type": "text", "text": "weather in Paris?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": calling}]},
+        {"role": "user", "content": [{"type": "text", "text": "Observation:\nsunny"}]},
+    ]
+    out = c.chat.completions.create(
+        model="sim-a", messages=history, tools=TOOLS, tool_choice="required"
+    )
+    call = (out.choices[0].message.tool_calls or [])[0]
+    assert call.type == "function"
+    assert call.function.name == "final_result"

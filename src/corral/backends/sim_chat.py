@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from corral.backends import sim_turns
-from corral.backends.sim_schema import fill
+from corral.backends.sim_schema import Cues, cues_of, fill, keys_of
 
 
 def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -27,6 +27,8 @@ def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
         for c in m.get("tool_calls") or []
         if isinstance(c, dict) and isinstance(c.get("function"), dict)
     }
+    said = [m.get("content") for m in messages if m.get("role") == "assistant"]
+    called |= sim_turns.named_in_text(list(named), said)
     raw = body.get("tool_choice")
     if isinstance(raw, dict):
         fn = raw.get("function")
@@ -37,7 +39,8 @@ def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
     name = sim_turns.pick(list(named), choice, user_last, called)
     if name is None:
         return None
-    args = fill(named[name].get("parameters") or {"type": "object", "properties": {}})
+    schema = named[name].get("parameters") or {"type": "object", "properties": {}}
+    args = fill(schema, cues=prompt_cues(body))
     return {
         "id": f"call_{uuid.uuid4().hex[:12]}",
         "type": "function",
@@ -61,11 +64,22 @@ def formatted(body: dict[str, Any], words: list[str]) -> str | None:
     fmt = body.get("response_format")
     if not isinstance(fmt, dict):
         return None
-    if fmt.get("type") == "json_object":
-        return json.dumps({"answer": " ".join(words)})
+    cues = prompt_cues(body)
+    if fmt.get("type") == "json_object":  # the keys the prompt names, as a model would use
+        keys = keys_of(cues) or ["answer"]
+        share = max(1, len(words) // len(keys))
+        return json.dumps({k: " ".join(words[i * share : (i + 1) * share]) or "answer"
+                           for i, k in enumerate(keys)})  # fmt: skip
     if fmt.get("type") == "json_schema":
-        return json.dumps(fill((fmt.get("json_schema") or {}).get("schema"), words))
+        return json.dumps(fill((fmt.get("json_schema") or {}).get("schema"), words, cues))
     return None
+
+
+def prompt_cues(body: dict[str, Any]) -> Cues:
+    """What the last user message gives a value (`sim_schema.Cues`)."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    return cues_of(sim_turns.text_of(users[-1]) if users else "")
 
 
 def thought(body: dict[str, Any], words: list[str]) -> list[str]:

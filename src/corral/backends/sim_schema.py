@@ -16,6 +16,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 MAX_DEPTH = 12
@@ -45,21 +46,54 @@ _FORMATS = {
 _PATTERN_TRIES = ("a", "A", "0", "abc", "ABC", "123", "a1", "A1", "aaa-000", "x@y.z", "")
 
 
+@dataclass(frozen=True)
+class Cues:
+    """What a prompt gives a value: its numbers and its quoted texts, which a model asked for a
+    tool's arguments or a JSON answer takes from it (`magic_function(3)`, "a customer named
+    '你好啊集团'", "a JSON with 'setup' and 'punchline' keys")."""
+
+    numbers: tuple[float, ...] = ()
+    quoted: tuple[str, ...] = ()
+
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+_QUOTED = re.compile(r"'([^'\n]{1,200})'|\"([^\"\n]{1,200})\"|“([^”\n]{1,200})”")
+MAX_CUES = 16
+MAX_CUE_TEXT = 20_000  # characters of a prompt read for cues
+
+
+def cues_of(text: str) -> Cues:
+    """The numbers and quoted texts in `text` (its first `MAX_CUE_TEXT` characters, at most
+    `MAX_CUES` of each)."""
+    text = text[:MAX_CUE_TEXT]
+    numbers = tuple(float(m) for m in _NUMBER.findall(text)[:MAX_CUES])
+    quoted = tuple(next(g for g in m if g) for m in _QUOTED.findall(text)[:MAX_CUES])
+    return Cues(numbers, quoted)
+
+
+def keys_of(cues: Cues) -> list[str]:
+    """The quoted names a prompt asks a JSON object's keys by (`'setup' and 'punchline'`)."""
+    return [q for q in cues.quoted if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", q)]
+
+
 class _Budget:
     def __init__(self) -> None:
         self.nodes = 0
 
 
-def fill(schema: Any, words: list[str] | None = None) -> Any:
-    """A JSON value valid under `schema` (the subset above); text values are made of `words`."""
+def fill(schema: Any, words: list[str] | None = None, cues: Cues | None = None) -> Any:
+    """A JSON value valid under `schema` (the subset above); text values are the prompt's
+    quoted texts (`cues`) in turn, then made of `words`; numbers the prompt's, where they fit."""
     source = itertools.cycle(words or ["answer"])
-    return _Fill(schema, source).value(schema, 0)
+    return _Fill(schema, source, cues or Cues()).value(schema, 0)
 
 
 class _Fill:
-    def __init__(self, root: Any, words: Iterator[str]) -> None:
+    def __init__(self, root: Any, words: Iterator[str], cues: Cues) -> None:
         self.root = root
         self.words = words
+        self.quoted = iter(cues.quoted)
+        self.numbers = cues.numbers
         self.budget = _Budget()
 
     def value(self, schema: Any, depth: int) -> Any:
@@ -100,7 +134,7 @@ class _Fill:
         if kind == "string":
             return self._string(schema)
         if kind in ("integer", "number"):
-            return _number(schema, kind == "integer")
+            return self._number(schema, kind == "integer")
         if kind == "boolean":
             return True
         if kind == "null":
@@ -160,11 +194,20 @@ class _Fill:
             out = _distinct(out)
         return out
 
+    def _number(self, schema: dict[str, Any], integer: bool) -> int | float:
+        """The prompt's first number that fits, else one in range."""
+        fallback = _number(schema, integer)
+        for n in self.numbers:
+            value = int(n) if integer and n.is_integer() else n
+            if (not integer or isinstance(value, int)) and _fits(schema, value):
+                return value
+        return fallback
+
     def _string(self, schema: dict[str, Any]) -> str:
         fmt = schema.get("format")
         text = _FORMATS.get(fmt) if isinstance(fmt, str) else None
         if text is None:
-            text = next(self.words)
+            text = next(self.quoted, None) or next(self.words)
         least = _whole(schema.get("minLength"), 0)
         most = _whole(schema.get("maxLength"), None)
         while len(text) < min(least, 4096):
@@ -218,6 +261,24 @@ class _Fill:
         if kind in ("integer", "number"):
             return _number(schema, kind == "integer")
         return {"boolean": True, "null": None}.get(kind, "x")
+
+
+def _fits(schema: dict[str, Any], value: float) -> bool:
+    """Whether `value` is within the schema's bounds (and a multiple of `multipleOf`)."""
+
+    def bound(key: str) -> float | None:
+        b = schema.get(key)
+        return float(b) if isinstance(b, int | float) and not isinstance(b, bool) else None
+
+    low, high = bound("minimum"), bound("maximum")
+    xlow, xhigh, step = bound("exclusiveMinimum"), bound("exclusiveMaximum"), bound("multipleOf")
+    return not (
+        (low is not None and value < low)
+        or (high is not None and value > high)
+        or (xlow is not None and value <= xlow)
+        or (xhigh is not None and value >= xhigh)
+        or (step is not None and (step <= 0 or not (value / step).is_integer()))
+    )
 
 
 def _is_ref(part: Any) -> bool:

@@ -55,6 +55,23 @@ def pick(tools: list[str], choice: Choice, user_last: bool, called: set[str]) ->
     return tools[0] if user_last else None
 
 
+def named_in_text(tools: list[str], turns: list[object]) -> set[str]:
+    """The tools whose quoted name an assistant's text turns mention: the calls of a client that
+    keeps them as text (smolagents sends `Calling tools: [{... 'name': 'get_weather' ...}]`),
+    which a model reads as made. `turns`: the assistant turns' contents (text or parts)."""
+    text = " ".join(text_of(t) for t in turns)
+    return {t for t in tools if f"'{t}'" in text or f'"{t}"' in text}
+
+
+def text_of(content: object) -> str:
+    """A message's text: its content, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
 def cut_at_stop(words: list[str], stops: list[str]) -> tuple[list[str], str | None]:
     """The words before the first stop sequence in their text, and the sequence that matched
     (None: no stop matched, the words unchanged)."""
