@@ -89,7 +89,7 @@ $(AIDER_STAMP): compat/aider-requirements.txt
 # OpenCode and aider) against the demo.
 test: lint typecheck $(LLAMA_STAMP) $(EMBED_STAMP) $(BROWSER_STAMP) $(COMPAT_VENV_STAMP)
 	$(BIN)/python -m pytest -n auto
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not heavy_install" compat/test_tools.py
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not make_compat" compat/test_tools.py
 
 # The agent tools themselves, unchanged, through `corral launch` (issue 48): OpenCode from the
 # npm registry (pinned), run headless against the demo and a models folder on llama-server.

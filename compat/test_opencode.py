@@ -23,7 +23,7 @@ from corral.backends.process import free_port
 
 BIN = Path(__file__).parents[1] / ".compat" / "node_modules" / ".bin"
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.heavy_install]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.make_compat]
 
 
 @pytest.fixture
@@ -84,3 +84,25 @@ def test_opencode_completes_a_run_on_the_demo(corral: str, tmp_path: Path) -> No
     print("opencode on the demo:", seen)
     assert seen["statuses"] == [200]
     assert "coder-7b" in seen["by_model"]  # the main model, by `corral launch`'s roles
+
+
+@pytest.mark.parametrize("corral", [[]], indirect=True, ids=["make-run-demo"])
+def test_opencode_runs_its_explore_sub_agent_on_the_small_model(
+    corral: str, tmp_path: Path
+) -> None:
+    """Asked to, OpenCode's main model calls its task tool; the explore sub-agent's session runs
+    on the model `corral launch` gave it (the small one), and the run completes. (`opencode
+    run` passes an `@explore` mention as plain text.)"""
+    began = time.monotonic()
+    ask = "List the files in this folder: call the task tool with subagent: explore"
+    events = run_opencode(corral, tmp_path, ask)
+    tasks = [e for e in events if e.get("type") == "tool_use"
+             and (e.get("part") or {}).get("tool") == "task"]  # type: ignore[union-attr]
+    seen = figures(corral, began)
+    print("opencode with its explore sub-agent on the demo:", seen, len(tasks), "task calls")
+    assert tasks, [e.get("type") for e in events]
+    state = tasks[0]["part"]["state"]  # type: ignore[index]
+    assert state["status"] == "completed", state
+    assert state["input"]["subagent_type"] == "explore"
+    assert seen["statuses"] == [200]
+    assert {"coder-7b", "explorer-3b"} <= set(seen["by_model"])  # main, then the sub-agent

@@ -19,7 +19,9 @@ from agents import (
 from openai import AsyncOpenAI
 
 
-async def main(url: str, first: str, second: str) -> None:
+async def main(url: str, first: str, second: str, cap: str = "0") -> None:
+    """`cap`: max_tokens per answer (a real small model may never stop), 0 for none."""
+    limit = ModelSettings(max_tokens=int(cap)) if int(cap) else ModelSettings()
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="corral")
     set_tracing_disabled(True)
     asked: list[str] = []
@@ -35,13 +37,14 @@ async def main(url: str, first: str, second: str) -> None:
         instructions="You answer weather questions. Call get_weather, then answer in a sentence.",
         model=OpenAIChatCompletionsModel(model=second, openai_client=client),
         tools=[get_weather],
-        model_settings=ModelSettings(tool_choice="required"),
+        model_settings=limit.resolve(ModelSettings(tool_choice="required")),
     )
     triage = Agent(
         name="Triage agent",
         instructions="Hand every weather question to the weather agent.",
         handoffs=[specialist],
         model=OpenAIChatCompletionsModel(model=first, openai_client=client),
+        model_settings=limit,
     )
     result = await Runner.run(triage, "What is the weather in Paris?", max_turns=6)
     out = {"last_agent": result.last_agent.name, "tool_calls": len(asked),
@@ -50,4 +53,4 @@ async def main(url: str, first: str, second: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

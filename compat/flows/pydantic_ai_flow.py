@@ -18,7 +18,8 @@ class Forecast(BaseModel):
     temperature_c: float
 
 
-def main(url: str, model_name: str) -> None:
+def main(url: str, model_name: str, cap: str = "0") -> None:
+    """`cap`: max_tokens per answer (a real small model may never stop), 0 for none."""
     model = OpenAIChatModel(
         model_name, provider=OpenAIProvider(base_url=f"{url}/v1", api_key="corral")
     )
@@ -26,6 +27,7 @@ def main(url: str, model_name: str) -> None:
         model,
         output_type=Forecast,
         instructions="Look the weather up with get_weather, then give the forecast.",
+        model_settings={"max_tokens": int(cap)} if int(cap) else None,
     )
     asked: list[str] = []
 
@@ -42,4 +44,4 @@ def main(url: str, model_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

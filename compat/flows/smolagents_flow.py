@@ -10,7 +10,8 @@ import sys
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 
-def main(url: str, model_name: str) -> None:
+def main(url: str, model_name: str, cap: str = "0") -> None:
+    """`cap`: max_tokens per answer (a real small model may never stop), 0 for none."""
     asked: list[str] = []
 
     @tool
@@ -23,7 +24,8 @@ def main(url: str, model_name: str) -> None:
         asked.append(city)
         return f"sunny and 21 C in {city}"
 
-    model = OpenAIServerModel(model_id=model_name, api_base=f"{url}/v1", api_key="corral")
+    limit = {"max_tokens": int(cap)} if int(cap) else {}
+    model = OpenAIServerModel(model_id=model_name, api_base=f"{url}/v1", api_key="corral", **limit)
     agent = ToolCallingAgent(tools=[get_weather], model=model, max_steps=4, verbosity_level=0)
     answer = agent.run("What is the weather in Paris?")
     steps = len(agent.memory.steps)
@@ -31,4 +33,4 @@ def main(url: str, model_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

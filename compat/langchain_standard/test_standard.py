@@ -14,6 +14,8 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 URL = os.environ.get("CORRAL_URL", "http://127.0.0.1:8080")
 MODEL = os.environ.get("CORRAL_MODEL", "coder")
+# A cap for a real small model, which may never stop on its own (the demo's models do).
+CAP = int(os.environ.get("CORRAL_MAX_TOKENS", "0")) or None
 
 
 class TestCorralChatOpenAI(ChatModelIntegrationTests):
@@ -23,8 +25,9 @@ class TestCorralChatOpenAI(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"model": MODEL, "base_url": f"{URL}/v1", "api_key": "corral",
-                "stream_usage": True}  # fmt: skip
+        params = {"model": MODEL, "base_url": f"{URL}/v1", "api_key": "corral",
+                  "stream_usage": True}  # fmt: skip
+        return {**params, "max_tokens": CAP} if CAP else params
 
     @property
     def supports_json_mode(self) -> bool:
@@ -38,7 +41,8 @@ class TestCorralChatOllama(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"model": MODEL, "base_url": URL}
+        params = {"model": MODEL, "base_url": URL}
+        return {**params, "num_predict": CAP} if CAP else params
 
     @property
     def supports_json_mode(self) -> bool:

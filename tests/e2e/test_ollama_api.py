@@ -280,7 +280,7 @@ def test_langchain_chat_ollama_and_embeddings(gw: Gateway) -> None:
 
     called = llm.bind_tools([add]).invoke("add 2 and 3")
     assert [c["name"] for c in called.tool_calls] == ["add"]
-    assert called.tool_calls[0]["args"] == {"a": 1, "b": 1}
+    assert called.tool_calls[0]["args"] == {"a": 2, "b": 3}  # read off the prompt, in turn
     vectors = OllamaEmbeddings(model="beta", **kwargs).embed_documents(["a", "b"])
     assert len(vectors) == 2
     assert len(vectors[0]) == 16

@@ -56,12 +56,16 @@ def test_a_folder_names_its_models_by_file(gguf: Path, tmp_path: Path) -> None:
 
 def test_corral_models_lists_them(gguf: Path, tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "400", "XDG_DATA_HOME": str(tmp_path)}
+    # At 8K (the figures below): a 32K default here would say nothing new (its context is
+    # checked in tests/unit/test_context_rule.py and tests/e2e/test_models_folder.py).
     out = subprocess.run(
-        [CORRAL, "models", str(gguf.parent)], capture_output=True, text=True, timeout=60, env=env
-    )
+        [CORRAL, "models", "--context", "8192", str(gguf.parent)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "gemma-3-270m" in out.stdout
     assert "Q4_K_M" in out.stdout
+    assert "8,192 of 32,768" in out.stdout
     # Its prompt caches kept across swaps (the default): --swa-full, its sliding-window layers
     # holding the whole context, counted in the estimate and in llama-server's own projection
     # (asked for this very command; 412 MiB and the process's 24), which it is packed by (*).
@@ -69,7 +73,7 @@ def test_corral_models_lists_them(gguf: Path, tmp_path: Path) -> None:
     assert "file 0.47, engine 0.46*" in out.stdout
     assert (tmp_path / "corral" / "engine-memory.json").exists()  # kept for the next start
     off = subprocess.run(
-        [CORRAL, "models", "--no-prompt-cache", str(gguf.parent)],
+        [CORRAL, "models", "--no-prompt-cache", "--context", "8192", str(gguf.parent)],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert off.returncode == 0, off.stderr

@@ -51,6 +51,7 @@ def test_each_tool_points_at_corral_with_its_models(tmp_path: Path) -> None:
     assert provider["options"]["baseURL"] == f"{url}/v1"
     assert provider["models"]["coder-7b"]["limit"] == {"context": 32768, "output": 8192}
     assert (config["model"], config["small_model"]) == ("corral/coder-7b", "corral/explorer-3b")
+    assert config["agent"] == {"explore": {"model": "corral/explorer-3b"}}  # its sub-agent
     aider = plan("aider", url, models, tmp_path)
     assert aider.argv[:5] == ["aider", "--model", "openai/coder-7b", "--weak-model",
                               "openai/explorer-3b"]  # fmt: skip

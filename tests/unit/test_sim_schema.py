@@ -193,3 +193,36 @@ def test_a_context_gives_back_the_turns_it_was_made_of(turns: list[tuple[str, st
 def test_a_context_corral_did_not_give_is_refused(context: Any) -> None:
     with pytest.raises(BadRequest, match="context"):
         turns_of(context)
+
+
+def test_values_come_from_what_the_prompt_gives_in_turn() -> None:
+    """A model asked for a tool's arguments takes them from the prompt: its numbers in turn
+    (where they fit the schema), its quoted texts in turn, the keys it names for a JSON."""
+    from corral.backends.sim_schema import cues_of, keys_of
+
+    cues = cues_of("add 2 and 3, name it '你好啊集团'; a JSON with 'setup' and 'punchline' keys")
+    assert cues.numbers == (2.0, 3.0)
+    args = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                             "name": {"type": "string"}}}  # fmt: skip
+    assert fill(args, cues=cues) == {"a": 2, "b": 3, "name": "你好啊集团"}
+    small = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2.5}}}
+    assert fill(small, cues=cues_of("pick 7 or 2"))["n"] == 2  # 7 does not fit: the next
+    assert keys_of(cues) == ["setup", "punchline"]  # names, not the quoted phrase
+    assert fill(args)["a"] == 1  # no prompt: a value in range, as before
+
+
+def test_a_tool_the_user_asks_for_is_called_with_the_values_named_for_it() -> None:
+    """OpenCode's `@explore` mention: "call the task tool with subagent: explore". A model
+    calls the tool asked for, with the value named for its field (`subagent_type`)."""
+    from corral.backends.sim_schema import cues_of
+    from corral.backends.sim_turns import Choice, pick
+
+    said = "@explore list the files. Call the task tool with subagent: explore"
+    tools = ["bash", "read", "list", "task"]
+    assert pick(tools, Choice(), True, set(), said) == "task"  # not `list`, a word of the text
+    assert pick(tools, Choice(), True, set(), "list the files") == "bash"  # none asked: first
+    task = {"type": "object", "required": ["description", "subagent_type"],
+            "properties": {"description": {"type": "string"},
+                           "subagent_type": {"type": "string"}}}  # fmt: skip
+    args = fill(task, ["words"], cues_of(said))
+    assert args == {"description": "words", "subagent_type": "explore"}

@@ -27,8 +27,8 @@ def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
         for c in m.get("tool_calls") or []
         if isinstance(c, dict) and isinstance(c.get("function"), dict)
     }
-    said = [m.get("content") for m in messages if m.get("role") == "assistant"]
-    called |= sim_turns.named_in_text(list(named), said)
+    replies = [m.get("content") for m in messages if m.get("role") == "assistant"]
+    called |= sim_turns.named_in_text(list(named), replies)
     raw = body.get("tool_choice")
     if isinstance(raw, dict):
         fn = raw.get("function")
@@ -36,11 +36,12 @@ def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
     else:
         choice = sim_turns.Choice(raw if raw in ("none", "required") else "auto")
     user_last = bool(messages) and messages[-1].get("role") == "user"
-    name = sim_turns.pick(list(named), choice, user_last, called)
+    asked = sim_turns.text_of(messages[-1].get("content")) if user_last else ""
+    name = sim_turns.pick(list(named), choice, user_last, called, asked)
     if name is None:
         return None
     schema = named[name].get("parameters") or {"type": "object", "properties": {}}
-    args = fill(schema, cues=prompt_cues(body))
+    args = fill(schema, cues=prompt_cues(body), optional=False)
     return {
         "id": f"call_{uuid.uuid4().hex[:12]}",
         "type": "function",

@@ -54,8 +54,10 @@ class Cues:
 
     numbers: tuple[float, ...] = ()
     quoted: tuple[str, ...] = ()
+    named: tuple[tuple[str, str], ...] = ()  # `name: value` pairs ("with subagent: explore")
 
 
+_NAMED = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]{0,63}):[ \t]*([^\s,;'\"]{1,200})")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
 _QUOTED = re.compile(r"'([^'\n]{1,200})'|\"([^\"\n]{1,200})\"|“([^”\n]{1,200})”")
 MAX_CUES = 16
@@ -68,7 +70,8 @@ def cues_of(text: str) -> Cues:
     text = text[:MAX_CUE_TEXT]
     numbers = tuple(float(m) for m in _NUMBER.findall(text)[:MAX_CUES])
     quoted = tuple(next(g for g in m if g) for m in _QUOTED.findall(text)[:MAX_CUES])
-    return Cues(numbers, quoted)
+    named = tuple((k.lower(), v.rstrip(".")) for k, v in _NAMED.findall(text)[:MAX_CUES])
+    return Cues(numbers, quoted, named)
 
 
 def keys_of(cues: Cues) -> list[str]:
@@ -81,19 +84,27 @@ class _Budget:
         self.nodes = 0
 
 
-def fill(schema: Any, words: list[str] | None = None, cues: Cues | None = None) -> Any:
+def fill(
+    schema: Any, words: list[str] | None = None, cues: Cues | None = None, optional: bool = True
+) -> Any:
     """A JSON value valid under `schema` (the subset above); text values are the prompt's
-    quoted texts (`cues`) in turn, then made of `words`; numbers the prompt's, where they fit."""
+    quoted texts (`cues`) in turn, then made of `words`; numbers the prompt's in turn, where
+    they fit. `optional`: fill optional properties too (an object asked for whole); else only
+    those required or given by name in the prompt (a tool's arguments: a model leaves out
+    OpenCode's `task_id`, "only set if you mean to resume a previous task")."""
     source = itertools.cycle(words or ["answer"])
-    return _Fill(schema, source, cues or Cues()).value(schema, 0)
+    return _Fill(schema, source, cues or Cues(), optional).value(schema, 0)
 
 
 class _Fill:
-    def __init__(self, root: Any, words: Iterator[str], cues: Cues) -> None:
+    def __init__(self, root: Any, words: Iterator[str], cues: Cues, optional: bool) -> None:
         self.root = root
+        self.optional = optional
         self.words = words
         self.quoted = iter(cues.quoted)
-        self.numbers = cues.numbers
+        self.named = cues.named
+        self.field = ""  # the property being filled: a `name: value` cue for it wins
+        self.numbers = list(cues.numbers)  # taken in turn: "add 2 and 3" gives a=2, b=3
         self.budget = _Budget()
 
     def value(self, schema: Any, depth: int) -> Any:
@@ -163,7 +174,10 @@ class _Fill:
         for key, sub in props.items():
             # Optional fields are filled too, as a model asked for them would, until the walk
             # nears its bounds; then only what the schema requires.
-            if key in required or (depth < MAX_DEPTH // 2 and self.budget.nodes < MAX_NODES // 2):
+            roomy = depth < MAX_DEPTH // 2 and self.budget.nodes < MAX_NODES // 2
+            wanted = self.optional or any(k == key.lower() for k, _ in self.named)
+            if key in required or (wanted and roomy):
+                self.field = key
                 out[key] = self.value(sub, depth + 1)
         for key in required:
             if key not in out:
@@ -195,19 +209,25 @@ class _Fill:
         return out
 
     def _number(self, schema: dict[str, Any], integer: bool) -> int | float:
-        """The prompt's first number that fits, else one in range."""
-        fallback = _number(schema, integer)
-        for n in self.numbers:
+        """The prompt's next number that fits (taken), else one in range."""
+        for i, n in enumerate(self.numbers):
             value = int(n) if integer and n.is_integer() else n
             if (not integer or isinstance(value, int)) and _fits(schema, value):
+                del self.numbers[i]
                 return value
-        return fallback
+        return _number(schema, integer)
+
+    def _named(self) -> str | None:
+        """The value the prompt gives by this field's name, or one of its words
+        (`subagent_type` takes "subagent: explore")."""
+        words = {w for w in self.field.lower().split("_") if len(w) > 2} | {self.field.lower()}
+        return next((v for k, v in self.named if k in words), None)
 
     def _string(self, schema: dict[str, Any]) -> str:
         fmt = schema.get("format")
         text = _FORMATS.get(fmt) if isinstance(fmt, str) else None
         if text is None:
-            text = next(self.quoted, None) or next(self.words)
+            text = self._named() or next(self.quoted, None) or next(self.words)
         least = _whole(schema.get("minLength"), 0)
         most = _whole(schema.get("maxLength"), None)
         while len(text) < min(least, 4096):

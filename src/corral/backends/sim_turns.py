@@ -9,6 +9,7 @@ a tool's answer it talks, unless a call is required."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 
@@ -42,17 +43,26 @@ class Choice:
     name: str | None = None
 
 
-def pick(tools: list[str], choice: Choice, user_last: bool, called: set[str]) -> str | None:
+def pick(
+    tools: list[str], choice: Choice, user_last: bool, called: set[str], said: str = ""
+) -> str | None:
     """The tool the model calls now, or None for text. Required: the first tool it has not
     called in this conversation (so a loop of tool then answer tool, as pydantic-ai's output
-    tool, ends), else the last; named: that one (when offered)."""
+    tool, ends), else the last; named: that one (when offered). Auto, the user last: the tool
+    the user's words ask for (`said`: "call the task tool"), else the first."""
     if not tools or choice.mode == "none":
         return None
     if choice.name is not None:
         return choice.name if choice.name in tools else None
     if choice.mode == "required":
         return next((t for t in tools if t not in called), tools[-1])
-    return tools[0] if user_last else None
+    if not user_last:
+        return None
+    asked = [t for t in _ASKED_TOOL.findall(said) if t in tools]
+    return asked[0] if asked else tools[0]
+
+
+_ASKED_TOOL = re.compile(r"\b([A-Za-z_][\w-]{0,63})\s+tool\b")
 
 
 def named_in_text(tools: list[str], turns: list[object]) -> set[str]:

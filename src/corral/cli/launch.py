@@ -108,6 +108,9 @@ def plan(tool: str, url: str, models: list[Listed], home: Path) -> Launch:
             },
             "model": f"corral/{main.id}",
             "small_model": f"corral/{small.id}",
+            # Its explore sub-agent (`@explore`, or the task tool) on the small model: the
+            # orchestrator, explorer, coder split that Corral keeps each resident for.
+            "agent": {"explore": {"model": f"corral/{small.id}"}},
         }
         path = home / "opencode.json"
         text = json.dumps(config, indent=2)

@@ -121,6 +121,11 @@ async def down(backend: Backend, model: str, exc: BaseException) -> UpstreamFail
     )
 
 
+# The last event of an answer, by API: OpenAI's chat and completions, Anthropic's Messages, the
+# Responses API. A client may close as soon as it reads one, before the server's end arrives.
+END_MARKS = (b"data: [DONE]", b"event: message_stop", b"event: response.completed")
+
+
 async def relay(
     resp: aiohttp.ClientResponse,
     events: bool,
@@ -134,9 +139,10 @@ async def relay(
     way; otherwise the failure is raised and the client sees a cut connection, the only signal
     left. `seen` gets each chunk; `ended` runs however it ends (finished, failed, or the client
     left, which drops the connection so the server stops generating), told whether the server's
-    answer was relayed whole: a client that closes its connection once it has read the last
-    chunk did not cut the answer short."""
+    answer was relayed whole (to its end, or to its last event: a client that closes once it
+    has read `data: [DONE]` did not cut the answer short)."""
     whole = False
+    answered = False  # events: the answer's last event was relayed
     partial = b""  # events: a line not yet ended
     try:
         async for chunk in resp.content.iter_any():
@@ -149,6 +155,7 @@ async def relay(
                 if not chunk:
                     continue
             yield chunk
+            answered = answered or (events and any(m in chunk for m in END_MARKS))
         if partial:
             yield partial
         whole = True
@@ -164,4 +171,4 @@ async def relay(
         else:
             resp.close()
         if ended is not None:
-            ended(whole)
+            ended(whole or answered)
