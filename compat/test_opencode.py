@@ -96,12 +96,12 @@ def test_opencode_runs_its_explore_sub_agent_on_the_small_model(
     began = time.monotonic()
     ask = "List the files in this folder: call the task tool with subagent: explore"
     events = run_opencode(corral, tmp_path, ask)
-    tasks = [e for e in events if e.get("type") == "tool_use"
-             and (e.get("part") or {}).get("tool") == "task"]  # type: ignore[union-attr]
+    parts: list[dict[str, Any]] = [e["part"] for e in events if e.get("type") == "tool_use"]  # type: ignore[misc]
+    tasks = [p for p in parts if p.get("tool") == "task"]
     seen = figures(corral, began)
     print("opencode with its explore sub-agent on the demo:", seen, len(tasks), "task calls")
     assert tasks, [e.get("type") for e in events]
-    state = tasks[0]["part"]["state"]  # type: ignore[index]
+    state = tasks[0]["state"]
     assert state["status"] == "completed", state
     assert state["input"]["subagent_type"] == "explore"
     assert seen["statuses"] == [200]
