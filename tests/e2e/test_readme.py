@@ -176,3 +176,15 @@ def test_corral_launch_opencode_starts_it_on_the_demos_models(demo: str, tmp_pat
     )  # fmt: skip
     assert gone.returncode == 2
     assert "no Corral answers at" in gone.stderr
+
+
+def test_the_context_example_is_a_valid_configuration() -> None:
+    """The README's `models_dir:` sections (issue 48) read as a configuration says."""
+    from corral.config import ModelsDir, parse_config
+
+    (text,) = [b for b in blocks("yaml") if "contexts:" in b]
+    config = parse_config(text, "README.md")
+    assert config.models_dir == [
+        ModelsDir(path="~/models"),
+        ModelsDir(path="~/agents", context=65536, contexts={"qwen3-coder": 131072}),
+    ]

@@ -68,6 +68,7 @@ def test_models_dir_takes_a_path_or_a_section_and_checks_the_numbers() -> None:
         ModelsDir(path="/a"),
         ModelsDir(path="/b", context=65536, contexts={"x": 4096}),
     ]
+    assert ModelsDir(path="~/m").folder == Path.home() / "m"  # as a shell would read it
     with pytest.raises(ValidationError, match="context"):
         Config.model_validate({"models_dir": [{"path": "/b", "context": 10}]})
     with pytest.raises(ValidationError, match="contexts"):

@@ -120,7 +120,7 @@ def _scanned(
     for d in dirs:
         rule = Contexts(budget_bytes(devices), d.context, d.contexts)
         try:
-            found, bad = scan(Path(d.path), settings.enabled, rule)
+            found, bad = scan(d.folder, settings.enabled, rule)
         except ValueError as exc:
             raise fail(str(exc)) from None
         memory = memory_of(found, server, settings, figures)

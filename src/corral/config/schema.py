@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -43,6 +44,11 @@ class ModelsDir(Strict):
     @classmethod
     def _a_path(cls, value: Any) -> Any:
         return {"path": value} if isinstance(value, str) else value
+
+    @property
+    def folder(self) -> Path:
+        """The folder, `~` expanded."""
+        return Path(self.path).expanduser()
 
 
 class Config(Strict):

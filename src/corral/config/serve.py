@@ -69,7 +69,7 @@ def compose(opts: ServeOptions) -> Composed:
     config = with_capabilities(config)
     dirs = [*config.models_dir, *(ModelsDir(path=str(f)) for f in folders_given)]
     dirs = with_contexts(dirs, opts.contexts)
-    folders = [Path(d.path) for d in dirs]
+    folders = [d.folder for d in dirs]
     if dirs:
         figures = EngineFigures(engine_figures_path(config))
         config, found = with_folders(config, dirs, opts.llama_server, figures)

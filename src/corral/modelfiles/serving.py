@@ -222,7 +222,7 @@ def with_folders(
     for folder in folders:
         rule = Contexts(budget, folder.context, folder.contexts)
         try:
-            found, bad = scan(Path(folder.path), config.prompt_cache.enabled, rule)
+            found, bad = scan(folder.folder, config.prompt_cache.enabled, rule)
         except ValueError as exc:
             raise CorralError(str(exc)) from None
         unknown = sorted(set(folder.contexts) - {m.name for m in found})
