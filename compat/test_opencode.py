@@ -1,8 +1,7 @@
 """OpenCode itself (the npm package `opencode-ai`, unchanged), run headless through `corral
 launch opencode` (issue 48), against `make run`'s demo. `make compat` installs it (from the npm
 registry) and runs this; the run prints its figures (requests, loads, seconds), the ones
-docs/benchmarks.md gives. (A models folder on the real llama-server: not yet; gemma-3-270m
-took 143 s for OpenCode's first request on the loaded 2-core machine.)"""
+docs/benchmarks.md gives; and on a models folder, the real llama-server serving gemma-3-270m."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 from tests.helpers import wait_http_ok
 from tests.support.gateway import CORRAL
+from tests.support.gemma import gemma_gguf
 
 from corral.backends.process import free_port
 
@@ -30,7 +30,11 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.make_compat]
 def corral(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """`corral serve` (its arguments: the test's `serve_args` parameter) on a free port."""
     port = free_port()
-    args: list[str] = request.param
+    args: list[str] = list(request.param)
+    if "GEMMA" in args:  # a models folder: the packaged gemma-3-270m on the real llama-server
+        (tmp_path / "models").mkdir()
+        gemma_gguf(tmp_path / "models" / "gemma-3-270m.gguf")
+        args[args.index("GEMMA")] = str(tmp_path / "models")
     proc = subprocess.Popen(
         [CORRAL, "serve", *args, "--listen", f"127.0.0.1:{port}"],
         env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")},
@@ -106,3 +110,16 @@ def test_opencode_runs_its_explore_sub_agent_on_the_small_model(
     assert state["input"]["subagent_type"] == "explore"
     assert seen["statuses"] == [200]
     assert {"coder-7b", "explorer-3b"} <= set(seen["by_model"])  # main, then the sub-agent
+
+
+@pytest.mark.parametrize("corral", [["--models", "GEMMA"]], indirect=True, ids=["models-folder"])
+def test_opencode_completes_a_run_on_a_models_folder(corral: str, tmp_path: Path) -> None:
+    """The same run on a models folder, the real llama-server serving gemma-3-270m at the
+    default context (32K: OpenCode's system prompt and tool schemas alone are ~7,000 tokens)."""
+    began = time.monotonic()
+    events = run_opencode(corral, tmp_path, "Say hello.")
+    seen = figures(corral, began)
+    print("opencode on a models folder (gemma-3-270m):", seen)
+    assert [e for e in events if e.get("type") == "step_finish"]
+    assert seen["statuses"] == [200]
+    assert seen["by_model"] == ["gemma-3-270m"]
