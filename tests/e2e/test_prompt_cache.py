@@ -172,6 +172,12 @@ def test_every_door_keeps_its_conversation_across_a_swap(gguf: Path, tmp_path: P
             return str(g.chat("a", conversation("Capital of Chile?"))["choices"][0]["message"])
 
         doors = [by_openai, by_anthropic, by_ollama, by_completions]
+        for door in doors:
+            door()
+        # Asked again, each answer comes from its slot's cache: llama-server evaluates only the
+        # prompt's last token again, as it does after a restore. (Against the first, computed
+        # whole, a 270M model's greedy choice can flip on that token's rounding: it did on an
+        # AMD EPYC build, "<|im_end|>" for "What".)
         first = [door() for door in doors]
         g.chat("b", conversation("Name a colour."))  # a stops: its four slots are saved
         assert sorted(e["model"] for e in index(states)) == ["a"] * 4

@@ -198,7 +198,8 @@ class OllamaDoor:
         """A request asked for a larger window than `model` is served with: it is served in the
         model's own (the answer's `x-corral-context` says which), and the log says once per
         model how to give it more."""
-        caps = self.config.models[model].capabilities
+        m = self.config.models.get(model)
+        caps = m.capabilities if m is not None else None
         context = caps.context if caps is not None else 0
         if asked is None or not context or asked <= context or model in self._told:
             return

@@ -34,7 +34,7 @@ class KeptProps:
         self.config = config
         self.path = path
         self._kept: dict[str, tuple[float, bytes]] = {}
-        self._keys: dict[str, str] = {}  # by model: its fingerprint, made once
+        self._keys: dict[str, str] = {}  # by command: its fingerprint, made once
         if path is not None:
             self._read(path)
 
@@ -52,14 +52,18 @@ class KeptProps:
                 self._kept[str(key)] = (when, json.dumps(value["props"]).encode())
 
     def _key(self, model: str) -> str:
-        if model not in self._keys:
+        """The model's fingerprint: of its command now (a reload may change it), and of the
+        model file that command names (its size and time), made once per command."""
+        m = self.config.models.get(model)  # None: removed by a reload, its answers ending
+        if m is None:
+            return f"removed:{model}"
+        command = m.cmd or m.upstream or ""
+        if command not in self._keys:
             from corral.modelfiles.engine import fingerprint, split_command
 
-            m = self.config.models[model]
-            command = m.cmd or m.upstream or ""
             made = fingerprint(split_command(command, 0)) if m.cmd else None
-            self._keys[model] = made or hashlib.sha256(command.encode()).hexdigest()
-        return self._keys[model]
+            self._keys[command] = made or hashlib.sha256(command.encode()).hexdigest()
+        return self._keys[command]
 
     def keep(self, model: str, body: bytes) -> None:
         """The model's server answered `/props` with `body` (a 200)."""

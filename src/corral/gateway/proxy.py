@@ -328,9 +328,11 @@ class Proxy:
     def _headers(self, model: str, resp: ClientResponse, slot: Slot) -> dict[str, str]:
         """The server's answer headers, less the hop-by-hop ones, and Corral's own."""
         out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
-        caps = self.config.models[model].capabilities
-        if caps is not None and caps.context:  # the window it was served in (issue 48)
-            out["x-corral-context"] = str(caps.context)
+        # The window it was served in (issue 48). `get`: a model removed by a reload (--watch)
+        # finishes the answers it holds, and is no longer in the configuration.
+        m = self.config.models.get(model)
+        if m is not None and m.capabilities is not None and m.capabilities.context:
+            out["x-corral-context"] = str(m.capabilities.context)
         # How long the request waited for its model (queue and swap): clients, benchmarks and
         # `corral replay` read it to tell waiting from serving.
         out["x-corral-wait-ms"] = f"{slot.wait_s * 1000:.1f}"
