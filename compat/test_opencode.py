@@ -15,11 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.helpers import wait_http_ok
+from compat_serve import corral_serve
 from tests.support.gateway import CORRAL
 from tests.support.gemma import gemma_gguf
-
-from corral.backends.process import free_port
 
 BIN = Path(__file__).parents[1] / ".compat" / "node_modules" / ".bin"
 
@@ -29,23 +27,13 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.make_compat]
 @pytest.fixture
 def corral(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """`corral serve` (its arguments: the test's `serve_args` parameter) on a free port."""
-    port = free_port()
     args: list[str] = list(request.param)
     if "GEMMA" in args:  # a models folder: the packaged gemma-3-270m on the real llama-server
         (tmp_path / "models").mkdir()
         gemma_gguf(tmp_path / "models" / "gemma-3-270m.gguf")
         args[args.index("GEMMA")] = str(tmp_path / "models")
-    proc = subprocess.Popen(
-        [CORRAL, "serve", *args, "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout_s=120)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    with corral_serve(args, tmp_path) as url:
+        yield url
 
 
 def run_opencode(url: str, tmp_path: Path, message: str) -> list[dict[str, object]]:

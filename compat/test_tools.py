@@ -18,11 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.helpers import wait_http_ok
+from compat_serve import corral_serve
 from tests.support.gateway import CORRAL
 from tests.support.gemma import gemma_gguf
-
-from corral.backends.process import free_port
 
 ROOT = Path(__file__).parents[1]
 VENV = ROOT / ".compat" / "venv" / "bin"
@@ -35,19 +33,8 @@ pytestmark = pytest.mark.timeout(3600)
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`make run`'s demo: `corral serve` with no configuration, on a free port."""
-    home = tmp_path_factory.mktemp("demo")
-    port = free_port()
-    proc = subprocess.Popen(
-        [CORRAL, "serve", "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "XDG_DATA_HOME": str(home / "data")},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout_s=120)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    with corral_serve([], tmp_path_factory.mktemp("demo")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +46,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     models.mkdir()
     gemma_gguf(models / "gemma-a.gguf")
     os.link(models / "gemma-a.gguf", models / "gemma-b.gguf")
-    port = free_port()
-    proc = subprocess.Popen(
-        [CORRAL, "serve", "--models", str(models), "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "XDG_DATA_HOME": str(home / "data")},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout_s=120)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    with corral_serve(["--models", str(models)], home) as url:
+        yield url
 
 
 class Figures:
