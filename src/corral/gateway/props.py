@@ -10,15 +10,16 @@ before any, from what the configuration says of it; marked `x-corral-props: kept
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
+from corral.atomic import replace_text
 from corral.config import Config
 
 MAX_PROPS_BYTES = 1 << 20  # an answer bigger than this is not kept
@@ -86,13 +87,8 @@ class KeptProps:
                 out[key] = {"at": at, "props": json.loads(body)}
             except ValueError:
                 continue  # not JSON: answered while the gateway runs, never written
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            part = self.path.with_name(self.path.name + f".{os.getpid()}.part")
-            part.write_text(json.dumps(out))
-            part.replace(self.path)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # kept in memory until the gateway stops
+            replace_text(self.path, json.dumps(out))
 
     def answer(self, model: str) -> Response:
         """The probe's answer for a model that is not loaded: kept, else from the config."""

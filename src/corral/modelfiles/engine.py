@@ -245,17 +245,14 @@ class EngineFigures:
     def _save(self) -> None:
         import json
 
+        from corral.atomic import replace_text
+
         while len(self._data) > self.MAX_ENTRIES:
             del self._data[min(self._data, key=lambda k: self._data[k].at)]
         body = {k: {"projected_mib": f.projected_mib, "measured_mib": f.measured_mib, "at": f.at}
                 for k, f in self._data.items()}  # fmt: skip
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            part = self.path.with_name(self.path.name + f".{os.getpid()}.part")
-            part.write_text(json.dumps(body))
-            part.replace(self.path)
-        except OSError:
-            pass  # asked again at the next start
+        with contextlib.suppress(OSError):  # asked again at the next start
+            replace_text(self.path, json.dumps(body))
 
 
 def _mib(value: object) -> int | None:

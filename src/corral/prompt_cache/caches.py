@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.atomic import replace_text
 from corral.backends.process import escape_macros
 from corral.config import ModelConfig, PromptCacheConfig
 from corral.config.server import prompt_cache_why_not
@@ -208,10 +209,8 @@ class PromptCaches:
         kept[fingerprint] = {"model": model, "why": why, "at": time.time()}
         while len(kept) > MAX_VERDICTS:
             del kept[next(iter(kept))]
-        part = self.folder / f"{VERDICTS}.{os.getpid()}.part"
         try:
-            part.write_text(json.dumps(kept))
-            part.replace(self.folder / VERDICTS)
+            replace_text(self.folder / VERDICTS, json.dumps(kept))
         except OSError as exc:
             log.warning("prompt cache: the verdict on %s not kept for the next run: %s", model, exc)
 
