@@ -248,3 +248,48 @@ def test_unknown_macros_and_missing_env_vars_are_named() -> None:
         substitute("--port ${PROT}", {"PORT": "9"}, "cmd")
     with pytest.raises(BackendError, match="environment variable CORRAL_NO_SUCH_VAR is not set"):
         substitute("${env.CORRAL_NO_SUCH_VAR}", {}, "cmd")
+
+
+def test_a_piped_output_keeps_the_load_and_leaves_out_the_quiet_lines_once_ready(
+    tmp_path: Path,
+) -> None:
+    """`quiet_after_ready`: what a verbose server says while it loads (its buffer sizes) is in
+    its log and in `output_since_start`; the same kind of line said once it is ready is not;
+    every other line is; a crash's last words still reach the log."""
+    cmd = script(
+        tmp_path,
+        "verbose",
+        """
+        print("T load_tensors: CPU model buffer size = 12.00 MiB", flush=True)
+        print("I loading", flush=True)
+        asked = threading.Event()
+        H.do_GET, answer = lambda self: (answer(self), asked.set()), H.do_GET
+        threading.Thread(target=serve, daemon=True).start()
+        asked.wait()
+        time.sleep(0.5)  # well after its health was answered: it is ready
+        for i in range(400):
+            time.sleep(0.01)
+            print(f"T slot update {i}", flush=True)
+            print(f"I request {i}", flush=True)
+        print("E dying", file=sys.stderr, flush=True)
+        os._exit(5)
+        """,
+    )
+
+    async def main() -> None:
+        b = ProcessBackend(ProcessSpec("verbose", cmd, quiet_after_ready=r"T "), tmp_path)
+        codes: list[int] = []
+        b.on_exit = codes.append
+        await b.start()
+        assert "T load_tensors: CPU model buffer size = 12.00 MiB" in b.output_since_start()
+        assert await b.exited(30)
+        assert codes == [5]
+        log = b.log_path.read_text()
+        assert "I request 399" in log
+        assert "E dying" in log
+        assert "T slot update" not in log
+        await b.start()  # a second start: its own output, the first one's left behind
+        assert b.output_since_start().count("T load_tensors") == 1
+        await b.stop()
+
+    asyncio.run(main())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from corral.core.placement import DeviceView, Plan, ResidentView, plan_placement
+from corral.core.placement import DeviceView, Plan, ResidentView, overflow, plan_placement
 
 
 def dev(
@@ -99,3 +101,32 @@ def test_the_kv_cache_estimate_counts_layers_heads_and_context() -> None:
                     256, 262144, 512, None, 1)  # fmt: skip
     # 3 of 18 layers are full: they hold the whole context; 15 hold 4 windows and a batch.
     assert estimate_memory(swa, 32768).kv_bytes == 1024 * (3 * 32768 + 15 * 2560)
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        pytest.param(dev("g", 24, 0, res("m", 12), res("a", 10)), (), id="still fits"),
+        pytest.param(dev("g", 24, 0, res("m", 16), res("a", 10)), ("a",), id="idle one goes"),
+        pytest.param(
+            dev("g", 24, 0, res("m", 16), res("a", 10, in_flight=1), res("b", 4)),
+            ("b", "a"),
+            id="idle first, then busy, until it fits",
+        ),
+        pytest.param(
+            dev("g", 24, 0, res("m", 16), res("a", 6, pending=2), res("b", 6)),
+            ("b",),
+            id="the fewest that make room",
+        ),
+        pytest.param(
+            dev("g", 24, 0, res("m", 22), dataclasses.replace(res("p", 4), held=True)),
+            None,
+            id="a held one never goes",
+        ),
+        pytest.param(dev("g", 24, 0, res("m", 30)), None, id="too big alone"),
+    ],
+)
+def test_overflow_sends_away_what_a_measured_figure_no_longer_leaves_room_for(
+    device: DeviceView, expected: tuple[str, ...] | None
+) -> None:
+    assert overflow(device, "m") == expected

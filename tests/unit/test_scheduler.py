@@ -153,6 +153,73 @@ def test_memory_decides_what_fits_and_evicts_the_idle_model() -> None:
     assert resident == ["b", "c"]
 
 
+# --- a model's measured memory (issue 47: what its server reported once loaded) -------------
+MEASURED = (
+    "devices: [{name: g, memory_gb: 24}]\n"
+    "models: {a: {memory_gb: 10}, b: {memory_gb: 10}, c: {memory_gb: 4, pin: true}}\n"
+    "scheduler: {policy: fifo-plus}\n"
+)
+
+
+def test_a_measured_figure_that_overfills_the_device_sends_an_idle_neighbour_away() -> None:
+    h = Harness(MEASURED)
+    h.arrive("a1")
+    h.loaded("a")
+    h.finish("a1")
+    h.arrive("b1")
+    h.s.on_load_finished("b", memory_gb=12.0)  # a 10 + b 12: still fits 24
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1"), ("load", "b", ()),
+                        ("dispatch", "b1")]  # fmt: skip
+    assert h.s.models["b"].spec.memory_gb == 12.0
+    h.finish("b1")
+    assert h.s.on_restart_requested("b")  # b's server starts again and reports 16 GB
+    h.take()
+    h.arrive("b2")
+    h.s.on_load_finished("b", memory_gb=16.0)
+    assert h.take() == [("load", "b", ()), ("unload", "a"), ("dispatch", "b2")]
+    assert h.s.decisions[-1].reason == "memory: b takes 16 GB"
+    assert sorted(m.name for m in h.s.board.residents()) == ["b"]
+
+
+def test_a_busy_neighbour_finishes_its_requests_then_leaves() -> None:
+    h = Harness(MEASURED)
+    h.arrive("a1")
+    h.loaded("a")
+    h.arrive("b1")
+    h.s.on_load_finished("b", memory_gb=20.0)
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1"), ("load", "b", ()),
+                        ("dispatch", "b1")]  # fmt: skip
+    h.arrive("a2")  # a is leaving: it takes no new work
+    assert h.take() == []
+    h.finish("a1")
+    assert h.take()[0] == ("unload", "a")
+    assert h.s.decisions[-1].reason == "memory: b takes 20 GB"
+
+
+def test_a_model_that_fits_only_past_a_pinned_one_leaves_itself() -> None:
+    h = Harness(MEASURED)
+    assert h.s.on_load_requested("c") is None
+    h.loaded("c")
+    h.arrive("a1")
+    h.loaded("a")
+    h.finish("a1")
+    h.arrive("b1")
+    h.take()
+    h.s.on_load_finished("b", memory_gb=21.0)  # c (pinned) 4 + b 21 > 24 even without a
+    assert h.take() == [("unload", "b")]
+    assert h.s.decisions[-1].reason == "memory: b takes 21 GB"
+    assert sorted(m.name for m in h.s.board.residents()) == ["a", "c"]
+    assert h.requests["b1"].state is RequestState.PENDING  # placed again by 21 GB
+
+
+def test_a_model_too_big_for_its_device_alone_stays() -> None:
+    h = Harness(MEASURED)
+    h.arrive("a1")
+    h.s.on_load_finished("a", memory_gb=30.0)
+    assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
+    assert h.s.models["a"].state.value == "ready"
+
+
 # --- fifo -------------------------------------------------------------------------------------
 def test_fifo_swaps_on_every_model_change() -> None:
     h = Harness(TWO, "fifo")

@@ -58,6 +58,9 @@ class ProcessSpec:
     cmd_stop: str | None = None  # run instead of SIGTERM; ${PID} is the server's pid
     poll_s: float = 0.01
     served_name: str | None = None  # the model's name in requests to it (default: `model`)
+    # Lines of its output left out of its log once it is ready (a pattern, matched at a line's
+    # start): what a server says only at a verbosity Corral asked for to read its load.
+    quiet_after_ready: str | None = None
 
 
 class Hooks(Protocol):
@@ -187,7 +190,10 @@ class ProcessBackend:
         self._proc: asyncio.subprocess.Process | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
+        self._ready = False  # healthy since its last start (its quiet lines are left out)
+        self._pump: asyncio.Future[None] | None = None  # copies a piped output to its log
         self.hooks: Hooks | None = None
+        self._log_from = 0  # where its last start's output begins in its log, in bytes
 
     @property
     def running(self) -> bool:
@@ -222,15 +228,21 @@ class ProcessBackend:
             # A path that is not UTF-8 is written as its own bytes.
             log.write(f"--- corral: starting {shown}\n".encode(errors="surrogateescape"))
             log.flush()
+            self._log_from = log.tell()
+            piped = self.spec.quiet_after_ready is not None
             try:
                 self._proc = await asyncio.create_subprocess_exec(
                     *argv,
                     env=env,
                     stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=asyncio.subprocess.PIPE if piped else log,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,  # its own process group: stop reaches its children
                 )
+                if piped:
+                    assert self._proc.stdout is not None
+                    self._ready = False
+                    self._pump = asyncio.ensure_future(self._copy_output(self._proc.stdout))
                 if self._record is not None:
                     self._record.add(self._proc.pid)
             except FileNotFoundError:
@@ -245,6 +257,7 @@ class ProcessBackend:
         except BaseException:
             await self._kill()
             raise
+        self._ready = True
         self._watch = asyncio.ensure_future(self._watch_exit())
         if self.hooks is not None:
             await self.hooks.started(self.proxy_url, argv)
@@ -263,6 +276,20 @@ class ProcessBackend:
                 )
         return time.monotonic() - started
 
+    async def _copy_output(self, out: asyncio.StreamReader) -> None:
+        """Its output into its log, less `quiet_after_ready`'s lines once it is ready."""
+        assert self.spec.quiet_after_ready is not None
+        quiet = re.compile(self.spec.quiet_after_ready.encode())
+        rest = b""
+        with self.log_path.open("ab") as log:
+            while chunk := await out.read(1 << 16):
+                *lines, rest = (rest + chunk).split(b"\n")
+                if len(rest) > 1 << 16:  # a line without an end: written as it is
+                    lines, rest = [*lines, rest], b""
+                log.writelines(x + b"\n" for x in lines if not (self._ready and quiet.match(x)))
+                log.flush()
+            log.write(rest)
+
     async def _wait_healthy(self, started: float) -> None:
         proc = self._proc
         assert proc is not None
@@ -276,6 +303,7 @@ class ProcessBackend:
         async with httpx.AsyncClient(timeout=httpx.Timeout(1.0), verify=not plain) as client:
             while True:
                 if proc.returncode is not None:
+                    await self._drained()
                     raise BackendError(
                         f"{what}: the server {exit_reason(proc.returncode)} while loading "
                         f"(its log: {self.log_path})",
@@ -292,10 +320,17 @@ class ProcessBackend:
                     )
                 await asyncio.sleep(self.spec.poll_s)
 
+    async def _drained(self) -> None:
+        """A piped output is in its log (its end waited for a second at most: a child of the
+        server may hold the pipe open)."""
+        if self._pump is not None:
+            await asyncio.wait({self._pump}, timeout=1.0)
+
     async def _watch_exit(self) -> None:
         proc = self._proc
         assert proc is not None
         code = await proc.wait()
+        await self._drained()
         self._forget(proc)
         if not self._stopping and self.hooks is not None:
             self.hooks.crashed()
@@ -359,6 +394,16 @@ class ProcessBackend:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, sig)
+
+    def output_since_start(self, limit_bytes: int = 4 << 20) -> str:
+        """What the server wrote since its last start began, at most its first `limit_bytes`
+        (what it says while it loads: a llama-server's buffer sizes)."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_from)
+                return f.read(limit_bytes).decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the server's log."""

@@ -305,6 +305,12 @@ class ModelConfig(Strict):
         default=0.0,
         description="Once ready, it stays at least this long before another model may evict it.",
     )
+    memory_from_server: bool = Field(
+        default=False,
+        description="After each load, its room is what its server reported it allocated "
+        "(llama-server's buffer lines), kept per file and flags across restarts; a device it "
+        "then overfills sheds other models. The models folder sets it.",
+    )
 
     @property
     def deep_wake_s(self) -> float:

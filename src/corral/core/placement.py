@@ -83,3 +83,18 @@ def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
         if best is None or key < best[0]:
             best = (key, Plan(d.name, tuple(v.name for v in victims)))
     return best[1] if best else None
+
+
+def overflow(d: DeviceView, measured: str) -> tuple[str, ...] | None:
+    """Which residents of `d` leave so that all fit its capacity again, now that `measured`
+    (one of them) takes the room its server reported: the fewest, in eviction order, never
+    `measured` or a held one; () when all fit; None when only held ones could make room."""
+    free = d.capacity - sum(r.size for r in d.residents)
+    out: list[str] = []
+    others = (r for r in d.residents if not r.held and r.name != measured)
+    for r in sorted(others, key=_eviction_order):
+        if free >= -_EPS:
+            break
+        out.append(r.name)
+        free += r.size
+    return tuple(out) if free >= -_EPS else None

@@ -172,9 +172,11 @@ class Scheduler:
         load_s: float | None = None,
         unload_s: float | None = None,
         device: str | None = None,
+        memory_gb: float | None = None,
     ) -> None:
         """`model` is ready (its copy on `device`; None: its only copy). Measured swap times, if
-        given, refine the estimates."""
+        given, refine the estimates; `memory_gb`, what its server reported it allocated, is the
+        room it takes from now on (`Swaps.refit`)."""
         m = self.models[model]
         rec = _copy(m, device)
         woke = rec.state is Lifecycle.WAKING
@@ -185,9 +187,13 @@ class Scheduler:
         rec.deep = False
         now = self._clock()
         rec.ready_at = now
-        if rec.spec.min_resident_s:
+        if memory_gb is not None and memory_gb != rec.spec.memory_gb:
+            why = f"memory: {model} takes {memory_gb:g} GB"
+            for v in self.swaps.refit(rec, memory_gb, now):
+                self.tiers.drain(v, now, why)
+        if rec.state is _READY and rec.spec.min_resident_s:
             self._fx.set_timer(now + rec.spec.min_resident_s, _RESIDENT + rec.name)
-        if m.count == 0:
+        if rec.state is _READY and m.count == 0:
             self._went_idle(rec, now)
         self._need_decide = True
         self._settle(now)
@@ -376,10 +382,8 @@ class Scheduler:
             if not ready:
                 break
             c = ready[0]
-            c.lost = c.restarting = True
-            if c.in_flight == 0:
-                self.tiers.unload(c, now, "restart")
-                self._need_decide = True  # its room may go to waiting work
+            self.tiers.drain(c, now, "restart")
+            self._need_decide = True  # its room may go to waiting work
         self._need_decide = True
         self._settle(now)
         return all(c.state is not Lifecycle.LOADING for c in (m, *m.copies))
@@ -437,7 +441,7 @@ class Scheduler:
         if m.lost:
             if m.in_flight == 0:
                 if m.restarting:
-                    self.tiers.unload(m, now, "restart")
+                    self.tiers.unload(m, now, m.restarting)
                     self._need_decide = True  # its room may go to waiting work
                 else:
                     self.tiers.gone(m)

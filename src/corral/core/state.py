@@ -116,7 +116,9 @@ class ModelRecord:
         self._order: list[int] = []  # negated levels, ascending = first to run first
         self.yielding = False  # stops taking new work: it is to make room for another model
         self.lost = False  # its server died: no new work; unloaded once in-flight work ends
-        self.restarting = False  # lost on purpose (its command changed): unloaded the same way
+        # Lost on purpose, and why ("restart": its command changed; its device overfilled): it
+        # unloads the same way. Empty: not.
+        self.restarting = ""
         self.served = False  # dispatched at least once since it last loaded
         self.recheck = False  # a challenger waits for this model's first round to end
         self.load_started_at = 0.0

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from corral.core.board import Board
 from corral.core.effects import Effects
-from corral.core.placement import DeviceView, ResidentView, plan_placement
+from corral.core.placement import DeviceView, ResidentView, overflow, plan_placement
 from corral.core.policies import Policy, lingering
 from corral.core.replicas import Replicas
 from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
@@ -165,6 +165,22 @@ class Swaps:
             )
             for d in self.devices
         ]
+
+    def refit(self, rec: ModelRecord, memory_gb: float, now: float) -> list[ModelRecord]:
+        """Ready `rec`'s model takes `memory_gb` from now on (each copy); who leaves its device
+        for that: the neighbours placement would have evicted (`overflow`); itself where only
+        held ones could make room (its queue places it again); no one where it is too big for
+        the device alone (it runs)."""
+        family = rec.primary or rec
+        for c in (family, *family.copies):
+            c.spec = c.spec.model_copy(update={"memory_gb": memory_gb})
+        dev = rec.device
+        assert dev is not None
+        view = next(v for v in self.views(rec, now) if v.name == dev.name)
+        victims = overflow(view, rec.name)
+        if victims is None:
+            return [rec] if memory_gb <= dev.capacity else []
+        return [dev.holding(name) for name in victims]
 
     def _rented_out(self, m: ModelRecord, now: float) -> bool:
         """Sleeping `m` may load afresh on another device once its oldest request has waited

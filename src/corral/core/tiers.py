@@ -69,7 +69,8 @@ class Tiers:
         self.move(m, Lifecycle.UNLOADED)
         self._forget(m)
         m.device = None
-        m.lost = m.yielding = m.recheck = m.restarting = m.deep = False
+        m.lost = m.yielding = m.recheck = m.deep = False
+        m.restarting = ""
         m.linger_until = None  # idle_since stays: the next arrival still measures the gap
         if m.primary is not None:
             m.primary.copies.remove(m)
@@ -102,6 +103,14 @@ class Tiers:
         dev = self.leave(m)
         self.decisions.append(Decision(now, None, dev.name, (m.name,), reason))
         self._fx.unload(m.name, dev.name)
+
+    def drain(self, m: ModelRecord, now: float, reason: str) -> None:
+        """Ready `m` leaves on purpose: at once if idle, else it takes no new work and unloads
+        once its requests in flight end (the scheduler's `_after_slot_freed`)."""
+        if m.in_flight == 0:
+            self.unload(m, now, reason)
+        else:
+            m.lost, m.restarting = True, reason
 
     def start_load(
         self, c: ModelRecord, dev: DeviceRecord, victims: list[ModelRecord], now: float, reason: str

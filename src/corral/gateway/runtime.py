@@ -23,6 +23,7 @@ from corral.backends.base import Backend
 from corral.backends.orphans import DirLock
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
 from corral.config import Config, HostConfig, ModelConfig
+from corral.config.serve import engine_figures_path
 from corral.core import Request, Scheduler
 from corral.gateway.activity import Activity
 from corral.gateway.events import Events
@@ -33,6 +34,7 @@ from corral.gateway.servers import Servers
 from corral.gateway.status import StatusView, Tally
 from corral.gateway.swaps import Holder, Load, Swap
 from corral.machine import watch
+from corral.modelfiles.engine import EngineFigures
 from corral.prompt_cache.caches import PromptCaches, folder_of
 from corral.secrets import Redactor
 
@@ -52,7 +54,8 @@ class Gateway:
         # The prompt caches kept across swaps (prompt_cache/), in a folder Corral owns.
         pc = config.prompt_cache
         self.prompt_caches = PromptCaches(pc, folder_of(pc, log_dir))
-        self.servers = Servers(log_dir, self._exited, self.prompt_caches)
+        figures = EngineFigures(engine_figures_path(config))
+        self.servers = Servers(log_dir, self._exited, self.prompt_caches, figures)
         self.backends = self.servers.backends  # each model's own server, by name (read only)
         self._devices = {d.name: d for d in config.devices}
         self.naps = Naps()  # the servers asleep, and how each model sleeps (gateway/naps.py)
@@ -336,7 +339,20 @@ class Gateway:
             self._held(model, device)
         # A wake that fell back to a cold start measured a load, not a wake: not told.
         measured = swap.load_s if swap.woke == load.wake else None
-        sched.on_load_finished(model, load_s=measured, unload_s=swap.unload_s, device=device)
+        memory_gb = None if swap.woke else await self._allocated(model, backend)
+        sched.on_load_finished(
+            model, load_s=measured, unload_s=swap.unload_s, device=device, memory_gb=memory_gb
+        )
+
+    async def _allocated(self, model: str, backend: Backend) -> float | None:
+        """What `model`'s server just reported it allocated (GB), if it is packed by that."""
+        spec = self.config.models.get(model)
+        gb = None if spec is None else await self.servers.measured_gb(backend, spec)
+        packed = None if spec is None else spec.memory_gb
+        if gb is not None and packed is not None and abs(gb - packed) > 0.05 * packed:
+            log.info("model %s: its server allocated %.2f GB; it was packed by %.2f GB",
+                     model, gb, packed)  # fmt: skip
+        return gb
 
     def _exited(self, model: str, backend: Backend, code: int) -> None:
         """A loaded server died: its in-flight requests fail (502, from the proxy), new ones

@@ -16,6 +16,7 @@ from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
+from corral.modelfiles.engine import MIB, EngineFigures, split_command
 from corral.prompt_cache.caches import PromptCaches, Serving, serving
 from corral.prompt_cache.server import ServerCache
 
@@ -95,9 +96,11 @@ class Servers:
         log_dir: Path,
         exited: Callable[[str, Backend, int], None],
         caches: PromptCaches | None = None,
+        figures: EngineFigures | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.caches = caches
+        self.figures = figures  # what each llama-server reported it allocated (`measured_gb`)
         # The servers this gateway runs, so the next one stops them if this one is killed.
         self.record = ServerRecord(log_dir / "servers.pids")
         self.backends: dict[str, Backend] = {}
@@ -143,6 +146,18 @@ class Servers:
             return None
         cache = backend.hooks
         return cache if isinstance(cache, ServerCache) and cache.active else None
+
+    async def measured_gb(self, backend: Backend, m: ModelConfig) -> float | None:
+        """What `backend`'s server reported its load just now allocated, in GB on its device,
+        kept in the engine's figures for the next start; None unless `m.memory_from_server`
+        and the server said (llama-server's buffer lines)."""
+        figures = self.figures
+        if figures is None or not m.memory_from_server or not isinstance(backend, ProcessBackend):
+            return None
+        argv = split_command(backend.spec.cmd, 0)
+        output = await asyncio.to_thread(backend.output_since_start)
+        mib = await asyncio.to_thread(figures.after_load, argv, output)
+        return None if mib is None else round(mib * MIB / 1e9, 3)
 
     def prompt_cache_view(self, model: str) -> dict[str, float | int | str] | None:
         """`model`'s prompt-cache figures (/api/status), None if it keeps none."""

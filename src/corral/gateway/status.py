@@ -141,6 +141,9 @@ class StatusView:
             "load_s_estimate": round(m.est.load_s, 3),
             "wake_s_estimate": round(m.est.wake_s, 3) if m.sleeps else None,
             "pinned": m.spec.pin or m.soft_pin,
+            # The room it is packed by now: after a load, what its server reported, where it
+            # is measured (`memory_from_server`).
+            "memory_gb": m.spec.memory_gb,
             "unload_s_estimate": round(m.est.unload_s, 3),
             "service_s_estimate": round(m.est.service_s, 3),
             "proxy": self.redact(backend.proxy_url) if up and backend is not None else None,

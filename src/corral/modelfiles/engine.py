@@ -12,6 +12,7 @@ docs/benchmarks.md, "The engine's memory figures"). Corral reads the server's.""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shlex
@@ -80,6 +81,30 @@ def breakdowns(lines: Iterable[str]) -> list[EngineMemory]:
             _, model, context, compute = (int(x) for x in figures.groups())
             current[row["device"].strip()] = DeviceMemory(model, context, compute)
     return [b for b in out if b.devices]
+
+
+# What llama-server says as it allocates, at its default verbosity: one line per buffer, e.g.
+# `load_tensors:   CPU_Mapped model buffer size =   241.41 MiB`, `llama_kv_cache:  CUDA0 KV
+# buffer size = 72.00 MiB`, `llama_memory_recurrent: CPU RS buffer size`, `... compute buffer`.
+_BUFFER = re.compile(
+    r"^\w+:\s+(?P<device>\S+)\s+(?P<kind>model|KV|RS|output|compute)\s+buffer size\s*=\s*"
+    r"(?P<mib>\d+(?:\.\d+)?) MiB"
+)
+_KINDS = {"model": 0, "KV": 1, "RS": 1, "output": 2, "compute": 2}
+
+
+def allocated(lines: Iterable[str]) -> EngineMemory | None:
+    """What a llama-server's load allocated, from its buffer lines (one start's output): per
+    device, its model (weights), context (KV and recurrent state) and compute (compute and
+    output buffers), each rounded up to a MiB; None when it printed none."""
+    sums: dict[str, list[float]] = {}
+    for line in lines:
+        m = _BUFFER.match(line.strip())
+        if m is not None:
+            sums.setdefault(m["device"], [0.0, 0.0, 0.0])[_KINDS[m["kind"]]] += float(m["mib"])
+    if not sums:
+        return None
+    return EngineMemory({d: DeviceMemory(*(math.ceil(x) for x in v)) for d, v in sums.items()})
 
 
 def fit_params(binary: Path, flags: list[str], timeout_s: float = 120) -> EngineMemory | None:
@@ -181,12 +206,17 @@ def fingerprint(argv: list[str]) -> str | None:
 RUNTIME_MIB = 24  # the server process itself (code, threads, HTTP): no table counts it
 
 
+def on_host(device: str) -> bool:
+    """A device name of llama.cpp's that is the host's memory: its table's `Host` and `CPU`
+    rows, a buffer's `CPU_Mapped` or `CPU_REPACK`, a GPU's pinned `CUDA_Host`."""
+    return device.startswith(("Host", "CPU")) or device.endswith("_Host")
+
+
 def device_mib(e: EngineMemory) -> int:
     """What a breakdown puts on the device a model is placed on: its GPUs' rows where it has
     any (the host's rows hold what stays in RAM: the embeddings), else every row (a CPU) and
     the process itself. (A GPU's own CUDA context is not in its rows either: issue 50.)"""
-    host = ("Host", "CPU")
-    gpus = [d for name, d in e.devices.items() if not name.startswith(host)]
+    gpus = [d for name, d in e.devices.items() if not on_host(name)]
     return sum(d.total_mib for d in gpus) if gpus else e.total_mib + RUNTIME_MIB
 
 
@@ -241,6 +271,17 @@ class EngineFigures:
             f.measured_mib = measured_mib
         f.at = time.time()
         self._save()
+
+    def after_load(self, argv: list[str], output: str) -> int | None:
+        """What the llama-server started as `argv` reported its load allocated in `output` (that
+        start's), in MiB on its device (`device_mib`), kept as its fingerprint's measured
+        figure; None when it reported nothing (another server, a wrapper that hides its output)."""
+        found = allocated(output.splitlines())
+        if found is None:
+            return None
+        mib = device_mib(found)
+        self.record(fingerprint(argv), measured_mib=mib)
+        return mib
 
     def _save(self) -> None:
         import json

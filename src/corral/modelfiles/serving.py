@@ -162,6 +162,7 @@ def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
     return ModelConfig(
         cmd=m.command(server),
         memory_gb=round(memory.gb, 3),
+        memory_from_server=True,  # after its first load, what its server reported
         health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
         capabilities=CapabilitiesConfig(
             inputs=["text", "image"] if m.projector is not None else ["text"],
