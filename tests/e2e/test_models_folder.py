@@ -20,6 +20,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from corral.backends.process import free_port
+from corral.modelfiles.engine import EngineMemory, allocated, device_mib
 from corral.modelfiles.folder import find_llama_server
 from tests.helpers import wait_http_ok
 from tests.support.gateway import CORRAL, SIM, Gateway, serve
@@ -123,6 +124,23 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
     finally:
         for _ in gen:
             pass
+    # Each load's buffers, as llama-server reported them (issue 47), kept for the next start;
+    # its log holds its load at verbosity 4, and only what verbosity 3 says once it served.
+    data = tmp_path / "data" / "corral"
+    kept = json.loads((data / "engine-memory.json").read_text())
+    assert len(kept) == 2
+    assert all(v["measured_mib"] for v in kept.values()), kept
+    server_log = next(data.rglob("gemma-a.log")).read_text()
+    measured = device_mib(allocated(server_log.splitlines()) or EngineMemory())
+    assert measured in [v["measured_mib"] for v in kept.values()]
+    served = server_log.split("listening on", 1)[1]
+    assert "print_timing" in served
+    assert "skipping, slot is empty" not in served  # verbosity 4's own lines, left out
+    again = serving(["--models", str(folder)], tmp_path)
+    _, logged_again = next(again)
+    for _ in again:
+        pass
+    assert sum("GB (measured; the file's estimate" in line for line in logged_again) == 2
     text = "\n".join(logged)
     assert "gemma-a: gemma3 268M Q4_K_M, context 32,768 (default; trained for 32,768)" in text
     assert "a client asked for num_ctx 65536; it is served with its context of 32768" in text

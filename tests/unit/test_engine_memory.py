@@ -9,10 +9,15 @@ from pathlib import Path
 import pytest
 
 from corral.modelfiles.engine import (
+    QUIET,
+    RUNTIME_MIB,
     DeviceMemory,
     EngineFigures,
+    allocated,
     breakdowns,
+    device_mib,
     fingerprint,
+    reporting,
     split_command,
     without,
 )
@@ -119,3 +124,87 @@ def test_the_oldest_figures_go_past_the_bound(
         figures.record(f"k{i}", projected_mib=i + 1)
     kept = EngineFigures(tmp_path / "f.json")
     assert [k for k in ("k0", "k1", "k2", "k3", "k4") if kept.get(k)] == ["k2", "k3", "k4"]
+
+
+# The buffer lines of the same load (gemma-3-270m, -c 8192, -lv 4), and a GPU's as llama.cpp
+# names its buffers there (weights on CUDA0, the embeddings in mapped host memory, a hybrid's
+# recurrent state).
+BUFFERS = """\
+0.01.345.143 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
+0.01.345.207 I load_tensors:   CPU_REPACK model buffer size =    12.66 MiB
+0.01.364.772 I llama_context:        CPU  output buffer size =     4.00 MiB
+0.01.364.913 I llama_kv_cache:        CPU KV buffer size =    24.00 MiB
+0.01.378.203 I llama_kv_cache:        CPU KV buffer size =    37.50 MiB
+0.01.406.005 I sched_reserve:        CPU compute buffer size =    28.78 MiB
+"""
+GPU_BUFFERS = """\
+load_tensors:        CUDA0 model buffer size =  4403.50 MiB
+load_tensors:   CPU_Mapped model buffer size =   315.30 MiB
+llama_context:  CUDA_Host  output buffer size =     0.58 MiB
+llama_kv_cache:      CUDA0 KV buffer size =   512.00 MiB
+llama_memory_recurrent:      CUDA0 RS buffer size =    62.81 MiB
+llama_context:      CUDA0 compute buffer size =   300.75 MiB
+llama_context:  CUDA_Host compute buffer size =    24.01 MiB
+"""
+
+
+def test_a_loads_buffers_are_what_it_allocated_with_repacked_weights_counted_once() -> None:
+    e = allocated(BUFFERS.splitlines())
+    assert e is not None
+    assert e.devices == {
+        "CPU_Mapped": DeviceMemory(235, 0, 0),
+        "CPU_REPACK": DeviceMemory(0, 0, 0),  # the mapped file holds those weights already
+        "CPU": DeviceMemory(0, 62, 33),
+    }
+    assert device_mib(e) == 330 + RUNTIME_MIB
+    # Within 2% of the server's own projection for the same command (323 MiB, above).
+    assert abs(device_mib(e) - (323 + RUNTIME_MIB)) <= 0.02 * device_mib(e)
+
+
+def test_on_a_gpu_the_gpus_buffers_are_the_devices_figure() -> None:
+    e = allocated(GPU_BUFFERS.splitlines())
+    assert e is not None
+    assert e.devices["CUDA0"] == DeviceMemory(4404, 575, 301)
+    assert device_mib(e) == 4404 + 575 + 301  # CUDA_Host and CPU_Mapped stay in RAM
+
+
+def test_a_log_without_buffer_lines_reports_nothing() -> None:
+    assert allocated(["srv load_model: loading model 'x.gguf'"]) is None
+    assert allocated(["load_tensors: CPU model buffer size = lots MiB"]) is None
+
+
+def test_a_llama_server_command_is_run_at_the_verbosity_that_prints_its_buffers() -> None:
+    assert reporting("llama-server -m /m/x.gguf --port ${PORT}") == (
+        "llama-server -m /m/x.gguf --port ${PORT} -lv 4"
+    )
+    assert reporting("llama-server -m x.gguf -lv 2") is None  # the operator's choice stays
+    assert reporting("llama-server --model=x.gguf --verbose") is None
+    assert reporting("vllm serve org/model") is None  # names no model file
+    # The verbosity changes nothing it allocates: the same fingerprint.
+    assert without(split_command("s -m x -c 8 -lv 4", 1), frozenset({"-lv"})) == split_command(
+        "s -m x -c 8", 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "quiet"),
+    [
+        ("0.08.006.809 I slot get_availabl: id  0 | task -1 |  - skipping, slot is empty", True),
+        ("0.08.007.163 I slot   operator(): id  3 | task 0 | new prompt, n_ctx_slot = 8192", True),
+        ("0.08.001.265 I slot get_availabl: id  3 | task -1 | selected slot by LRU", False),
+        ("0.08.218.800 I slot print_timing: id  3 | task 0 | prompt eval time = 154 ms", False),
+        (
+            "0.08.218.859 I slot      release: id  3 | task 0 | stop processing: n_tokens = 28",
+            False,
+        ),
+        ("0.08.300.000 W srv  some warning", False),
+        ("0.08.300.000 E srv  some error", False),
+        ("plain line without a prefix", False),
+    ],
+)
+def test_what_verbosity_4_adds_once_serving_is_left_out_and_what_3_says_stays(
+    line: str, quiet: bool
+) -> None:
+    import re
+
+    assert bool(re.match(QUIET, line)) is quiet

@@ -16,7 +16,7 @@ from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
-from corral.modelfiles.engine import MIB, EngineFigures, split_command
+from corral.modelfiles.engine import MIB, QUIET, EngineFigures, reporting, split_command
 from corral.prompt_cache.caches import PromptCaches, Serving, serving
 from corral.prompt_cache.server import ServerCache
 
@@ -29,9 +29,13 @@ def process_spec(name: str, m: ModelConfig, cmd: str | None = None) -> ProcessSp
     env = dict(m.env)
     if m.sleep is not None and m.sleep.api == "vllm":
         env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # vLLM serves /sleep and /wake_up only so
+    cmd = cmd or m.cmd
+    # Packed by what its load allocated: llama-server says so at a verbosity it is started at.
+    verbose = reporting(cmd) if m.memory_from_server else None
     return ProcessSpec(
         model=name,
-        cmd=cmd or m.cmd,
+        cmd=verbose or cmd,
+        quiet_after_ready=QUIET if verbose else None,
         proxy=m.proxy,
         env=env,
         check_endpoint=None if m.check_endpoint.lower() == "none" else m.check_endpoint,

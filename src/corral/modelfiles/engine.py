@@ -12,7 +12,6 @@ docs/benchmarks.md, "The engine's memory figures"). Corral reads the server's.""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import shlex
@@ -87,24 +86,30 @@ def breakdowns(lines: Iterable[str]) -> list[EngineMemory]:
 # `load_tensors:   CPU_Mapped model buffer size =   241.41 MiB`, `llama_kv_cache:  CUDA0 KV
 # buffer size = 72.00 MiB`, `llama_memory_recurrent: CPU RS buffer size`, `... compute buffer`.
 _BUFFER = re.compile(
-    r"^\w+:\s+(?P<device>\S+)\s+(?P<kind>model|KV|RS|output|compute)\s+buffer size\s*=\s*"
+    r"\b\w+:\s+(?P<device>\S+)\s+(?P<kind>model|KV|RS|output|compute)\s+buffer size\s*=\s*"
     r"(?P<mib>\d+(?:\.\d+)?) MiB"
 )
 _KINDS = {"model": 0, "KV": 1, "RS": 1, "output": 2, "compute": 2}
 
 
 def allocated(lines: Iterable[str]) -> EngineMemory | None:
-    """What a llama-server's load allocated, from its buffer lines (one start's output): per
-    device, its model (weights), context (KV and recurrent state) and compute (compute and
-    output buffers), each rounded up to a MiB; None when it printed none."""
+    """What a llama-server's load allocated, from its buffer lines (one start's output, at
+    verbosity 4): per device, its model (weights), context (KV and recurrent state) and
+    compute (compute and output buffers), in MiB rounded to the nearest; None when it printed
+    none. Weights repacked on a CPU (`CPU_REPACK`) out of a mapped file (`CPU_Mapped`, the
+    file's whole tensor data) are counted once, as its own projection counts them: the mapped
+    pages of repacked tensors are clean page cache the kernel takes back."""
     sums: dict[str, list[float]] = {}
     for line in lines:
-        m = _BUFFER.match(line.strip())
-        if m is not None:
-            sums.setdefault(m["device"], [0.0, 0.0, 0.0])[_KINDS[m["kind"]]] += float(m["mib"])
+        found = _BUFFER.search(line)
+        if found is not None:
+            row = sums.setdefault(found["device"], [0.0, 0.0, 0.0])
+            row[_KINDS[found["kind"]]] += float(found["mib"])
+    if "CPU_Mapped" in sums and "CPU_REPACK" in sums:
+        sums["CPU_REPACK"][0] = 0.0
     if not sums:
         return None
-    return EngineMemory({d: DeviceMemory(*(math.ceil(x) for x in v)) for d, v in sums.items()})
+    return EngineMemory({d: DeviceMemory(*(round(x) for x in v)) for d, v in sums.items()})
 
 
 def fit_params(binary: Path, flags: list[str], timeout_s: float = 120) -> EngineMemory | None:
@@ -171,9 +176,32 @@ def split_command(cmd: str, port: int) -> list[str]:
 
 
 # Flags whose values change nothing the server allocates (a port, a name, where states are
-# saved): left out of a model's fingerprint, and `--slot-save-path` out of a projection run (a
-# folder that does not exist yet would stop the server before it projects).
-_NOT_MEMORY = frozenset({"--port", "--alias", "-a", "--slot-save-path", "--host", "--api-key"})
+# saved, how much it logs): left out of a model's fingerprint, and `--slot-save-path` out of a
+# projection run (a folder that does not exist yet would stop the server before it projects).
+_NOT_MEMORY = frozenset(
+    ["--port", "--alias", "-a", "--slot-save-path", "--host", "--api-key", "-lv", "--verbosity"]
+)
+_VERBOSITY = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose")
+# What llama-server says at verbosity 4 and not at its default 3 once it serves: about 45 lines
+# a request (its slots' every step) against 6. Corral asks for verbosity 4 to read the buffer
+# lines of a load, and leaves these out of the server's log once it is ready (`ProcessSpec.
+# quiet_after_ready`); a warning or an error (`W`, `E`) always stays.
+QUIET = (
+    r"\d+\.\d+\.\d+\.\d+ I (?!.*(?:selected slot|processing task|print_timing|"
+    r"stop processing|cleaning up))"
+)
+
+
+def reporting(cmd: str) -> str | None:
+    """`cmd` at the verbosity where llama-server prints the buffers a load allocates (`-lv
+    4`, `allocated`); None when it names no model file (not a llama-server) or sets its own
+    verbosity (its log is then the operator's choice, and read all the same)."""
+    argv = shlex.split(cmd)
+    from corral.prompt_cache.server import model_file
+
+    if model_file(argv) is None or any(a.split("=", 1)[0] in _VERBOSITY for a in argv):
+        return None
+    return f"{cmd} {shlex.join(VERBOSE)}"
 
 
 def without(argv: list[str], flags: frozenset[str]) -> list[str]:
