@@ -29,7 +29,9 @@ from corral.config import ModelConfig, PromptCacheConfig
 from corral.modelfiles.engine import (
     VERBOSE,
     EngineMemory,
+    allocated,
     breakdowns,
+    device_mib,
     fit_params,
     server_projection,
     split_command,
@@ -56,8 +58,9 @@ def command(found: FoundModel, server: str, context: int, extra: list[str]) -> s
     return " ".join([cmd, *extra])
 
 
-def loaded(argv: list[str]) -> tuple[EngineMemory | None, int]:
-    """Start the server, ask it one question, stop it: its breakdown at exit and peak RSS."""
+def loaded(argv: list[str]) -> tuple[EngineMemory | None, EngineMemory | None, int]:
+    """Start the server, ask it one question, stop it: what its load's buffer lines say it
+    allocated (what Corral packs by from then on), its breakdown at exit and peak RSS."""
     port = int(argv[argv.index("--port") + 1])
     proc = subprocess.Popen([*argv, *VERBOSE], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
@@ -77,8 +80,9 @@ def loaded(argv: list[str]) -> tuple[EngineMemory | None, int]:
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    found = breakdowns(err.decode(errors="replace").splitlines())
-    return (found[-1] if len(found) > 1 else None), peak
+    lines = err.decode(errors="replace").splitlines()
+    found = breakdowns(lines)
+    return allocated(lines), (found[-1] if len(found) > 1 else None), peak
 
 
 def measure(folder: Path, server: str) -> list[dict[str, Any]]:
@@ -95,7 +99,7 @@ def measure(folder: Path, server: str) -> list[dict[str, Any]]:
                 fit, ["-m", str(m.info.path), "-c", str(context), "--swa-full", *extra]
             )
             projected = server_projection(argv)
-            held, rss = loaded(argv)
+            buffers, held, rss = loaded(argv)
             row = {
                 "arch": m.info.architecture, "variant": label, "context": context,
                 "file_mb": round(m.info.path.stat().st_size / MIB),
@@ -103,6 +107,10 @@ def measure(folder: Path, server: str) -> list[dict[str, Any]]:
                 "fit_params_mib": tool.total_mib if tool else None,
                 "projected_mib": projected.total_mib if projected else None,
                 "held_mib": held.total_mib if held else None,
+                # What Corral packs by: before the first load, after each (`device_mib`).
+                "packed_before_mib": device_mib(projected) if projected else None,
+                "packed_after_mib": device_mib(buffers) if buffers else None,
+                "buffers": _parts(buffers),
                 "rss_mib": round(rss / MIB),
                 "projected": _parts(projected), "held": _parts(held), "fit_params": _parts(tool),
                 "command": shlex.join(argv),
@@ -120,9 +128,12 @@ def _parts(e: EngineMemory | None) -> dict[str, list[int]] | None:
 
 def _line(r: dict[str, Any]) -> str:
     off = f"{r['estimate_mib'] / r['projected_mib'] - 1:+.0%}" if r["projected_mib"] else "-"
+    before, after = r["packed_before_mib"], r["packed_after_mib"]
+    moved = f"{after / before - 1:+.1%}" if before and after else "-"
     return (
         f"| {r['arch']} | {r['variant']} | {r['file_mb']:,} | {r['estimate_mib']:,} | "
         f"{r['fit_params_mib'] or '-':,} | {r['projected_mib'] or '-':,} | "
+        f"{before or '-':,} | {after or '-':,} | {moved} | "
         f"{r['held_mib'] or '-':,} | {r['rss_mib']:,} | {off} |"
     )
 
@@ -142,8 +153,9 @@ def main() -> int:
     if not all((folder / f"{a}-{args.size_gb:g}GB.gguf").exists() for a in archs):
         make_zoo(folder, archs, size_gb=args.size_gb)
     print("| arch | variant | file MiB | estimate | llama-fit-params | server's projection | "
-          "server held | peak RSS | estimate vs projection |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "packed before the first load | packed after (its buffers) | after vs before | "
+          "server held at exit | peak RSS | estimate vs projection |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     only = Path("out") / f"zoo-{args.size_gb:g}GB-only"
     only.mkdir(parents=True, exist_ok=True)
     for stale in only.iterdir():
