@@ -149,16 +149,21 @@ llama_context:  CUDA_Host compute buffer size =    24.01 MiB
 
 
 def test_a_loads_buffers_are_what_it_allocated_with_repacked_weights_counted_once() -> None:
-    e = allocated(BUFFERS.splitlines())
+    # The same start's projection says which of the mapped weights stay in use (222 MiB).
+    e = allocated([*CPU_LOG.splitlines()[:4], *BUFFERS.splitlines()])
     assert e is not None
     assert e.devices == {
-        "CPU_Mapped": DeviceMemory(235, 0, 0),
-        "CPU_REPACK": DeviceMemory(0, 0, 0),  # the mapped file holds those weights already
+        "CPU_Mapped": DeviceMemory(222, 0, 0),  # the rest of the mapping: repacked, reclaimable
+        "CPU_REPACK": DeviceMemory(13, 0, 0),
         "CPU": DeviceMemory(0, 62, 33),
     }
     assert device_mib(e) == 330 + RUNTIME_MIB
     # Within 2% of the server's own projection for the same command (323 MiB, above).
     assert abs(device_mib(e) - (323 + RUNTIME_MIB)) <= 0.02 * device_mib(e)
+    # Without a projection: the whole mapping, as the server counts it at exit.
+    alone = allocated(BUFFERS.splitlines())
+    assert alone is not None
+    assert alone.devices["CPU_Mapped"] == DeviceMemory(235, 0, 0)
 
 
 def test_on_a_gpu_the_gpus_buffers_are_the_devices_figure() -> None:

@@ -96,19 +96,25 @@ def allocated(lines: Iterable[str]) -> EngineMemory | None:
     """What a llama-server's load allocated, from its buffer lines (one start's output, at
     verbosity 4): per device, its model (weights), context (KV and recurrent state) and
     compute (compute and output buffers), in MiB rounded to the nearest; None when it printed
-    none. Weights repacked on a CPU (`CPU_REPACK`) out of a mapped file (`CPU_Mapped`, the
-    file's whole tensor data) are counted once, as its own projection counts them: the mapped
-    pages of repacked tensors are clean page cache the kernel takes back."""
+    none. On a CPU, weights llama.cpp repacks (`CPU_REPACK`) are also in the mapped file
+    (`CPU_Mapped` spans all of its tensors), where their pages are clean page cache the kernel
+    takes back: the mapping counts as the weights left in it, the host row of the projection
+    the same start printed before its load (`breakdowns`); without one, as the whole mapping
+    (the server's own figure at exit)."""
+    lines = list(lines)
     sums: dict[str, list[float]] = {}
     for line in lines:
         found = _BUFFER.search(line)
         if found is not None:
             row = sums.setdefault(found["device"], [0.0, 0.0, 0.0])
             row[_KINDS[found["kind"]]] += float(found["mib"])
-    if "CPU_Mapped" in sums and "CPU_REPACK" in sums:
-        sums["CPU_REPACK"][0] = 0.0
     if not sums:
         return None
+    if "CPU_Mapped" in sums and "CPU_REPACK" in sums:
+        projected = breakdowns(lines)
+        host = projected[0].devices.get("Host") if projected else None
+        if host is not None:
+            sums["CPU_Mapped"][0] = min(sums["CPU_Mapped"][0], host.model_mib)
     return EngineMemory({d: DeviceMemory(*(round(x) for x in v)) for d, v in sums.items()})
 
 
