@@ -31,31 +31,46 @@ class HandlerDied(Exception):
 
 
 _CONTEXT = multiprocessing.get_context("forkserver")
+# A handler's `timeout_s` counts from when it begins in its process: the process's start (the
+# handler's module imported there, seconds on a busy machine) is bounded apart, by this.
+START_LIMIT_S = 60.0
 
 
 def run(fn: Handler, payload: Any, ctx: TaskContext, timeout_s: float | None) -> Any:
     """`fn(payload)` in a child process; its result, or its exception (`Fail` stays `Fail`;
-    others become RuntimeError with the original type and message). HandlerTimeout past
-    `timeout_s`, HandlerCancelled once `ctx.cancelled`; either kills the process."""
+    others become RuntimeError with the original type and message). HandlerTimeout once it has
+    run `timeout_s` (from when it began, its process started), HandlerDied if its process does
+    not begin it within `START_LIMIT_S`, HandlerCancelled once `ctx.cancelled`; each kills the
+    process."""
     receive, send = _CONTEXT.Pipe(duplex=False)
     info = (ctx.task_id, ctx.attempt, ctx.max_attempts, ctx.model)
     proc = _CONTEXT.Process(target=_child, args=(fn, payload, info, send), daemon=True)
     started = time.monotonic()
+    began: float | None = None
     proc.start()
     send.close()  # the child holds the other copy: EOF on ours when it exits
     try:
-        while not receive.poll(0.1):
+        while True:
+            if receive.poll(0.1):
+                try:
+                    kind, value = receive.recv()
+                except EOFError:
+                    proc.join(1)
+                    raise HandlerDied(
+                        f"the handler's process died (exit code {proc.exitcode})"
+                    ) from None
+                if kind != "began":
+                    break
+                began = time.monotonic()
             if ctx.cancelled:
                 raise HandlerCancelled("cancelled: its handler's process was stopped")
-            if timeout_s is not None and time.monotonic() - started > timeout_s:
+            now = time.monotonic()
+            if timeout_s is not None and began is not None and now - began > timeout_s:
                 raise HandlerTimeout(f"the handler ran past its timeout_s of {timeout_s:g} s")
+            if began is None and now - started > START_LIMIT_S:
+                raise HandlerDied(f"the handler's process did not start it in {START_LIMIT_S:g} s")
             if not proc.is_alive() and not receive.poll(0):
                 raise HandlerDied(f"the handler's process died (exit code {proc.exitcode})")
-        try:
-            kind, value = receive.recv()
-        except EOFError:
-            proc.join(1)
-            raise HandlerDied(f"the handler's process died (exit code {proc.exitcode})") from None
     finally:
         receive.close()
         if proc.is_alive():
@@ -76,6 +91,7 @@ def _child(
     send: multiprocessing.connection.Connection,
 ) -> None:
     _current.set(TaskContext(*info))
+    send.send(("began", None))  # its timeout counts from here
     try:
         result = fn(payload)
     except Fail as exc:
