@@ -69,6 +69,12 @@ class ServerConfig(Strict):
         default=False,
         description="List each alias in GET /v1/models too (llama-swap's includeAliasesInList).",
     )
+    vllm_metric_names: bool = Field(
+        default=False,
+        description="Also publish the queue, load and residency gauges under vLLM's names "
+        "(vllm:num_requests_waiting, vllm:lora_requests_info, ...), as llm-d's endpoint "
+        "picker reads them by default.",
+    )
     preload: list[str] = Field(
         default_factory=list,
         description="Models to load at start, in order, while they fit without evicting each "

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from corral.gateway.epp import ProtocolMetrics
 from corral.gateway.errors import GatewayError
 from corral.machine import GpuWatch
 
@@ -138,7 +139,12 @@ class _Gpus(Collector):
 
 
 class Metrics:
-    def __init__(self, status: Callable[[], dict[str, Any]], gpus: GpuWatch | None = None) -> None:
+    def __init__(
+        self,
+        status: Callable[[], dict[str, Any]],
+        gpus: GpuWatch | None = None,
+        vllm_names: bool = False,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.swaps = Counter("corral_swaps", "Model loads started.", ["model"], registry=r)
@@ -209,6 +215,7 @@ class Metrics:
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )
         r.register(_Live(status))
+        r.register(ProtocolMetrics(status, vllm_names))  # llm-d's endpoint picker reads these
         if gpus is not None:
             r.register(_Gpus(gpus))
 

@@ -75,7 +75,7 @@ class Gateway:
             self.gpus,
             self.redact,
         )
-        self.metrics = Metrics(self.status, self.gpus)
+        self.metrics = Metrics(self.status, self.gpus, config.server.vllm_metric_names)
         self.events = Events()  # GET /api/events (gateway/events.py)
         self.publish = self.events.publish
         self.scheduler: Scheduler | None = None

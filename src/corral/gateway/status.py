@@ -144,6 +144,7 @@ class StatusView:
             # The room it is packed by now: after a load, what its server reported, where it
             # is measured (`memory_from_server`).
             "memory_gb": m.spec.memory_gb,
+            "concurrency": m.concurrency,
             "unload_s_estimate": round(m.est.unload_s, 3),
             "service_s_estimate": round(m.est.service_s, 3),
             "proxy": self.redact(backend.proxy_url) if up and backend is not None else None,
