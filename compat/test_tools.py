@@ -87,11 +87,15 @@ def counters(url: str) -> dict[tuple[str, ...], float]:
 
 
 def run(
-    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, both: bool = False
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    both: bool = False,
+    timeout_s: float = 600,
 ) -> str:
     """`argv`'s stdout (`both`: and its stderr after it), once it exited 0."""
     assert Path(argv[0]).exists(), f"{argv[0]} is not installed: run `make compat`"
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=cwd,
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
                           env={**os.environ, **(env or {})})  # fmt: skip
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     return done.stdout + done.stderr if both else done.stdout
@@ -245,7 +249,8 @@ def test_aider_completes_on_the_real_llama_server(folder: str, tmp_path: Path) -
     seen = Figures(folder)
     run([CORRAL, "launch", "aider", "--url", folder, "--", "--yes-always", "--no-git",
          "--no-check-update", "--no-show-release-notes", "--no-pretty", "--no-auto-lint",
-         "--message", "Add a comment to hello.py", "hello.py"], env, work)  # fmt: skip
+         "--message", "Add a comment to hello.py", "hello.py"], env, work,
+        timeout_s=1500)  # fmt: skip
     figures = seen.now()
     print("aider on gemma-3-270m:", figures)
     assert figures["statuses"] == [200]

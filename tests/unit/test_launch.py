@@ -55,8 +55,14 @@ def test_each_tool_points_at_corral_with_its_models(tmp_path: Path) -> None:
     aider = plan("aider", url, models, tmp_path)
     assert aider.argv[:5] == ["aider", "--model", "openai/coder-7b", "--weak-model",
                               "openai/explorer-3b"]  # fmt: skip
-    (meta,) = aider.files.values()
+    meta, settings = aider.files.values()
     assert json.loads(meta)["openai/coder-7b"]["max_input_tokens"] == 32768
+    # Its output limit, which aider sends as max_tokens only from a model's settings (YAML).
+    import yaml
+
+    limits = {x["name"]: x["extra_params"]["max_tokens"] for x in yaml.safe_load(settings)}
+    assert limits["openai/coder-7b"] == 8192
+    assert aider.argv[-2] == "--model-settings-file"
     claude = plan("claude", url, models, tmp_path)
     assert claude.env["ANTHROPIC_BASE_URL"] == url
     assert claude.env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "explorer-3b"

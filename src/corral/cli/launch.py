@@ -4,7 +4,8 @@ models by role, each one's context and a sane output limit, the provider that sp
 API), then the tool started with it, unchanged. `--print` shows what it would run instead.
 
 Tools: OpenCode (an OpenAI-compatible provider, its config in `OPENCODE_CONFIG`), aider (the
-OpenAI provider, a model metadata file for the context), Claude Code (Anthropic's variables) and
+OpenAI provider, a model metadata file for the context, a settings file for the output limit,
+which it sends as `max_tokens`), Claude Code (Anthropic's variables) and
 Codex (a `model_providers` entry given with `-c`, the Responses API)."""
 
 from __future__ import annotations
@@ -125,11 +126,18 @@ def plan(tool: str, url: str, models: list[Listed], home: Path) -> Launch:
             }
             for m in models
         }
+        # aider sends no max_tokens unless a model's settings say so (`extra_params`): a small
+        # model that never stops would write until its whole context is full.
+        settings = [{"name": f"openai/{m.id}", "extra_params": {"max_tokens": m.output}}
+                    for m in models]  # fmt: skip
         path = home / "aider.model.metadata.json"
+        settings_path = home / "aider.model.settings.yml"  # JSON is YAML
         argv = ["aider", "--model", f"openai/{main.id}", "--weak-model", f"openai/{small.id}",
                 "--openai-api-base", v1, "--openai-api-key", KEY,
-                "--model-metadata-file", str(path)]  # fmt: skip
-        return Launch(argv, {}, {path: json.dumps(meta, indent=2)})
+                "--model-metadata-file", str(path),
+                "--model-settings-file", str(settings_path)]  # fmt: skip
+        files = {path: json.dumps(meta, indent=2), settings_path: json.dumps(settings, indent=2)}
+        return Launch(argv, {}, files)
     if tool == "claude":
         env = {
             "ANTHROPIC_BASE_URL": url.rstrip("/"),
