@@ -267,11 +267,12 @@ def test_langchains_standard_tests_on_the_real_llama_server_fail_only_on_the_mod
     seen = Figures(folder)
     here = Path(__file__).parent / "langchain_standard"
     done = subprocess.run(
-        [str(VENV / "python"), "-m", "pytest", "-q", "-c", str(here / "pytest.ini"),
-         "--rootdir", str(here), f"{here / 'test_standard.py'}::TestCorralChatOllama"],
+        [str(VENV / "python"), "-m", "pytest", "-q", "-rf", "--tb=no", "-c",
+         str(here / "pytest.ini"), "--rootdir", str(here),
+         f"{here / 'test_standard.py'}::TestCorralChatOllama"],
         capture_output=True, text=True, timeout=3000,
         env={**os.environ, "CORRAL_URL": folder, "CORRAL_MODEL": "gemma-a",
-             "CORRAL_MAX_TOKENS": "128"},
+             "CORRAL_MAX_TOKENS": "128", "COLUMNS": "400"},  # each failure's reason, whole
     )  # fmt: skip
     figures = seen.now()
     failed = [x for x in done.stdout.splitlines() if x.startswith("FAILED")]
