@@ -59,7 +59,7 @@ def _fit_more(status: dict[str, Any]) -> int:
     an empty device)."""
     devices = [
         [d["memory_gb"] - d["used_gb"] if d["memory_gb"] is not None else None, not d["resident"]]
-        for d in status["devices"]
+        for d in status.get("devices", [])
     ]
     rest = [
         m.get("memory_gb")
@@ -87,7 +87,7 @@ def slot_use(status: dict[str, Any]) -> float:
     closest honest figure to a KV cache's use that a host of several servers has (a slot
     holds one sequence's cache); 0 with nothing resident."""
     models = status["models"].values()
-    slots = sum(m["concurrency"] for m in models if m["state"] == "ready")
+    slots = sum(m.get("concurrency", 1) for m in models if m["state"] == "ready")
     running = sum(m["in_flight"] for m in models)
     return min(1.0, running / slots) if slots else 0.0
 
