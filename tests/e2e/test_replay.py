@@ -70,10 +70,7 @@ SPEEDS = {
     # 27-55 ms services: at 20x each request's few ms of HTTP overhead became ~0.1 s of trace time
     # a request, and 120 requests queued behind each other drifted 10.6 s on a loaded CI machine.
     "two-batches": 5.0,
-    # 600 s of Poisson arrivals: at 5x, two busy cores' delays (tens of ms a request, 0.1-0.3 s
-    # of trace time) flipped which model was resident when a request came: 29 live loads
-    # against 25 simulated. At 3x the machine keeps the trace's time (issue 51, item 6).
-    "poisson": 3.0,
+    "poisson": 5.0,
     "chat-batch": 3.0,
     "sleepers": 15.0,  # sleeping models (issue 28): sim backends speaking vLLM's sleep API
     "beside-batch": 15.0,
