@@ -347,8 +347,10 @@ class Gateway:
     async def _allocated(self, model: str, backend: Backend) -> float | None:
         """What `model`'s server just reported it allocated (GB), if it is packed by that."""
         spec = self.config.models.get(model)
-        gb = None if spec is None else await self.servers.measured_gb(backend, spec)
-        packed = None if spec is None else spec.memory_gb
+        if spec is None:
+            return None
+        gb = await self.servers.measured_gb(backend, spec)
+        packed = spec.memory_gb
         if gb is not None and packed is not None and abs(gb - packed) > 0.05 * packed:
             log.info("model %s: its server allocated %.2f GB; it was packed by %.2f GB",
                      model, gb, packed)  # fmt: skip

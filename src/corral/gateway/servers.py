@@ -159,8 +159,11 @@ class Servers:
         if figures is None or not m.memory_from_server or not isinstance(backend, ProcessBackend):
             return None
         argv = split_command(backend.spec.cmd, 0)
-        output = await asyncio.to_thread(backend.output_since_start)
-        mib = await asyncio.to_thread(figures.after_load, argv, output)
+
+        def read() -> int | None:  # the log read and the figures file written, off the loop
+            return figures.after_load(argv, backend.output_since_start())
+
+        mib = await asyncio.to_thread(read)
         return None if mib is None else round(mib * MIB / 1e9, 3)
 
     def prompt_cache_view(self, model: str) -> dict[str, float | int | str] | None:

@@ -82,7 +82,7 @@ def breakdowns(lines: Iterable[str]) -> list[EngineMemory]:
     return [b for b in out if b.devices]
 
 
-# What llama-server says as it allocates, at its default verbosity: one line per buffer, e.g.
+# What llama-server says as it allocates, at verbosity 4 (`-lv 4`): one line per buffer, e.g.
 # `load_tensors:   CPU_Mapped model buffer size =   241.41 MiB`, `llama_kv_cache:  CUDA0 KV
 # buffer size = 72.00 MiB`, `llama_memory_recurrent: CPU RS buffer size`, `... compute buffer`.
 _BUFFER = re.compile(
