@@ -36,7 +36,8 @@ from rich.progress import track
 
 from corral.config import Config, parse_config
 from corral.core.aborts import Aborts
-from corral.replay import compare, replay
+from corral.parity import compare
+from corral.replay import replay
 from corral.sim.engine import simulate
 from corral.sim.families import random_sleep_scenario
 from corral.sim.metrics import summarize

@@ -19,7 +19,8 @@ import sys
 
 import pytest
 
-from corral.replay import ReplayError, at_live_load_times, compare, replay, too_fast
+from corral.parity import at_live_load_times, compare
+from corral.replay import ReplayError, replay, too_fast
 from corral.sim.engine import simulate
 from corral.sim.metrics import summarize
 from corral.sim.scenarios import Scenario, get_scenario

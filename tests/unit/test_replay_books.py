@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from corral.config import parse_config
-from corral.replay import _run, _Swap, _Timing, at_live_load_times, slow_loads
+from corral.parity import at_live_load_times, slow_loads
+from corral.replay import _run, _Swap, _Timing
 from corral.sim.trace import parse_trace
 
 CONFIG = parse_config(

@@ -304,7 +304,8 @@ def replay_cmd(
 ) -> None:
     """Send a trace live through `corral serve` (sim backends with the configuration's times) and
     report the same figures as `corral simulate`, in the trace's seconds."""
-    from corral.replay import at_live_load_times, compare, replay, slow_loads
+    from corral.parity import at_live_load_times, compare, slow_loads
+    from corral.replay import replay
     from corral.sim.report import per_class_table, per_model_table, results_table
 
     config, trace, title = _inputs(scenario, config_path, trace_path)
