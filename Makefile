@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-epp compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -119,6 +119,10 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 bench-cluster: $(STAMP)
 	$(BIN)/python benchmarks/bench_cluster.py
+
+# Three hosts behind llm-d's endpoint picker's scoring against round-robin (issue 49; root: netns).
+bench-epp: $(STAMP)
+	$(BIN)/python benchmarks/bench_epp.py
 
 # From a folder holding the gemma GGUF to its first answer through the ollama client (issue 27).
 bench-first-answer: $(LLAMA_STAMP)

@@ -4,10 +4,15 @@ that show them (loads, each class's p95 wait) must agree within tolerances."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from corral.config import Config
+from corral.sim.engine import Run, simulate
+from corral.sim.metrics import summarize
+from corral.sim.trace import Trace
 
 
 def at_live_load_times(config: Config, live: dict[str, Any]) -> Config:
@@ -20,6 +25,44 @@ def at_live_load_times(config: Config, live: dict[str, Any]) -> Config:
         for name, m in config.models.items()
     }
     return config.model_copy(update={"models": models})
+
+
+def at_live_service_times(run: Run) -> Trace:
+    """`run`'s trace with the `service_s` of each line that was served alone (no other request
+    answered meanwhile) as the live run took it (dispatch to answer, in the trace's seconds): on
+    a busy machine a sim backend answers later than its tokens say, and the waits behind it grow
+    with it; the simulator given the same durations must make the same decisions. A line served
+    beside others keeps its own: its live time measures the sharing, which the simulator models
+    itself (each slot at its solo speed). So do a conversation's line (the simulator adds its
+    prefill, which the live figure holds), a batch line (its times are its task's, claimed
+    before a slot is free) and a line with no answer."""
+    spans = sorted(
+        (r.dispatched_at, r.finished_at, r.line)
+        for r in run.requests
+        if r.dispatched_at is not None and r.finished_at is not None
+    )
+    alone: dict[int, float] = {}
+    edge = -float("inf")  # the latest end among the spans that start before this one
+    for k, (start, end, line) in enumerate(spans):
+        starts_next = spans[k + 1][0] if k + 1 < len(spans) else float("inf")
+        if edge <= start and end <= starts_next:
+            alone[line] = max(0.0, end - start)
+        edge = max(edge, end)
+    lines = [
+        dataclasses.replace(x, service_s=alone[x.line])
+        if x.line in alone and not (x.context_tokens or x.background)
+        else x
+        for x in run.trace.lines
+    ]
+    return Trace(lines, run.trace.source)
+
+
+def slow_services(run: Run, margin: float = 0.05) -> float | None:
+    """How much longer the live services took than the trace's (the ratio of their sums), when it
+    is more than `margin`; else None."""
+    want = sum(x.service_s for x in run.trace.lines)
+    got = sum(x.service_s for x in at_live_service_times(run).lines)
+    return got / want if want > 0 and got > want * (1 + margin) else None
 
 
 def slow_loads(config: Config, live: dict[str, Any], margin: float = 0.05) -> list[str]:
@@ -63,3 +106,24 @@ def compare(
         want = sim["wait_p95_s"]
         out.append(Divergence(f"{name} wait p95 s", want, got, max(wait_floor_s, 0.15 * want)))
     return out
+
+
+def simulated_beside(
+    config: Config, run: Run, live: dict[str, Any], warn: Callable[[str], None] | None = None
+) -> tuple[dict[str, Any], list[Divergence]]:
+    """The simulation of `run`'s trace given the load and service times the live run had, its
+    figures and their parity with `live`: the same decisions make the same figures, whatever
+    this machine's speed. `warn` hears which times were longer live than configured."""
+    slow = slow_loads(config, live)
+    ratio = slow_services(run)
+    if warn is not None and slow:
+        warn(f"loads took longer live than configured on this machine: {', '.join(slow)}")
+    if warn is not None and ratio is not None:
+        warn(f"services took {ratio:.2f}x the trace's live on this machine")
+    if warn is not None and (slow or ratio is not None):
+        warn("the simulation uses the live times")
+    simulated = summarize(
+        simulate(at_live_load_times(config, live), at_live_service_times(run), check=True)
+    )
+    simulated["mode"] = "simulated"
+    return simulated, compare(simulated, live)

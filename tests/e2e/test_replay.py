@@ -1,7 +1,10 @@
 """The simulator held to account: the built-in scenarios, shortened, run live through `corral serve`
 (`corral replay`) and in the simulator; loads and each class's p95 wait must agree. The simulator
-gets the load times the live run measured (`at_live_load_times`): on a busy machine a sim backend
-starts later than its `load_s`, and the live scheduler learns and decides on the longer loads.
+gets the load and service times the live run measured (`at_live_load_times`,
+`at_live_service_times`): on a busy machine a sim backend starts and answers later than its
+trace says, the live scheduler learns and decides on the longer times, and the waits behind them
+grow (issue 51: the Poisson trace's p95 wait, 54 s live against 43.7 s simulated from the trace's
+services, on a loaded CI machine). The test compares decisions, not this machine's speed.
 
 Tolerances (issue 9): loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
 seconds. A divergence is a bug in the simulator or in the live system: fix it, do not widen these.
@@ -19,10 +22,8 @@ import sys
 
 import pytest
 
-from corral.parity import at_live_load_times, compare
+from corral.parity import simulated_beside
 from corral.replay import ReplayError, replay, too_fast
-from corral.sim.engine import simulate
-from corral.sim.metrics import summarize
 from corral.sim.scenarios import Scenario, get_scenario
 from corral.sim.trace import Trace, TraceLine
 
@@ -87,13 +88,13 @@ def test_live_and_simulated_runs_agree(name: str) -> None:
     sc = shortened(name)
     speed = SPEEDS[name]
     assert not too_fast(sc.config, speed / 1.5), "keep loads well above a backend's start-up"
-    _, live = replay(sc.config, sc.trace, speed)
+    run, live = replay(sc.config, sc.trace, speed)
     assert live["rejected"] == 0
     assert live["requests"] == len(sc.trace.lines)
-    # The simulator given the load times this machine had (a loaded CI machine starts a sim
-    # backend late, and the live scheduler learns the longer loads): the same decisions.
-    simulated = summarize(simulate(at_live_load_times(sc.config, live), sc.trace, check=True))
-    diffs = compare(simulated, live)
+    # The simulator given the load and service times this machine had (a loaded CI machine starts
+    # and runs a sim backend late, and the live scheduler learns the longer times): the same
+    # decisions.
+    _, diffs = simulated_beside(sc.config, run, live)
     report = "\n".join(
         f"  {d.figure}: simulated {d.simulated:.2f}, live {d.live:.2f} (±{d.tolerance:.2f})"
         for d in diffs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral.config import parse_config
-from corral.parity import at_live_load_times, slow_loads
+from corral.parity import at_live_load_times, at_live_service_times, slow_loads, slow_services
 from corral.replay import _run, _Swap, _Timing
 from corral.sim.trace import parse_trace
 
@@ -76,3 +76,35 @@ def test_live_load_times_are_kept_and_the_simulation_can_use_them() -> None:
     assert measured.models["b"].load_s == 10  # never loaded live: as configured
     assert CONFIG.models["a"].load_s == 10  # the caller's configuration is left as it was
     assert slow_loads(measured, live) == []
+
+
+def test_live_service_times_replace_those_of_lines_served_alone() -> None:
+    trace = parse_trace(
+        [
+            '{"t": 0, "model": "a", "service_s": 2}',
+            '{"session": "c", "model": "a", "service_s": 1, "context_tokens": 500}',
+            '{"t": 1, "model": "b", "service_s": 3}',
+            '{"t": 1, "model": "b", "service_s": 3, "class": "batch"}',
+            '{"t": 2, "model": "a", "service_s": 1}',
+            '{"t": 2, "model": "b", "service_s": 1}',
+        ],
+        "abcdef",
+    )
+    one, conversation, lost, batch, shared_a, shared_b = trace.lines
+    timings = {
+        one.line: _Timing(arrived=T0, dispatched=T0 + 6, finished=T0 + 7.5, device="gpu0"),
+        conversation.line: _Timing(arrived=T0, dispatched=T0 + 8, finished=T0 + 9, device="gpu0"),
+        lost.line: _Timing(arrived=T0, error="502"),
+        batch.line: _Timing(arrived=T0, dispatched=T0 + 10, finished=T0 + 12, device="gpu1"),
+        # these two overlap: their live times measure the sharing, not the machine
+        shared_a.line: _Timing(arrived=T0, dispatched=T0 + 20, finished=T0 + 22, device="gpu0"),
+        shared_b.line: _Timing(arrived=T0, dispatched=T0 + 21, finished=T0 + 23, device="gpu1"),
+    }
+    run, _ = _run(CONFIG, trace, SPEED, T0, timings, [], [])
+    live = at_live_service_times(run)
+    # 1.5 live seconds at 2x: 3 trace seconds, where the trace said 2; the rest as they were
+    assert [x.service_s for x in live.lines] == [pytest.approx(3.0), 1, 3, 3, 1, 1]
+    assert [x.line for x in live.lines] == [x.line for x in trace.lines]
+    assert trace.lines[0].service_s == 2  # the caller's trace is left as it was
+    assert slow_services(run) == pytest.approx(12 / 11)
+    assert slow_services(run, margin=0.1) is None

@@ -304,7 +304,7 @@ def replay_cmd(
 ) -> None:
     """Send a trace live through `corral serve` (sim backends with the configuration's times) and
     report the same figures as `corral simulate`, in the trace's seconds."""
-    from corral.parity import at_live_load_times, compare, slow_loads
+    from corral.parity import simulated_beside
     from corral.replay import replay
     from corral.sim.report import per_class_table, per_model_table, results_table
 
@@ -313,27 +313,17 @@ def replay_cmd(
     for name in _policies(policy, config):
         cfg = config.with_policy(name)
         try:
-            _, live = replay(cfg, trace, speed, progress=lambda m: err_console.print(m))
+            run, live = replay(cfg, trace, speed, progress=lambda m: err_console.print(m))
         except CorralError as exc:
             raise _fail(exc) from None
         live["mode"] = "live"
         results.append(live)
         if compare_sim:
-            from corral.sim.engine import simulate
-            from corral.sim.metrics import summarize
-
-            slow = slow_loads(cfg, live)
-            if slow:
-                err_console.print(
-                    f"loads took longer live than configured on this machine: {', '.join(slow)}; "
-                    "the simulation uses the live load times",
-                    highlight=False,
-                )
-                cfg = at_live_load_times(cfg, live)
-            sim = summarize(simulate(cfg, trace))
-            sim["mode"] = "simulated"
+            sim, parity = simulated_beside(
+                cfg, run, live, lambda m: err_console.print(m, highlight=False)
+            )
             results.append(sim)
-            diffs.append((name, compare(sim, live)))
+            diffs.append((name, parity))
     if as_json:
         out = {"results": results}
         if compare_sim:
