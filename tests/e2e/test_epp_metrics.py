@@ -1,7 +1,7 @@
 """`GET /metrics` as llm-d's endpoint picker reads it (issue 49), on a real `corral serve` with
 sim model servers: the protocol's gauges under Corral's names and vLLM's, parsed by
 prometheus-client's parser, and the residency lists equal to what `/api/status` says through a
-load, a swap and a model that fails to start."""
+load, a swap, a model that fails to start, a sleep and a wake."""
 
 from __future__ import annotations
 
@@ -80,3 +80,39 @@ def test_the_residency_gauge_follows_loads_swaps_and_failures(tmp_path: Path) ->
         assert seen["running"] == says(g) == ["b"]  # the failed start is in neither list
         assert seen["waiting"] == []
         assert seen["queued"] == 0
+
+
+SLEEPY = f"""
+devices: [{{name: g, memory_gb: 24}}]
+host: {{memory_gb: 50}}
+models:
+  a: {{cmd: "{SIM} --load-s 0.5 --sleep-s 0.05 --wake-s 1.5 --memory-gb 20", memory_gb: 20,
+      load_s: 20, sleep: {{level: 1, wake_s: 1.5, sleep_s: 0.5}}}}
+  b: {{cmd: "{SIM} --load-s 0.5 --sleep-s 0.05 --wake-s 1.5 --memory-gb 20", memory_gb: 20,
+      load_s: 20, sleep: {{level: 1, wake_s: 1.5, sleep_s: 0.5}}}}
+server: {{vllm_metric_names: true, log_dir: LOG_DIR}}
+"""
+
+
+def test_a_sleeping_model_is_in_neither_list_and_waits_while_it_wakes(tmp_path: Path) -> None:
+    with serve(tmp_path, SLEEPY) as g:
+        client = g.client(max_retries=0, timeout=30)
+        client.completions.create(model="a", prompt="hi", max_tokens=2)
+        client.completions.create(model="b", prompt="hi", max_tokens=2)  # a goes to sleep
+        wait_for(lambda: g.status()["models"]["a"]["state"] == "sleeping", timeout_s=20)
+        seen = scrape(g)
+        assert seen["running"] == says(g) == ["b"]  # sleeping: off the device, not running
+        assert seen["waiting"] == []
+        assert seen["max"] == 1  # a's 20 GB do not fit beside b: waking it evicts b
+        # a wakes in b's place (1.5 s): meanwhile it is waiting.
+        done = threading.Thread(
+            target=client.completions.create, kwargs={"model": "a", "prompt": "hi", "max_tokens": 2}
+        )
+        done.start()
+        wait_for(lambda: "a" in scrape(g)["waiting"], timeout_s=20)
+        assert g.status()["models"]["a"]["state"] in ("waking", "sleeping")
+        done.join(30)
+        seen = scrape(g)
+        assert seen["running"] == says(g) == ["a"]
+        assert seen["waiting"] == []
+        assert g.status()["models"]["b"]["state"] == "sleeping"
