@@ -1,16 +1,20 @@
 """The simulator held to account: the built-in scenarios, shortened, run live through `corral serve`
 (`corral replay`) and in the simulator; loads and each class's p95 wait must agree. The simulator
-gets the load and service times the live run measured (`at_live_load_times`,
-`at_live_service_times`): on a busy machine a sim backend starts and answers later than its
-trace says, the live scheduler learns and decides on the longer times, and the waits behind them
-grow (issue 51: the Poisson trace's p95 wait, 54 s live against 43.7 s simulated from the trace's
-services, on a loaded CI machine). The test compares decisions, not this machine's speed.
+gets the times the live run had (`corral.parity.simulated_beside`): the load times it measured,
+the arrivals and the services of the requests served alone: on a busy machine a sim backend
+starts and answers later than the trace says, requests leave late, the live scheduler learns and
+decides on the longer times, and the waits behind them grow. A short trace's p95 wait is chaotic
+(the Poisson trace's moves from 41 to 54 s in the simulator alone with services a few percent
+off: issue 51 saw 54 s live against 43.7 s simulated on a loaded CI machine), so each figure is
+held to the range of eight simulations under the live run's own timing noise: the test compares
+decisions, not this machine's speed.
 
 Tolerances (issue 9): loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
-seconds. A divergence is a bug in the simulator or in the live system: fix it, do not widen these.
-Each scenario runs at a speed that keeps every scaled load above a sim backend's start-up
-(`corral.replay.STARTUP_FLOOR_S`) with room to spare, and every scaled service well above a
-request's few milliseconds of HTTP overhead (which the trace's clock multiplies by the speed).
+seconds, of the simulations' range. A divergence is a bug in the simulator or in the live
+system: fix it, do not widen these. Each scenario runs at a speed that keeps every scaled load
+above a sim backend's start-up (`corral.replay.STARTUP_FLOOR_S`) with room to spare, and every
+scaled service well above a request's few milliseconds of HTTP overhead (which the trace's clock
+multiplies by the speed).
 """
 
 from __future__ import annotations
@@ -96,7 +100,8 @@ def test_live_and_simulated_runs_agree(name: str) -> None:
     # decisions.
     _, diffs = simulated_beside(sc.config, run, live)
     report = "\n".join(
-        f"  {d.figure}: simulated {d.simulated:.2f}, live {d.live:.2f} (±{d.tolerance:.2f})"
+        f"  {d.figure}: simulated {d.simulated:.2f} ({d.low:.2f} to {d.high:.2f}), "
+        f"live {d.live:.2f} (±{d.tolerance:.2f})"
         for d in diffs
     )
     assert all(d.ok for d in diffs), f"{name} at {speed:g}x diverges:\n{report}"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from corral.config import parse_config
-from corral.parity import at_live_load_times, at_live_service_times, slow_loads, slow_services
+from corral.parity import Divergence, at_live_load_times, at_live_times, slow_loads, slow_services
 from corral.replay import _run, _Swap, _Timing
 from corral.sim.trace import parse_trace
 
@@ -78,7 +80,7 @@ def test_live_load_times_are_kept_and_the_simulation_can_use_them() -> None:
     assert slow_loads(measured, live) == []
 
 
-def test_live_service_times_replace_those_of_lines_served_alone() -> None:
+def test_live_times_replace_arrivals_and_the_services_of_lines_served_alone() -> None:
     trace = parse_trace(
         [
             '{"t": 0, "model": "a", "service_s": 2}',
@@ -101,10 +103,21 @@ def test_live_service_times_replace_those_of_lines_served_alone() -> None:
         shared_b.line: _Timing(arrived=T0, dispatched=T0 + 21, finished=T0 + 23, device="gpu1"),
     }
     run, _ = _run(CONFIG, trace, SPEED, T0, timings, [], [])
-    live = at_live_service_times(run)
+    live = at_live_times(run)
     # 1.5 live seconds at 2x: 3 trace seconds, where the trace said 2; the rest as they were
     assert [x.service_s for x in live.lines] == [pytest.approx(3.0), 1, 3, 3, 1, 1]
     assert [x.line for x in live.lines] == [x.line for x in trace.lines]
+    # open-loop interactive lines arrive when the live run sent them (all at T0 here: trace 0);
+    # a session's line, a batch line and one with no answer keep their times
+    assert [x.t for x in live.lines] == [0, None, 1, 1, 0, 0]
     assert trace.lines[0].service_s == 2  # the caller's trace is left as it was
     assert slow_services(run) == pytest.approx(12 / 11)
     assert slow_services(run, margin=0.1) is None
+
+
+def test_a_figure_agrees_within_its_tolerance_of_the_simulations_range() -> None:
+    one = Divergence("loads", simulated=10, live=13.5, tolerance=2)
+    assert not one.ok  # 3.5 from the one simulation
+    assert dataclasses.replace(one, low=9, high=12).ok  # 1.5 past the range's top
+    assert not dataclasses.replace(one, low=9, high=11).ok
+    assert not dataclasses.replace(one, live=6.5, low=9, high=12).ok

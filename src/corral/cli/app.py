@@ -338,12 +338,13 @@ def replay_cmd(
         out_console.print(classes)
     for name, ds in diffs:
         table = Table(title=f"{name}: simulated vs live")
-        for col in ("figure", "simulated", "live", "tolerance", ""):
+        for col in ("figure", "simulated", "under noise", "live", "tolerance", ""):
             table.add_column(col, justify="right")
         for d in ds:
             mark = "[green]ok[/green]" if d.ok else "[red]differs[/red]"
+            noise = f"{d.low:.2f}-{d.high:.2f}" if d.low is not None else ""
             table.add_row(
-                d.figure, f"{d.simulated:.2f}", f"{d.live:.2f}", f"±{d.tolerance:.2f}", mark
+                d.figure, f"{d.simulated:.2f}", noise, f"{d.live:.2f}", f"±{d.tolerance:.2f}", mark
             )
         out_console.print(table)
 
