@@ -121,6 +121,7 @@ def test_simulate_out_writes_csv_and_plots(files: tuple[Path, Path], tmp_path: P
         "priority",
         "cost",
         "lru-route",
+        "llama-swap",
     }
     assert {r["model"] for r in rows} == {"*", "a", "b"}
     for name in ("loads.png", "wait_cdf.png", "timeline.png"):

@@ -187,7 +187,8 @@ PolicyOption = Annotated[
         "--policy",
         "-p",
         help="Policy to run; repeat to compare; 'all' runs them all (simulate: also the "
-        "lru-route baseline, Ray Serve's rule). Default: the config's.",
+        "lru-route and llama-swap baselines: Ray Serve's and llama-swap's rules). Default: "
+        "the config's.",
     ),
 ]
 

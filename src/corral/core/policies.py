@@ -17,6 +17,7 @@ from collections.abc import Callable
 from corral.config import Config, PolicyName
 from corral.core.state import ModelRecord
 from corral.core.stretch import WaitBound
+from corral.policy_names import SimPolicyName
 
 _NEVER = 1 << 62
 # A predictable model lingers at least this fraction of a reload (see `Cost.linger_s`).
@@ -35,7 +36,7 @@ def lingering(m: ModelRecord, now: float) -> bool:
 class Policy:
     """Base: serve the resident model while it has work; challengers ranked by oldest request."""
 
-    name: PolicyName = "fifo-plus"
+    name: SimPolicyName = "fifo-plus"
     bounded_wait = True  # honours scheduler.max_wait_s
     strict_order = False  # only the model of the oldest request may take new work
     classes = True  # interactive work before batch work (the baselines ignore classes)
@@ -61,8 +62,9 @@ class Policy:
 
 class Fifo(Policy):
     """Strict arrival order: the oldest pending request's model runs next (swap if needed).
-    The baseline (what Ollama and simple FIFO workers do); arrival order is its only bound, so it
-    ignores max_wait_s (a per-model turn would contradict strict order)."""
+    The baseline: Ollama's scheduler and simple FIFO workers (corral/sim/baselines.py says how
+    Ollama's matches); arrival order is its only bound, so it ignores max_wait_s (a per-model
+    turn would contradict strict order)."""
 
     name: PolicyName = "fifo"
     strict_order = True

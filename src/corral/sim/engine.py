@@ -31,6 +31,7 @@ from typing import Any
 from corral.config import Config, ModelConfig
 from corral.core import Request, Scheduler
 from corral.policy_names import SimPolicyName
+from corral.sim.baselines import LlamaSwap
 from corral.sim.lru_route import LruRoute
 from corral.sim.trace import Trace, TraceLine
 
@@ -191,7 +192,7 @@ class Simulation:
         policy: SimPolicyName | None = None,
     ) -> None:
         """`policy`: run this one rather than `config`'s (a baseline such as `lru-route` too)."""
-        if policy is not None and policy != "lru-route":
+        if policy is not None and policy != "lru-route" and policy != "llama-swap":
             config = config.with_policy(policy)
         self.config = config
         self.trace = trace
@@ -225,7 +226,9 @@ class Simulation:
         self.scheduler: Scheduler | LruRoute = (
             LruRoute(config, self, lambda: self.now)
             if policy == "lru-route"
-            else Scheduler(config, self, lambda: self.now)
+            else Scheduler(
+                config, self, lambda: self.now, LlamaSwap() if policy == "llama-swap" else None
+            )
         )
         # Copies are (model, device) pairs: a model may have a replica on a second device.
         self._where: dict[str, set[str]] = defaultdict(set)  # from load effects alone
