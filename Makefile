@@ -166,6 +166,8 @@ bench-intake: $(STAMP)
 
 bench-robust: $(STAMP)
 	$(BIN)/python benchmarks/bench_robust.py --json out/bench-robust.json
+	$(BIN)/python benchmarks/bench_robust.py --family crowded --json out/bench-robust-crowded.json
+	$(BIN)/python benchmarks/bench_robust.py --family packed --json out/bench-robust-packed.json
 
 bench-forward: $(STAMP)
 	$(BIN)/python benchmarks/bench_forward.py

@@ -16,6 +16,9 @@ schedules).
 
 `--family conversations` (issue 38): agent loops whose swaps throw prompt caches away
 (`random_conversation_scenario`); the figures are each request's latency, not its wait.
+`--family crowded` and `--family packed` (issue 51): narrower shapes the wide family rarely
+draws (`corral.sim.families.SHAPES`): two devices and three models that each fill one,
+overloaded; four 80 GB devices and eight models of 10-80 GB packed by memory.
 
 Run: `make bench-robust` (or `.venv/bin/python benchmarks/bench_robust.py [--scenarios 100]
 [--first-seed 1000] [--json out/bench-robust.json] [--frontier]`). Deterministic; about 5-10
@@ -25,12 +28,14 @@ minutes on the 2-core VM (one process per core), the frontier about 20 more.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,7 +45,8 @@ from rich.progress import track
 
 from corral.policy_names import SimPolicyName
 from corral.sim.engine import simulate
-from corral.sim.families import random_conversation_scenario, random_scenario
+from corral.sim.families import SHAPES, random_conversation_scenario, random_scenario
+from corral.sim.scenarios import Scenario
 
 COST: SimPolicyName = "cost"
 OTHERS: list[SimPolicyName] = ["grouped", "fifo-plus", "fifo"]
@@ -49,7 +55,12 @@ METRICS = ("mean", "p95", "max")
 
 # The families: `conversations` (issue 38) counts each request's latency (its wait, the prefill
 # a swap made it redo, its service), the figure conversations change; the others its wait.
-FAMILIES = {"default": random_scenario, "conversations": random_conversation_scenario}
+FAMILIES: dict[str, Callable[[int], Scenario]] = {
+    "default": random_scenario,
+    "conversations": random_conversation_scenario,
+    # Narrower shapes (issue 51, item 5; corral.sim.families.SHAPES).
+    **{name: functools.partial(random_scenario, shape=name) for name in SHAPES},
+}
 
 
 def figures(seed: int, policies: list[SimPolicyName], family: str = "default") -> dict[str, Any]:

@@ -217,3 +217,22 @@ def test_the_sleep_family_found_the_replica_abort_loop() -> None:
     )
     run = simulate(config, sc.trace, check=True)
     assert all(r.finished_at is not None for r in run.requests)
+
+
+def test_the_narrower_shapes_are_what_they_say() -> None:
+    """Issue 51's shapes (corral.sim.families.SHAPES), deterministic from their seed."""
+    for seed in range(5):
+        packed = random_scenario(seed, shape="packed")
+        assert [d.memory_gb for d in packed.config.devices] == [80] * 4
+        sizes = [m.memory_gb for m in packed.config.models.values()]
+        assert len(sizes) == 8
+        assert all(s is not None and 10 <= s <= 80 for s in sizes)
+        assert packed.config.scheduler.max_wait_s == 120
+        crowded = random_scenario(seed, shape="crowded")
+        assert len(crowded.config.devices) == 2
+        assert all(d.memory_gb is None for d in crowded.config.devices)  # one model each
+        assert len(crowded.config.models) == 3
+        assert all(15 <= m.load_s <= 35 for m in crowded.config.models.values())
+        assert crowded.config.scheduler.max_wait_s == 300
+        again = random_scenario(seed, shape="crowded")
+        assert again.trace.lines == crowded.trace.lines

@@ -14,6 +14,7 @@ from corral.config import Config, parse_config
 from corral.core import RequestState
 from corral.policy_names import SimPolicyName
 from corral.sim.engine import Simulation, simulate
+from corral.sim.families import random_scenario
 from corral.sim.metrics import summarize
 from corral.sim.scenarios import get_scenario
 from corral.sim.trace import Trace, TraceLine
@@ -222,3 +223,21 @@ def test_a_model_its_copy_cannot_keep_up_with_gets_its_copy_while_candidates_wai
     assert copies[0].at_s < 300
     hot = [r.dispatched_at - r.arrived_at for r in run.requests if r.model == "hot"]  # type: ignore[operator]
     assert sum(hot) / len(hot) < 30
+
+
+def test_an_overloaded_pair_of_devices_gives_no_copy_the_others_device() -> None:
+    """Issue 51's `crowded` shape: two devices, three models that each fill one, the hot one
+    1.4 devices' work, the other two 1.0 together: 2.4 devices of work on 2. A copy of the hot
+    one held the only other device while the two queued, and the bound, stretched under
+    overload, never ended it (m02 waited 1,720 s, fifo-plus's worst 727 s). A copy now comes
+    only while the others' waiting work and the copies fit the devices, and goes when not."""
+    sc = random_scenario(1015, shape="crowded")
+    sim = Simulation(sc.config, sc.trace, check=True)
+    run = sim.run()
+    waits = summarize(run)["per_model"]
+    baseline = summarize(simulate(sc.config, sc.trace, policy="fifo-plus"))["per_model"]
+    for m in ("m01", "m02"):
+        assert waits[m]["wait_max_s"] <= 1.5 * baseline[m]["wait_max_s"], (m, waits[m])
+    copies = [d for d in sim.scheduler.decisions if d.reason == "replica"]  # type: ignore[union-attr]
+    for d in copies:  # any copy came when the others' queues had drained
+        assert d.at_s > 600, copies

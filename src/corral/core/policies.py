@@ -17,7 +17,6 @@ from collections.abc import Callable
 from corral.config import Config, PolicyName
 from corral.core.state import ModelRecord
 from corral.core.stretch import WaitBound
-from corral.policy_names import SimPolicyName
 
 _NEVER = 1 << 62
 # A predictable model lingers at least this fraction of a reload (see `Cost.linger_s`).
@@ -36,7 +35,7 @@ def lingering(m: ModelRecord, now: float) -> bool:
 class Policy:
     """Base: serve the resident model while it has work; challengers ranked by oldest request."""
 
-    name: SimPolicyName = "fifo-plus"
+    name: str = "fifo-plus"  # a policy of Corral's (`PolicyName`), or a simulator baseline's
     bounded_wait = True  # honours scheduler.max_wait_s
     strict_order = False  # only the model of the oldest request may take new work
     classes = True  # interactive work before batch work (the baselines ignore classes)

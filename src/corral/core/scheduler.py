@@ -113,6 +113,7 @@ class Scheduler:
             bool(replicas) and self.policy.replicas and len(self.devices) > 1,
             None if isinstance(replicas, bool) else frozenset(replicas),
             self.wait.effective,
+            board.pending,
         )
         self.aborts = Aborts(self.devices, self.tiers, board.incoming, self.wait.effective)
         self.swaps = Swaps(

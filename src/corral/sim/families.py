@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 from corral.config import Config, parse_config
 from corral.sim.scenarios import Scenario, _trace
@@ -39,25 +40,62 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
     return math.exp(rng.uniform(math.log(lo), math.log(hi)))
 
 
-def random_scenario(seed: int, max_requests: int = MAX_REQUESTS, steady: bool = False) -> Scenario:
+@dataclass(frozen=True)
+class Shape:
+    """A narrower family: the values set here replace the wide family's draws (which are still
+    drawn, so that the wide family's seeds give the scenarios they always gave)."""
+
+    n_dev: int | None = None
+    packing: bool | None = None
+    n_models: int | None = None
+    rho: tuple[float, float] = (0.2, 1.3)
+    dev_gb: int | None = None
+    mem_gb: tuple[float, float] | None = None  # else 1/8 to the whole of a device
+    load_s: tuple[float, float] = (1.0, 60.0)
+    service_s: tuple[float, float] = (0.2, 10.0)
+    max_wait_s: float | None = None  # else Corral's default
+
+
+# Shapes the wide family reaches too seldom to judge (issue 51, item 5): `crowded`, two devices
+# and three models that each fill one, overloaded, a long bound; `packed`, four 80 GB devices
+# and eight models of 10-80 GB packed by memory (several fit together).
+SHAPES = {
+    "crowded": Shape(n_dev=2, packing=False, n_models=3, rho=(1.0, 1.3), load_s=(15.0, 35.0),
+                     service_s=(1.5, 6.0), max_wait_s=300),
+    "packed": Shape(n_dev=4, packing=True, dev_gb=80, n_models=8, mem_gb=(10.0, 80.0),
+                    load_s=(6.0, 40.0), max_wait_s=120),
+}  # fmt: skip
+
+
+def random_scenario(
+    seed: int, max_requests: int = MAX_REQUESTS, steady: bool = False, shape: str | None = None
+) -> Scenario:
     """One scenario of the family described in the module docstring. A smaller `max_requests`
     (for property tests) shortens the arrivals in proportion, the shape of the scenario kept.
-    `steady`: Poisson arrivals only, all interactive (no bursts, no batch work)."""
+    `steady`: Poisson arrivals only, all interactive (no bursts, no batch work). `shape`: one of
+    `SHAPES`, a narrower family."""
     rng = random.Random(seed)
+    sh = SHAPES[shape] if shape is not None else Shape()
     n_dev = rng.choice(DEVICE_COUNTS)
+    n_dev = sh.n_dev if sh.n_dev is not None else n_dev
     packing = rng.random() < 0.5
+    packing = sh.packing if sh.packing is not None else packing
     n_models = rng.randint(2, 20)
-    rho = rng.uniform(0.2, 1.3)
+    n_models = sh.n_models if sh.n_models is not None else n_models
+    rho = rng.uniform(*sh.rho)
     slots = rng.random() < 0.25
     dev_gb = rng.choice((24, 48, 80)) if packing else None
+    dev_gb = sh.dev_gb if sh.dev_gb is not None else dev_gb
     names = [f"m{i:02d}" for i in range(n_models)]
-    service = {m: round(_log_uniform(rng, 0.2, 10.0), 2) for m in names}
+    service = {m: round(_log_uniform(rng, *sh.service_s), 2) for m in names}
     conc = {m: rng.choice((1, 1, 2, 4)) if slots else 1 for m in names}
     cfg = ["models:"]
     for m in names:
-        load_s = round(_log_uniform(rng, 1.0, 60.0), 1)
+        load_s = round(_log_uniform(rng, *sh.load_s), 1)
         extra = f", concurrency: {conc[m]}" if conc[m] > 1 else ""
-        if dev_gb is not None:
+        if dev_gb is not None and sh.mem_gb is not None:
+            extra += f", memory_gb: {round(_log_uniform(rng, *sh.mem_gb), 1)}"
+        elif dev_gb is not None:
             extra += f", memory_gb: {round(dev_gb * _log_uniform(rng, 0.125, 1.0), 1)}"
         cfg.append(
             f"  {m}: {{load_s: {load_s}, unload_s: {round(load_s / 10, 2)}, "
@@ -87,8 +125,35 @@ def random_scenario(seed: int, max_requests: int = MAX_REQUESTS, steady: bool = 
     total_rate = sum(rate.values())
     scale = max_requests / MAX_REQUESTS
     duration_s = min(1800.0 * scale, max(300.0 * scale, max_requests / total_rate))
+    lines = _open_loop(rng, rate, service, batch_models, bursty, duration_s, scale)
+    lines.sort(key=lambda x: (x["t"], x["model"]))
+    name = f"random-{seed}"
+    summary = (
+        f"{n_dev} device(s){' packed by memory' if packing else ''}, {n_models} models, "
+        f"offered load {rho:.2f} per device, {len(lines)} requests over {duration_s:.0f} s"
+        + (f", batch on {len(batch_models)} model(s)" if batch_models else "")
+    )
+    if sh.max_wait_s is not None:
+        cfg.append(f"scheduler: {{max_wait_s: {sh.max_wait_s}}}")
+    if shape is not None:
+        name = f"random-{shape}-{seed}"
+    config = parse_config("\n".join(cfg) + "\n", f"<scenario {name}>")
+    return Scenario(name, summary, config, _trace(name, lines))
+
+
+def _open_loop(
+    rng: random.Random,
+    rate: dict[str, float],
+    service: dict[str, float],
+    batch_models: set[str],
+    bursty: set[str],
+    duration_s: float,
+    scale: float,
+) -> list[dict[str, object]]:
+    """Each model's arrivals (Poisson, in bursts for batch and bursty models) until
+    `duration_s`, with exponential service times: trace lines, in the models' order."""
     lines: list[dict[str, object]] = []
-    for m in names:
+    for m in rate:  # the models in their order
         burst = 1
         if m in batch_models:
             burst = max(1, round(rng.randint(50, 500) * scale))
@@ -108,15 +173,7 @@ def random_scenario(seed: int, max_requests: int = MAX_REQUESTS, steady: bool = 
                 if m in batch_models:
                     line["class"] = "batch"
                 lines.append(line)
-    lines.sort(key=lambda x: (x["t"], x["model"]))
-    name = f"random-{seed}"
-    summary = (
-        f"{n_dev} device(s){' packed by memory' if packing else ''}, {n_models} models, "
-        f"offered load {rho:.2f} per device, {len(lines)} requests over {duration_s:.0f} s"
-        + (f", batch on {len(batch_models)} model(s)" if batch_models else "")
-    )
-    config = parse_config("\n".join(cfg) + "\n", f"<scenario {name}>")
-    return Scenario(name, summary, config, _trace(name, lines))
+    return lines
 
 
 def random_sleep_scenario(seed: int, max_requests: int = MAX_REQUESTS) -> Scenario:
