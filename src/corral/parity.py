@@ -90,11 +90,11 @@ def _jittered(trace: Trace, spread: float, rng: random.Random) -> Trace:
     )
 
 
-def slow_services(run: Run, margin: float = 0.05) -> float | None:
+def slow_services(run: Run, margin: float = 0.05, live: Trace | None = None) -> float | None:
     """How much longer the live services took than the trace's (the ratio of their sums), when it
-    is more than `margin`; else None."""
+    is more than `margin`; else None. `live`: `at_live_times(run)`, if the caller has it."""
     want = sum(x.service_s for x in run.trace.lines)
-    got = sum(x.service_s for x in at_live_times(run).lines)
+    got = sum(x.service_s for x in (live or at_live_times(run)).lines)
     return got / want if want > 0 and got > want * (1 + margin) else None
 
 
@@ -162,14 +162,15 @@ def simulated_beside(
     services' own spread (the same decisions under the same noise), whatever this machine's
     speed. `warn` hears which times were longer live than configured."""
     slow = slow_loads(config, live)
-    ratio = slow_services(run)
+    trace = at_live_times(run)
+    ratio = slow_services(run, live=trace)
     if warn is not None and slow:
         warn(f"loads took longer live than configured on this machine: {', '.join(slow)}")
     if warn is not None and ratio is not None:
         warn(f"services took {ratio:.2f}x the trace's live on this machine")
     if warn is not None and (slow or ratio is not None):
         warn("the simulation uses the live times")
-    measured, trace = at_live_load_times(config, live), at_live_times(run)
+    measured = at_live_load_times(config, live)
     spread, rng = _spread(run, trace), random.Random(seed)
     runs = [summarize(simulate(measured, trace, check=True))]
     runs += [

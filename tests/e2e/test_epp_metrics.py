@@ -53,6 +53,19 @@ def says(g: Gateway) -> list[str]:
             for n in [name, *m["aliases"]]]  # fmt: skip
 
 
+def waits_while_it_comes(g: Gateway, client: openai.OpenAI, model: str) -> str:
+    """Ask `model` in the background; once the gauge lists it as waiting, the state
+    `/api/status` gives it then; returns after the answer."""
+    done = threading.Thread(
+        target=client.completions.create, kwargs={"model": model, "prompt": "hi", "max_tokens": 2}
+    )
+    done.start()
+    wait_for(lambda: model in scrape(g)["waiting"], timeout_s=20)
+    state = str(g.status()["models"][model]["state"])
+    done.join(30)
+    return state
+
+
 def test_the_residency_gauge_follows_loads_swaps_and_failures(tmp_path: Path) -> None:
     with serve(tmp_path, CONFIG) as g:
         client = g.client(max_retries=0, timeout=30)
@@ -64,13 +77,7 @@ def test_the_residency_gauge_follows_loads_swaps_and_failures(tmp_path: Path) ->
         assert seen["running"] == says(g) == ["a", "a-latest"]
         assert seen["max"] == 2  # a, and broken in the 4 GB left; b would evict a
         # b loads in a's place (1.5 s): meanwhile it is waiting, a no longer running.
-        done = threading.Thread(
-            target=client.completions.create, kwargs={"model": "b", "prompt": "hi", "max_tokens": 2}
-        )
-        done.start()
-        wait_for(lambda: "b" in scrape(g)["waiting"], timeout_s=20)
-        assert g.status()["models"]["b"]["state"] in ("loading", "unloaded")
-        done.join(30)
+        assert waits_while_it_comes(g, client, "b") in ("loading", "unloaded")
         seen = scrape(g)
         assert seen["running"] == says(g) == ["b"]
         assert seen["waiting"] == []
@@ -105,13 +112,7 @@ def test_a_sleeping_model_is_in_neither_list_and_waits_while_it_wakes(tmp_path: 
         assert seen["waiting"] == []
         assert seen["max"] == 1  # a's 20 GB do not fit beside b: waking it evicts b
         # a wakes in b's place (1.5 s): meanwhile it is waiting.
-        done = threading.Thread(
-            target=client.completions.create, kwargs={"model": "a", "prompt": "hi", "max_tokens": 2}
-        )
-        done.start()
-        wait_for(lambda: "a" in scrape(g)["waiting"], timeout_s=20)
-        assert g.status()["models"]["a"]["state"] in ("waking", "sleeping")
-        done.join(30)
+        assert waits_while_it_comes(g, client, "a") in ("waking", "sleeping")
         seen = scrape(g)
         assert seen["running"] == says(g) == ["a"]
         assert seen["waiting"] == []

@@ -51,7 +51,7 @@ class Replicas:
         enabled: bool,
         copyable: Collection[str] | None,
         bound_s: Callable[[bool], float | None],
-        pending: Collection[ModelRecord] = (),
+        pending: Collection[ModelRecord],
     ) -> None:
         self.policy = policy
         self.devices = devices
