@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-epp compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -144,6 +144,12 @@ bench-zoo-restores: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 4700 --json out/bench-zoo-restores.json
 
 # llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
+# The simulator against real llama-servers on the zoo's files (issue 47): a kept and a not-kept
+# architecture's conversations, live and simulated given the servers' figures (~1 minute).
+bench-zoo-parity: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_zoo_parity.py --size-gb 0.25 --words 300 600 --grow 100 200 \
+	  --json out/bench-zoo-parity.json
+
 bench-page-cache: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_page_cache.py
 

@@ -21,12 +21,20 @@ from corral.sim.trace import Trace
 
 
 def at_live_load_times(config: Config, live: dict[str, Any]) -> Config:
-    """`config` with each model's `load_s` as the live run measured it (its mean, in the trace's
-    seconds): on a busy machine a sim backend starts later than its `load_s`, and the scheduler,
-    which learns load times, decides on the longer ones. The simulator given the same durations
-    must make the same decisions; given the configured ones, it answers another question."""
+    """`config` with each model's `load_s` and `unload_s` as the live run measured them (their
+    means, in the trace's seconds; an unload where a swap evicted that model alone): on a busy
+    machine a sim backend starts later than its `load_s`, a real server stops in its own time,
+    and the scheduler, which learns both, decides on them. The simulator given the same
+    durations must make the same decisions; given the configured ones, it answers another
+    question."""
+    stops = live.get("unload_s_live", {})
     models = {
-        name: m.model_copy(update={"load_s": live["load_s_live"].get(name, m.load_s)})
+        name: m.model_copy(
+            update={
+                "load_s": live["load_s_live"].get(name, m.load_s),
+                "unload_s": stops.get(name, m.unload_s),
+            }
+        )
         for name, m in config.models.items()
     }
     return config.model_copy(update={"models": models})
@@ -64,6 +72,62 @@ def at_live_times(run: Run) -> Trace:
             x = dataclasses.replace(x, t=max(0.0, sent[x.line]))
         lines.append(x)
     return Trace(lines, run.trace.source)
+
+
+def at_engine_times(config: Config, run: Run, live: dict[str, Any]) -> tuple[Config, Trace]:
+    """For a replay on real servers (`live["engine"]`: each answer's own `timings`), the
+    configuration and trace the simulator is given. Each line's conversation is as many tokens
+    as the server counted (`prompt_n` + `cache_n`). Each model's `prefill_tok_s` is its fastest
+    prefill of at least 64 tokens, and each line's service what the live run took (dispatch to
+    answer) less its prefill at that speed: a real prefill slows with the context before it
+    (attention), which one speed does not model, so the simulator that prefills what the
+    server did gets the live time exactly, and one that decides otherwise (restores, what a
+    swap threw away) is off by that prefill. Prompt caches are not kept where the live run
+    found them not kept (`live["prompt_cache"]`). Lines without the server's figures keep the
+    trace's."""
+    engine: dict[Any, dict[str, float]] = live["engine"]
+    by_line = {int(k): v for k, v in engine.items()}
+    fastest: dict[str, float] = {}
+    for x in run.trace.lines:
+        e = by_line.get(x.line)
+        if e is not None and e.get("prompt_n", 0) >= 64 and e.get("prompt_ms", 0) > 0:
+            speed = e["prompt_n"] / (e["prompt_ms"] / 1000)
+            fastest[x.model] = max(fastest.get(x.model, 0.0), speed)
+    lines = []
+    for x, r in zip(run.trace.lines, run.requests, strict=True):
+        e = by_line.get(x.line)
+        if e is None or r.dispatched_at is None or r.finished_at is None:
+            lines.append(x)
+            continue
+        top = fastest.get(x.model)
+        prefill_s = e.get("prompt_n", 0) / top if top else 0.0
+        context = int(e.get("prompt_n", 0) + e.get("cache_n", 0)) if x.context_tokens else 0
+        service_s = max(0.0, r.finished_at - r.dispatched_at - prefill_s)
+        lines.append(dataclasses.replace(x, context_tokens=context, service_s=service_s))
+    verdicts: dict[str, str] = live.get("prompt_cache", {})
+    models = {}
+    for name, m in config.models.items():
+        update: dict[str, Any] = {}
+        if name in fastest:
+            update["prefill_tok_s"] = fastest[name]
+        if verdicts.get(name, "").startswith("not kept"):
+            update["prompt_cache"] = False
+        models[name] = m.model_copy(update=update)
+    return config.model_copy(update={"models": models}), Trace(lines, run.trace.source)
+
+
+def _engine_spread(trace: Trace) -> float:
+    """The relative spread of each model's services (their coefficient of variation, the
+    models' mean), between 2% and 20%: the noise to simulate on real servers."""
+    by_model: dict[str, list[float]] = {}
+    for x in trace.lines:
+        by_model.setdefault(x.model, []).append(x.service_s)
+    cvs = [
+        statistics.stdev(v) / statistics.mean(v)
+        for v in by_model.values()
+        if len(v) >= 2 and statistics.mean(v) > 0
+    ]
+    return min(0.2, max(0.02, statistics.mean(cvs))) if cvs else 0.02
 
 
 def _spread(run: Run, live: Trace) -> float:
@@ -129,8 +193,10 @@ class Divergence:
 def compare(
     simulated: dict[str, Any], live: dict[str, Any], wait_floor_s: float = 1.0
 ) -> list[Divergence]:
-    """The parity figures: loads within max(2, 10%), and each class's p95 wait within
-    max(`wait_floor_s`, 15%) (both in the trace's seconds)."""
+    """The parity figures: loads within max(2, 10%), each class's p95 wait within
+    max(`wait_floor_s`, 15%) (both in the trace's seconds), and where both say it (real
+    servers), the tokens prefilled within max(64, 10%): what the swaps threw away and what the
+    restores kept, decided alike."""
     out = [
         Divergence(
             "loads",
@@ -139,6 +205,11 @@ def compare(
             max(2.0, 0.10 * simulated["loads"]),
         )
     ]
+    if "prefill_tokens" in simulated and "prefill_tokens" in live:
+        want = float(simulated["prefill_tokens"])
+        out.append(
+            Divergence("prefill tokens", want, live["prefill_tokens"], max(64.0, 0.10 * want))
+        )
     for name, sim in simulated["per_class"].items():
         got = live["per_class"].get(name, {}).get("wait_p95_s", float("nan"))
         want = sim["wait_p95_s"]
@@ -147,6 +218,9 @@ def compare(
 
 
 ENSEMBLE = 8  # simulations under the live run's timing noise (the first without noise)
+# On real servers at 1x: the zoo's tiny files swap and answer in tenths of a second, where
+# the sim backends' traces wait for seconds.
+ENGINE_WAIT_FLOOR_S = 0.25
 
 
 def simulated_beside(
@@ -161,6 +235,11 @@ def simulated_beside(
     tolerance of the range of `ENSEMBLE` simulations whose service times are off by the live
     services' own spread (the same decisions under the same noise), whatever this machine's
     speed. `warn` hears which times were longer live than configured."""
+    measured = at_live_load_times(config, live)
+    if "engine" in live:  # real servers: their own figures (`at_engine_times`)
+        measured, trace = at_engine_times(measured, run, live)
+        spread = _engine_spread(trace)
+        return _ensemble(measured, trace, spread, seed, live, ENGINE_WAIT_FLOOR_S)
     slow = slow_loads(config, live)
     trace = at_live_times(run)
     ratio = slow_services(run, live=trace)
@@ -170,17 +249,31 @@ def simulated_beside(
         warn(f"services took {ratio:.2f}x the trace's live on this machine")
     if warn is not None and (slow or ratio is not None):
         warn("the simulation uses the live times")
-    measured = at_live_load_times(config, live)
-    spread, rng = _spread(run, trace), random.Random(seed)
-    runs = [summarize(simulate(measured, trace, check=True))]
-    runs += [
-        summarize(simulate(measured, _jittered(trace, spread, rng), check=True))
-        for _ in range(ENSEMBLE - 1)
-    ]
+    return _ensemble(measured, trace, _spread(run, trace), seed, live)
+
+
+def _ensemble(
+    measured: Config,
+    trace: Trace,
+    spread: float,
+    seed: int,
+    live: dict[str, Any],
+    wait_floor_s: float = 1.0,
+) -> tuple[dict[str, Any], list[Divergence]]:
+    """`ENSEMBLE` simulations of `trace` (the first as it is, the others with services off by
+    `spread`), the first's figures and each parity figure against the range of them all."""
+    rng = random.Random(seed)
+    traces = [trace] + [_jittered(trace, spread, rng) for _ in range(ENSEMBLE - 1)]
+    runs = []
+    for t in traces:
+        sim = simulate(measured, t, check=True)
+        runs.append(summarize(sim))
+        if sim.prompts is not None:
+            runs[-1]["prefill_tokens"] = sim.prompts.prefill_tokens
     simulated = runs[0]
     simulated["mode"] = "simulated"
     out = []
-    for d in compare(simulated, live):
+    for d in compare(simulated, live, wait_floor_s):
         values = [_figure(r, d.figure) for r in runs]
         out.append(dataclasses.replace(d, low=min(values), high=max(values)))
     return simulated, out
@@ -190,5 +283,7 @@ def _figure(figures: dict[str, Any], name: str) -> float:
     """A parity figure by its `Divergence.figure` name."""
     if name == "loads":
         return float(figures["loads"])
+    if name == "prefill tokens":
+        return float(figures["prefill_tokens"])
     cls = name.removesuffix(" wait p95 s")
     return float(figures["per_class"].get(cls, {}).get("wait_p95_s", float("nan")))

@@ -51,9 +51,14 @@ class ReplayError(CorralError):
     """The replay could not run (a bad trace for live use, a server that did not start)."""
 
 
-def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[str, Any]:
+def live_config(
+    config: Config, speed: float, port: int, folder: Path, own_backends: bool = False
+) -> dict[str, Any]:
     """`config` as `corral serve` runs it for a replay: sim backends with the configuration's
-    times divided by `speed`, every other time scaled alike, files under `folder`."""
+    times divided by `speed`, every other time scaled alike, files under `folder`.
+    `own_backends`: the models' own commands (real servers) are kept, at the trace's speed."""
+    if own_backends and speed != 1:
+        raise ReplayError(f"a replay on the models' own servers runs at 1x, not {speed:g}x")
     spec = config.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     def scale(d: dict[str, Any], *keys: str) -> None:
@@ -62,6 +67,10 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
                 d[k] = d[k] / speed
 
     for name, m in spec["models"].items():
+        m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
+        m["request_timeout_s"] = 10_000_000
+        if own_backends:
+            continue
         scale(m, "load_s", "unload_s", "service_s", "unload_delay_s", "ttl_s", "min_resident_s")
         for key in ("cmd", "upstream", "upstream_model", "load_hook", "unload_hook", "cmd_stop"):
             m.pop(key, None)
@@ -86,8 +95,6 @@ def live_config(config: Config, speed: float, port: int, folder: Path) -> dict[s
             m["cmd"] += f" --prefill-tok-s {prefill * speed:.6f} --state-tok-s {state_tok_s:.6f}"
             m["prompt_cache"] = config.keeps_prompt_cache(name)  # the sim's rule, said outright
         m["stop_grace_s"] = m["unload_s"] + 10
-        m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
-        m["request_timeout_s"] = 10_000_000
     cache = spec.get("prompt_cache", {})
     if cache.get("enabled", True):
         cache["state_tok_s"] = cache.get("state_tok_s", 200_000.0) * speed
@@ -144,6 +151,7 @@ class _Timing:
     finished: float | None = None
     error: str | None = None
     device: str | None = None  # the device that served it (x-corral-device), where told
+    engine: dict[str, float] | None = None  # a real server's own `timings` of its answer
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,8 @@ class _Swap:
     model: str
     device: str | None
     load_s: float | None = None  # at the end of a cold load that succeeded: as measured live
+    unload_s: float | None = None  # at its end: the stop of the one model it evicted, if one
+    evicted: str | None = None
 
 
 def _free_port() -> int:
@@ -217,6 +227,7 @@ class _Events:
     def __init__(self, url: str) -> None:
         self.started: list[_Swap] = []
         self.loaded: list[_Swap] = []
+        self._evicts: dict[tuple[str, str | None], list[str]] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(url,), daemon=True)
@@ -237,14 +248,27 @@ class _Events:
                 event = json.loads(line[5:])
                 kind = event.get("event")
                 if kind in ("load_started", "loaded", "load_failed", "load_aborted"):
-                    cold = kind == "loaded" and not event.get("woke")
-                    swap = _Swap(
-                        event["at"],
-                        event["model"],
-                        event.get("device"),
-                        event.get("load_s") if cold else None,
-                    )
-                    (self.started if kind == "load_started" else self.loaded).append(swap)
+                    self._heard(kind, event)
+
+    def _heard(self, kind: str, event: dict[str, Any]) -> None:
+        key = (event["model"], event.get("device"))
+        if kind == "load_started":
+            self._evicts[key] = list(event.get("evict") or [])
+            self.started.append(_Swap(event["at"], event["model"], event.get("device")))
+            return
+        evicted = self._evicts.pop(key, [])
+        cold = kind == "loaded" and not event.get("woke")
+        one = len(evicted) == 1 and kind == "loaded"
+        self.loaded.append(
+            _Swap(
+                event["at"],
+                event["model"],
+                event.get("device"),
+                event.get("load_s") if cold else None,
+                event.get("unload_s") if one else None,
+                evicted[0] if one else None,
+            )
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -254,9 +278,16 @@ _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
 
 
 async def _drive(
-    url: str, trace: Trace, speed: float, t0: float, timings: dict[int, _Timing]
+    url: str,
+    trace: Trace,
+    speed: float,
+    t0: float,
+    timings: dict[int, _Timing],
+    answer_tokens: int | None = None,
 ) -> list[str]:
-    """Send every line at its time; returns the ids of the batches created."""
+    """Send every line at its time; returns the ids of the batches created. `answer_tokens`:
+    real servers answer that many tokens a line (their end of text ignored), whatever the
+    line's `service_s`, and their own `timings` are kept."""
     batches: list[str] = []
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=_LIMITS) as client:
 
@@ -268,12 +299,14 @@ async def _drive(
         async def send(x: TraceLine) -> None:
             tm = timings[x.line]
             tm.arrived = time.time()
-            body = {
+            body: dict[str, Any] = {
                 "model": x.model,
                 "prompt": _prompt(x),
                 "max_tokens": _tokens(x, speed),
                 "priority": x.priority,
             }
+            if answer_tokens is not None:  # llama-server's own fields
+                body |= {"max_tokens": answer_tokens, "ignore_eos": True, "temperature": 0}
             try:
                 r = await client.post("/v1/completions", json=body)
             except httpx.HTTPError as exc:
@@ -285,6 +318,8 @@ async def _drive(
                 return
             tm.dispatched = tm.arrived + float(r.headers["x-corral-wait-ms"]) / 1000
             tm.device = r.headers.get("x-corral-device")
+            if answer_tokens is not None:
+                tm.engine = _engine_timings(r)
 
         async def open_line(x: TraceLine) -> None:
             await at(x.t or 0.0)
@@ -333,6 +368,18 @@ async def _drive(
         await asyncio.gather(*jobs)
         await _ended(client, batches)
     return batches
+
+
+def _engine_timings(r: httpx.Response) -> dict[str, float] | None:
+    """llama-server's `timings` of an answer (prompt_n, cache_n, prompt_ms, predicted_ms, ...):
+    its numbers only, or None where it gave none."""
+    try:
+        got = r.json().get("timings")
+    except ValueError:
+        return None
+    if not isinstance(got, dict):
+        return None
+    return {k: float(v) for k, v in got.items() if isinstance(v, int | float)}
 
 
 def _batch_file(lines: list[TraceLine], speed: float) -> str:
@@ -385,19 +432,26 @@ def replay(
     trace: Trace,
     speed: float = 10.0,
     progress: Callable[[str], None] | None = None,
+    own_backends: bool = False,
+    answer_tokens: int = 8,
 ) -> tuple[Run, dict[str, Any]]:
-    """Run `trace` live under `config`'s policy; the run and its figures (like `simulate`)."""
+    """Run `trace` live under `config`'s policy; the run and its figures (like `simulate`).
+    `own_backends`: on the models' own servers (`cmd`: real llama-servers) at 1x, each line
+    answered with `answer_tokens` tokens; the figures then also hold each line's `engine`
+    timings (the server's own) and each model's `prompt_cache` verdict at the end."""
     check_replayable(trace)
     folder = Path(tempfile.mkdtemp(prefix="corral-replay-"))
     port = _free_port()
     path = folder / "corral.yaml"
-    path.write_text(yaml.safe_dump(live_config(config, speed, port, folder), sort_keys=False))
+    spec = live_config(config, speed, port, folder, own_backends)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     timings: dict[int, _Timing] = {}
+    verdicts: dict[str, str] = {}
     with _server(path, port, folder) as url:
         events = _Events(url)
         if progress is not None:
             progress(f"replaying {len(trace.lines):,} requests live on {url} at {speed:g}x")
-            fast = too_fast(config, speed)
+            fast = [] if own_backends else too_fast(config, speed)
             if fast:
                 progress(
                     f"warning: a sim backend needs ~{STARTUP_FLOOR_S:g} s to start, so these "
@@ -405,13 +459,32 @@ def replay(
                     "lower --speed"
                 )
         t0 = time.time() + 0.2
+        answers = answer_tokens if own_backends else None
         try:
-            batches = asyncio.run(_drive(url, trace, speed, t0, timings))
+            batches = asyncio.run(_drive(url, trace, speed, t0, timings, answers))
         finally:
             events.close()
         starts, ends = list(events.started), list(events.loaded)
+        if own_backends:
+            verdicts = _verdicts(url)
     _batch_timings(folder, batches, timings)
-    return _run(config, trace, speed, t0, timings, starts, ends)
+    run, figures = _run(config, trace, speed, t0, timings, starts, ends)
+    if own_backends:
+        figures["engine"] = {x: tm.engine for x, tm in sorted(timings.items()) if tm.engine}
+        figures["prefill_tokens"] = sum(e.get("prompt_n", 0) for e in figures["engine"].values())
+        figures["prompt_cache"] = verdicts
+    return run, figures
+
+
+def _verdicts(url: str) -> dict[str, str]:
+    """Each model's prompt-cache verdict as `/api/status` gives it (`kept and verified`,
+    `kept`, `not kept: why`)."""
+    models = httpx.get(f"{url}/api/status", timeout=30).json().get("models", {})
+    return {
+        name: str(view["prompt_cache"]["verified"])
+        for name, view in models.items()
+        if isinstance(view.get("prompt_cache"), dict) and "verified" in view["prompt_cache"]
+    }
 
 
 def _run(
@@ -465,6 +538,11 @@ def _run(
         if swap.load_s is not None:
             measured[swap.model].append(swap.load_s * speed)
     figures["load_s_live"] = {m: sum(v) / len(v) for m, v in sorted(measured.items())}
+    stops: dict[str, list[float]] = defaultdict(list)
+    for swap in ends:
+        if swap.evicted is not None and swap.unload_s is not None:
+            stops[swap.evicted].append(swap.unload_s * speed)
+    figures["unload_s_live"] = {m: sum(v) / len(v) for m, v in sorted(stops.items())}
     return run, figures
 
 

@@ -1,0 +1,52 @@
+"""The simulator's live parity on the zoo's files (issue 47): the conversations scenario over two
+architectures on real llama-servers through `corral serve`, one whose prompt caches are kept
+(qwen3: its restores are honoured) and one whose are not (qwen35, a Gated-DeltaNet hybrid: it
+takes the state and processes the prompt again), against the simulator given the figures the
+servers measured (`corral.parity.at_engine_times`). The loads, the tokens prefilled (what the
+swaps threw away, what the restores kept) and the p95 wait must agree: the same decisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.parity import simulated_beside
+from corral.replay import replay
+from corral.zoo.scenario import KEPT, NOT_KEPT, conversations
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def test_the_simulator_decides_as_real_servers_on_a_kept_and_a_not_kept_architecture(
+    tmp_path: Path,
+) -> None:
+    sc = conversations(tmp_path / "zoo")
+    run, live = replay(sc.config, sc.trace, 1.0, own_backends=True)
+    assert live["requests"] == len(sc.trace.lines)
+    assert live["rejected"] == 0
+    assert live["prompt_cache"][KEPT] == "kept and verified"
+    assert live["prompt_cache"][NOT_KEPT].startswith("not kept: its server restored")
+    # The kept one came back with what it held (one slot: of two loops' conversations, the one
+    # its server held last was saved); the other never did.
+    engine = {int(k): v for k, v in live["engine"].items()}
+    kept = [engine[x.line] for x in sc.trace.lines if x.model == KEPT]
+    assert sum(e["cache_n"] > 1000 for e in kept) >= len(kept) // 2
+    assert all(engine[x.line]["cache_n"] < 64 for x in sc.trace.lines if x.model == NOT_KEPT)
+
+    _, diffs = simulated_beside(sc.config, run, live)
+    report = "\n".join(
+        f"  {d.figure}: simulated {d.simulated:.2f} ({d.low:.2f} to {d.high:.2f}), "
+        f"live {d.live:.2f} (±{d.tolerance:.2f})"
+        for d in diffs
+    )
+    assert {d.figure for d in diffs} == {"loads", "prefill tokens", "interactive wait p95 s"}
+    assert all(d.ok for d in diffs), f"the zoo's conversations diverge:\n{report}"
+
+    # The parity can fail: a simulator that believed the hybrid's restores would prefill far
+    # fewer tokens than its server did.
+    believed = {**live, "prompt_cache": {}}
+    _, wrong = simulated_beside(sc.config, run, believed)
+    prefill = next(d for d in wrong if d.figure == "prefill tokens")
+    assert not prefill.ok, prefill
+    assert prefill.simulated < 0.8 * prefill.live
