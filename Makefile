@@ -143,13 +143,13 @@ bench-zoo-memory: $(LLAMA_STAMP)
 bench-zoo-restores: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 4700 --json out/bench-zoo-restores.json
 
-# llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
 # The simulator against real llama-servers on the zoo's files (issue 47): a kept and a not-kept
 # architecture's conversations, live and simulated given the servers' figures (~1 minute).
 bench-zoo-parity: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_parity.py --size-gb 0.25 --words 300 600 --grow 100 200 \
 	  --json out/bench-zoo-parity.json
 
+# llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
 bench-page-cache: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_page_cache.py
 

@@ -234,7 +234,9 @@ def simulated_beside(
     `at_live_times`), its figures, and their parity with `live`: each figure within its
     tolerance of the range of `ENSEMBLE` simulations whose service times are off by the live
     services' own spread (the same decisions under the same noise), whatever this machine's
-    speed. `warn` hears which times were longer live than configured."""
+    speed. On real servers (`live["engine"]`) the times and context are the servers' own
+    (`at_engine_times`), the noise their services' spread, and the tokens prefilled a figure
+    too. `warn` hears which times were longer live than configured."""
     measured = at_live_load_times(config, live)
     if "engine" in live:  # real servers: their own figures (`at_engine_times`)
         measured, trace = at_engine_times(measured, run, live)

@@ -7,9 +7,13 @@ swaps threw away, what the restores kept) and the p95 wait must agree: the same 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from corral.parity import simulated_beside
 from corral.replay import replay
@@ -50,3 +54,30 @@ def test_the_simulator_decides_as_real_servers_on_a_kept_and_a_not_kept_architec
     prefill = next(d for d in wrong if d.figure == "prefill tokens")
     assert not prefill.ok, prefill
     assert prefill.simulated < 0.8 * prefill.live
+
+
+def test_replay_cli_runs_the_models_own_servers_and_compares(tmp_path: Path) -> None:
+    sc = conversations(tmp_path / "zoo", loops=1, steps=4)
+    config, trace = tmp_path / "corral.yaml", tmp_path / "trace.jsonl"
+    spec = sc.config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    config.write_text(yaml.safe_dump(spec))
+    sc.trace.write(trace)
+    args = [sys.executable, "-m", "corral", "replay", "--config", str(config)]
+    args += ["--trace", str(trace), "--own-servers", "--compare", "--json"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
+    data = json.loads(out.stdout)
+    live, simulated = data["results"]
+    assert (live["mode"], simulated["mode"]) == ("live", "simulated")
+    assert len(live["engine"]) == len(sc.trace.lines)  # every answer's own timings
+    assert live["prompt_cache"][KEPT] == "kept and verified"
+    assert {p["figure"] for p in data["parity"]} == {
+        "loads",
+        "prefill tokens",
+        "interactive wait p95 s",
+    }
+    assert all(p["ok"] for p in data["parity"]), data["parity"]
+
+    # Real servers run at their own speed: a faster replay is refused, with the reason.
+    fast = subprocess.run([*args, "--speed", "5"], capture_output=True, text=True, timeout=60)
+    assert fast.returncode != 0
+    assert "a replay on the models' own servers runs at 1x, not 5x" in fast.stderr

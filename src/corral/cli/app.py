@@ -296,25 +296,34 @@ def replay_cmd(
     scenario: ScenarioOption = None,
     policy: PolicyOption = None,
     speed: Annotated[
-        float, typer.Option(min=0.1, help="Run this many times faster than the trace's times.")
-    ] = 10.0,
+        float | None,
+        typer.Option(min=0.1, help="Run this many times faster than the trace's times [10; 1]."),
+    ] = None,
+    own_servers: Annotated[
+        bool,
+        typer.Option(help="Run the models' own `cmd` servers (real llama-servers) at 1x."),
+    ] = False,
     compare_sim: Annotated[
         bool, typer.Option("--compare", help="Also simulate, and show both side by side.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print results as JSON.")] = False,
 ) -> None:
-    """Send a trace live through `corral serve` (sim backends with the configuration's times) and
-    report the same figures as `corral simulate`, in the trace's seconds."""
+    """Send a trace live through `corral serve` (sim backends with the configuration's times, or
+    with --own-servers the models' own) and report the same figures as `corral simulate`, in the
+    trace's seconds."""
     from corral.parity import simulated_beside
     from corral.replay import replay
     from corral.sim.report import per_class_table, per_model_table, results_table
 
     config, trace, title = _inputs(scenario, config_path, trace_path)
+    speed = speed or (1.0 if own_servers else 10.0)
     results, diffs = [], []
     for name in _policies(policy, config):
         cfg = config.with_policy(name)
         try:
-            run, live = replay(cfg, trace, speed, progress=lambda m: err_console.print(m))
+            run, live = replay(
+                cfg, trace, speed, lambda m: err_console.print(m), own_backends=own_servers
+            )
         except CorralError as exc:
             raise _fail(exc) from None
         live["mode"] = "live"
