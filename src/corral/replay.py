@@ -299,16 +299,8 @@ async def _drive(
         async def send(x: TraceLine) -> None:
             tm = timings[x.line]
             tm.arrived = time.time()
-            body: dict[str, Any] = {
-                "model": x.model,
-                "prompt": _prompt(x),
-                "max_tokens": _tokens(x, speed),
-                "priority": x.priority,
-            }
-            if answer_tokens is not None:  # llama-server's own fields
-                body |= {"max_tokens": answer_tokens, "ignore_eos": True, "temperature": 0}
             try:
-                r = await client.post("/v1/completions", json=body)
+                r = await client.post("/v1/completions", json=_body(x, speed, answer_tokens))
             except httpx.HTTPError as exc:
                 tm.error = f"{type(exc).__name__}: {exc}"
                 return
@@ -337,20 +329,7 @@ async def _drive(
             text = _batch_file(lines, speed)
             for x in lines:
                 timings[x.line].arrived = time.time()
-            f = await client.post(
-                "/v1/files", files={"file": ("replay.jsonl", text)}, data={"purpose": "batch"}
-            )
-            f.raise_for_status()
-            b = await client.post(
-                "/v1/batches",
-                json={
-                    "input_file_id": f.json()["id"],
-                    "endpoint": "/v1/completions",
-                    "completion_window": "24h",
-                },
-            )
-            b.raise_for_status()
-            batches.append(b.json()["id"])
+            batches.append(await _post_batch(client, text))
 
         jobs = []
         sessions: dict[str, list[TraceLine]] = defaultdict(list)
@@ -368,6 +347,38 @@ async def _drive(
         await asyncio.gather(*jobs)
         await _ended(client, batches)
     return batches
+
+
+def _body(x: TraceLine, speed: float, answer_tokens: int | None) -> dict[str, Any]:
+    """The `/v1/completions` body for a line; with `answer_tokens`, llama-server's own fields
+    make a real server answer exactly that many tokens, the same every run."""
+    body: dict[str, Any] = {
+        "model": x.model,
+        "prompt": _prompt(x),
+        "max_tokens": _tokens(x, speed),
+        "priority": x.priority,
+    }
+    if answer_tokens is not None:
+        body |= {"max_tokens": answer_tokens, "ignore_eos": True, "temperature": 0}
+    return body
+
+
+async def _post_batch(client: httpx.AsyncClient, text: str) -> str:
+    """Upload a batch input file and create its batch through the Batch API; the batch's id."""
+    f = await client.post(
+        "/v1/files", files={"file": ("replay.jsonl", text)}, data={"purpose": "batch"}
+    )
+    f.raise_for_status()
+    b = await client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": f.json()["id"],
+            "endpoint": "/v1/completions",
+            "completion_window": "24h",
+        },
+    )
+    b.raise_for_status()
+    return str(b.json()["id"])
 
 
 def _engine_timings(r: httpx.Response) -> dict[str, float] | None:

@@ -7,6 +7,7 @@ swaps threw away, what the restores kept) and the p95 wait must agree: the same 
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -31,11 +32,20 @@ def test_the_simulator_decides_as_real_servers_on_a_kept_and_a_not_kept_architec
     assert live["rejected"] == 0
     assert live["prompt_cache"][KEPT] == "kept and verified"
     assert live["prompt_cache"][NOT_KEPT].startswith("not kept: its server restored")
-    # The kept one came back with what it held (one slot: of two loops' conversations, the one
-    # its server held last was saved); the other never did.
+    # The kept one came back with what it held: its one slot holds the conversation it served
+    # last, in the same residency or saved at the swap and restored, so a step whose loop was
+    # the last served there reuses it (which loop that is, the timing decides). The other
+    # never reused anything.
     engine = {int(k): v for k, v in live["engine"].items()}
-    kept = [engine[x.line] for x in sc.trace.lines if x.model == KEPT]
-    assert sum(e["cache_n"] > 1000 for e in kept) >= len(kept) // 2
+    when = {
+        x.line: r.dispatched_at or 0.0 for x, r in zip(sc.trace.lines, run.requests, strict=True)
+    }
+    served = sorted((x for x in sc.trace.lines if x.model == KEPT), key=lambda x: when[x.line])
+    followed = [x for prev, x in itertools.pairwise(served) if prev.session == x.session]
+    assert all(engine[x.line]["cache_n"] > 1000 for x in followed), [
+        (x.line, engine[x.line]) for x in followed
+    ]
+    assert any(engine[x.line]["cache_n"] > 1000 for x in served)
     assert all(engine[x.line]["cache_n"] < 64 for x in sc.trace.lines if x.model == NOT_KEPT)
 
     _, diffs = simulated_beside(sc.config, run, live)
@@ -53,7 +63,7 @@ def test_the_simulator_decides_as_real_servers_on_a_kept_and_a_not_kept_architec
     _, wrong = simulated_beside(sc.config, run, believed)
     prefill = next(d for d in wrong if d.figure == "prefill tokens")
     assert not prefill.ok, prefill
-    assert prefill.simulated < 0.8 * prefill.live
+    assert prefill.simulated < prefill.live
 
 
 def test_replay_cli_runs_the_models_own_servers_and_compares(tmp_path: Path) -> None:
