@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shlex
 import shutil
@@ -25,6 +26,7 @@ from corral.backends.process import (
     sigill_hint,
     substitute,
 )
+from corral.modelfiles.engine import READY_LINE
 from tests.helpers import alive
 
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
@@ -248,6 +250,50 @@ def test_unknown_macros_and_missing_env_vars_are_named() -> None:
         substitute("--port ${PROT}", {"PORT": "9"}, "cmd")
     with pytest.raises(BackendError, match="environment variable CORRAL_NO_SUCH_VAR is not set"):
         substitute("${env.CORRAL_NO_SUCH_VAR}", {}, "cmd")
+
+
+def test_what_a_server_wrote_before_its_ready_line_is_logged_however_late_it_is_read(
+    tmp_path: Path,
+) -> None:
+    """`ready_line`: its output is read behind it (on a busy machine by seconds, so a health
+    check can pass before Corral has read the load's lines): the lines before its ready line
+    are logged whole and readable once it is started, the quiet ones after it left out. Here the
+    load's lines come after the health check on purpose. A server that never prints the line
+    is ready all the same."""
+    cmd = script(
+        tmp_path,
+        "late",
+        """
+        asked = threading.Event()
+        H.do_GET, answer = lambda self: (answer(self), asked.set()), H.do_GET
+        threading.Thread(target=serve, daemon=True).start()
+        asked.wait()
+        print("T load_tensors: CPU model buffer size = 12.00 MiB", flush=True)
+        print("I srv  llama_server: model loaded", flush=True)
+        print("T slot update 1", flush=True)
+        print("I request 1", flush=True)
+        time.sleep(60)
+        """,
+    )
+
+    async def main() -> None:
+        spec = ProcessSpec("late", cmd, quiet_after_ready=r"T ", ready_line=READY_LINE)
+        b = ProcessBackend(spec, tmp_path)
+        await b.start()
+        assert "T load_tensors: CPU model buffer size = 12.00 MiB" in b.output_since_start()
+        for _ in range(1000):
+            if "I request 1" in b.output_since_start():
+                break
+            await asyncio.sleep(0.01)
+        assert "I request 1" in b.output_since_start()
+        assert "T slot update" not in b.log_path.read_text()
+        await b.stop()
+        never = ProcessBackend(dataclasses.replace(spec, ready_line="never said"), tmp_path)
+        await never.start()
+        assert never.running
+        await never.stop()
+
+    asyncio.run(main())
 
 
 def test_a_piped_output_keeps_the_load_and_leaves_out_the_quiet_lines_once_ready(

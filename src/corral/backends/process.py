@@ -61,6 +61,11 @@ class ProcessSpec:
     # Lines of its output left out of its log once it is ready (a pattern, matched at a line's
     # start): what a server says only at a verbosity Corral asked for to read its load.
     quiet_after_ready: str | None = None
+    # The line it prints once it serves (a pattern searched in each line): its quiet lines are
+    # left out from the next one on, in the order it wrote them, and it is not ready until its
+    # log holds it (so its load's lines are there to read). Without it, or when it does not come
+    # within a second of the health check, from when the health check passed.
+    ready_line: str | None = None
 
 
 class Hooks(Protocol):
@@ -191,6 +196,7 @@ class ProcessBackend:
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self._ready = False  # healthy since its last start (its quiet lines are left out)
+        self._heard_ready = asyncio.Event()  # its log holds its `ready_line`
         self._pump: asyncio.Future[None] | None = None  # copies a piped output to its log
         self.hooks: Hooks | None = None
         self._log_from = 0  # where its last start's output begins in its log, in bytes
@@ -242,6 +248,7 @@ class ProcessBackend:
                 if piped:
                     assert self._proc.stdout is not None
                     self._ready = False
+                    self._heard_ready.clear()
                     self._pump = asyncio.ensure_future(self._copy_output(self._proc.stdout))
                 if self._record is not None:
                     self._record.add(self._proc.pid)
@@ -257,6 +264,11 @@ class ProcessBackend:
         except BaseException:
             await self._kill()
             raise
+        if self._pump is not None and self.spec.ready_line is not None:
+            # Its output is read behind it (on a busy machine by seconds): what it wrote before
+            # it answered healthy is logged whole, then it is ready.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard_ready.wait(), timeout=1.0)
         self._ready = True
         self._watch = asyncio.ensure_future(self._watch_exit())
         if self.hooks is not None:
@@ -280,13 +292,20 @@ class ProcessBackend:
         """Its output into its log, less `quiet_after_ready`'s lines once it is ready."""
         assert self.spec.quiet_after_ready is not None
         quiet = re.compile(self.spec.quiet_after_ready.encode())
+        ready = re.compile(self.spec.ready_line.encode()) if self.spec.ready_line else None
         rest = b""
         with self.log_path.open("ab") as log:
             while chunk := await out.read(1 << 16):
                 *lines, rest = (rest + chunk).split(b"\n")
                 if len(rest) > 1 << 16:  # a line without an end: written as it is
                     lines, rest = [*lines, rest], b""
-                log.writelines(x + b"\n" for x in lines if not (self._ready and quiet.match(x)))
+                for x in lines:
+                    if self._heard_ready.is_set() or self._ready:
+                        if quiet.match(x):
+                            continue
+                    elif ready is not None and ready.search(x):
+                        self._heard_ready.set()
+                    log.write(x + b"\n")
                 log.flush()
             log.write(rest)
 

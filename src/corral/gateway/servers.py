@@ -16,7 +16,7 @@ from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
-from corral.modelfiles.engine import MIB, QUIET, EngineFigures, reporting, split_command
+from corral.modelfiles.engine import MIB, QUIET, READY_LINE, EngineFigures, reporting, split_command
 from corral.prompt_cache.caches import PromptCaches, Serving, serving
 from corral.prompt_cache.server import ServerCache
 
@@ -36,6 +36,7 @@ def process_spec(name: str, m: ModelConfig, cmd: str | None = None) -> ProcessSp
         model=name,
         cmd=verbose or cmd,
         quiet_after_ready=QUIET if verbose else None,
+        ready_line=READY_LINE if verbose else None,
         proxy=m.proxy,
         env=env,
         check_endpoint=None if m.check_endpoint.lower() == "none" else m.check_endpoint,

@@ -194,8 +194,12 @@ _VERBOSITY = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose")
 # quiet_after_ready`); a warning or an error (`W`, `E`) always stays.
 QUIET = (
     r"\d+\.\d+\.\d+\.\d+ I (?!.*(?:selected slot|processing task|print_timing|"
-    r"stop processing|cleaning up))"
+    r"stop processing|cleaning up|listening on|all slots are idle))"
 )
+# What llama-server says once it serves (`srv  llama_server: model loaded`; `main: model
+# loaded` in older builds): its quiet lines are left out from the next line on, and its load's
+# buffer lines are in its log before Corral reads them (`ProcessSpec.ready_line`).
+READY_LINE = r"\bmodel loaded\s*$"
 
 
 def reporting(cmd: str) -> str | None:
