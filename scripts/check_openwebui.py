@@ -95,6 +95,7 @@ def main() -> None:
         ui = subprocess.Popen(
             [args.open_webui, "serve", "--host", "127.0.0.1", "--port", str(ui_port)],
             env=ui_env,
+            cwd=root,  # it writes .webui_secret_key to its working folder
             stdout=(root / "owui.log").open("w"),
             stderr=subprocess.STDOUT,
         )
