@@ -122,12 +122,23 @@ class CapabilitiesConfig(Strict):
 
 
 class HostConfig(Strict):
-    """The machine's own memory, as sleeping models use it."""
+    """The machine's own memory, as sleeping models and the page cache use it."""
 
     memory_gb: PosGB | None = Field(
         default=None,
         description="Host memory sleeping models may hold; unset: `corral serve` measures the "
         "machine's (total less a margin), the simulator counts none as short.",
+    )
+    page_cache_gb: PosGB | None = Field(
+        default=None,
+        description="The simulator's page cache: this much of the models' files (`file_gb`) "
+        "stay cached, least recently read out first, a resident model's never. Unset: every "
+        "file counts as cached.",
+    )
+    disk_read_gb_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=0.5,
+        description="The simulator's disk: an uncached file's share is read at this rate, on "
+        "top of the model's `load_s`.",
     )
 
 
@@ -175,7 +186,21 @@ class SleepConfig(Strict):
 class ModelConfig(Strict):
     """One model: its swap costs, size, parallelism and importance."""
 
-    load_s: NonNegSeconds = Field(default=5.0, description="Estimated load time, seconds.")
+    load_s: NonNegSeconds = Field(
+        default=5.0,
+        description="Estimated load time, seconds (its file in the host's page cache when "
+        "`cold_load_s` is given).",
+    )
+    cold_load_s: NonNegSeconds | None = Field(
+        default=None,
+        description="Estimated load time with its file read from the disk. Unset: learned from "
+        "the first load measured cold (until then a load costs `load_s`).",
+    )
+    file_gb: PosGB | None = Field(
+        default=None,
+        description="Size of the files its server reads at a load: the simulator's page cache "
+        "counts them (a models folder fills it from the GGUF).",
+    )
     unload_s: NonNegSeconds = Field(default=1.0, description="Estimated unload time, seconds.")
     memory_gb: PosGB | None = Field(
         default=None, description="Size on a device; without it the model fills a device."

@@ -1,6 +1,12 @@
 """One model's running estimates (`Estimates`, a `ModelRecord`'s `est`): how long its swaps
 and requests take, how often requests arrive, and how long it stays idle between them. Each is
-measured as the scheduler sees events, starting from the configured figures."""
+measured as the scheduler sees events, starting from the configured figures.
+
+A load is priced by where its file is (issue 51): a warm load (its file in the host's page
+cache) and a cold one (read from the disk) are learned apart, and a load costs the warm figure
+plus the uncached share of the difference, at the fraction cached as last measured
+(`core/pagecache.py`). A model whose file was never measured counts as cached: its loads are
+priced by its measured loads alone."""
 
 from __future__ import annotations
 
@@ -24,10 +30,12 @@ class Estimates:
         "arrival_gap_dev_s",
         "arrival_gap_s",
         "arrivals",
+        "cached",
+        "cold_load_s",
         "idle_gap_dev_s",
         "idle_gap_s",
         "last_arrival_at",
-        "load_s",
+        "load_cached",
         "refill_s",
         "service_avg_s",
         "service_s",
@@ -35,12 +43,17 @@ class Estimates:
         "unload_s",
         "wake2_s",
         "wake_s",
+        "warm_load_s",
     )
 
     def __init__(self, spec: ModelConfig) -> None:
         self.service_s = spec.service_s
         self.service_avg_s = spec.service_s  # a slower EWMA, for demand()
-        self.load_s = spec.load_s
+        self.warm_load_s = spec.load_s
+        self.cold_load_s = spec.cold_load_s  # None: no cold load seen nor configured
+        # The fraction of its file in the page cache, as last measured (None: never).
+        self.cached: float | None = None
+        self.load_cached = 1.0  # ... when its last load began
         self.unload_s = spec.unload_s
         self.wake_s = spec.sleep.wake_s if spec.sleep is not None else spec.load_s
         self.sleep_s = spec.sleep.sleep_s if spec.sleep is not None else spec.unload_s
@@ -53,6 +66,19 @@ class Estimates:
         self.arrivals = 0  # gaps observed (arrivals after the first)
         # What leaving costs its conversations when they come back (core/conversations.py).
         self.refill_s = 0.0
+
+    @property
+    def load_s(self) -> float:
+        """Seconds a load takes now: the warm figure, plus the uncached share of what a cold
+        load costs more."""
+        cold, cached = self.cold_load_s, self.cached
+        if cold is None or cached is None or cached >= 1.0:
+            return self.warm_load_s
+        return self.warm_load_s + (1.0 - cached) * max(0.0, cold - self.warm_load_s)
+
+    def load_begins(self) -> None:
+        """A load begins: its measured time will be read at the fraction cached now."""
+        self.load_cached = 1.0 if self.cached is None else self.cached
 
     def observe_service(self, seconds: float) -> None:
         self.service_s += _EWMA_SERVICE * (seconds - self.service_s)
@@ -122,9 +148,22 @@ class Estimates:
         elif load_s is not None and woke:
             self.wake_s += _EWMA_SWAP * (load_s - self.wake_s)
         elif load_s is not None:
-            self.load_s += _EWMA_SWAP * (load_s - self.load_s)
+            self._observe_load(load_s)
         if unload_s is not None:
             self.unload_s += _EWMA_SWAP * (unload_s - self.unload_s)
+
+    def _observe_load(self, load_s: float) -> None:
+        """A load measured at `load_cached`: mostly cached, it refines the warm figure (less
+        the uncached share of the cold difference); mostly not, the cold figure (less the
+        cached share of the warm one), which the first such load sets outright."""
+        f = self.load_cached
+        warm, cold = self.warm_load_s, self.cold_load_s
+        if f >= 0.5:
+            seen = load_s - (1.0 - f) * max(0.0, (cold or warm) - warm)
+            self.warm_load_s = max(0.0, warm + _EWMA_SWAP * (seen - warm))
+            return
+        seen = max(0.0, (load_s - f * warm) / (1.0 - f))
+        self.cold_load_s = seen if cold is None else cold + _EWMA_SWAP * (seen - cold)
 
 
 def _gap(now: float, est: float, last_arrival_at: float) -> float:

@@ -31,6 +31,7 @@ from corral.core.backlog import Backlog, Level
 from corral.core.board import Board
 from corral.core.conversations import Conversations
 from corral.core.effects import Effects
+from corral.core.pagecache import PageCache
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
@@ -91,6 +92,8 @@ class Scheduler:
         self.board = board = Board(config, classes, self.policy.weight, self._strict)
         self.models = board.models
         self.devices = board.devices
+        # Each model's file in the host's page cache, as measured (core/pagecache.py).
+        self.files = PageCache(self.models)
         self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
         self._solo = board.one_at_a_time()
         self._seq = 0

@@ -136,6 +136,7 @@ class Tiers:
         else:
             self.move(c, Lifecycle.LOADING)
         c.load_started_at = now
+        c.queue.est.load_begins()
         c.load_reason = reason
         c.device = dev
         c.idle_since = None

@@ -27,6 +27,7 @@ from corral.config.serve import engine_figures_path
 from corral.core import Request, Scheduler
 from corral.gateway.activity import Activity
 from corral.gateway.events import Events
+from corral.gateway.files import Files
 from corral.gateway.intake import Intake
 from corral.gateway.metrics import Metrics
 from corral.gateway.naps import Naps, host_memory_gb
@@ -79,6 +80,7 @@ class Gateway:
         self.events = Events()  # GET /api/events (gateway/events.py)
         self.publish = self.events.publish
         self.scheduler: Scheduler | None = None
+        self.files: Files | None = None  # the models' files in the page cache (gateway/files.py)
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
         # The clients' requests waiting for their turn (gateway/intake.py).
@@ -117,6 +119,9 @@ class Gateway:
         self.scheduler = Scheduler(config, self, self._loop.time, replicas=replicas)
         # A model whose restores prove useless is priced as its whole prefill from then on.
         self.prompt_caches.on_lost = self.scheduler.conversations.lost
+        # Each load is priced by how much of its file the page cache holds (issue 51).
+        self.files = Files(self.backends, self.scheduler.files.measured)
+        self._spawn(self.files.run())
 
     async def close(self) -> None:
         for t in list(self._busy):
@@ -269,6 +274,8 @@ class Gateway:
         sched = self._sched()
         model, device, backend, evict = load.model, load.device, load.backend, load.evict
         swap = Swap(model, evict, time.time(), slept=tuple(n for n, _, _ in load.naps))
+        if self.files is not None:  # as the scheduler priced this load
+            swap.file_cached = self.files.fractions.get(model)
         self.tally.swaps.append(swap)
         self.tally.swap_count += 1
         self.metrics.swaps.labels(model).inc()
@@ -325,14 +332,9 @@ class Gateway:
             return
         self._loads.pop((model, device), None)
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
-        self.publish(
-            "loaded",
-            model=model,
-            device=device,
-            load_s=swap.load_s,
-            unload_s=swap.unload_s,
-            woke=swap.woke,
-        )
+        if self.files is not None:
+            self.files.soon()  # the load read its file in, and may have pushed others out
+        self.publish("loaded", model=model, device=device, **swap.figures())
         how = "woke" if swap.woke else "loaded"
         log.info("%s %s in %.2f s (evicted %s)", how, model, swap.load_s, ", ".join(evict) or "-")
         if len(self.servers.copies(model)) == 1:

@@ -138,7 +138,14 @@ class StatusView:
                 }
                 for i, r in enumerate(m.pending(limit=20), 1)
             ],
-            "load_s_estimate": round(m.est.load_s, 3),
+            "load_s_estimate": round(m.est.load_s, 3),  # now, at the fraction cached
+            # Its file in the page cache (issue 51): the fraction as last measured, and its
+            # loads learned apart (warm: cached; cold: read from the disk; None: not yet).
+            "file_cached": m.est.cached,
+            "warm_load_s_estimate": round(m.est.warm_load_s, 3),
+            "cold_load_s_estimate": (
+                None if m.est.cold_load_s is None else round(m.est.cold_load_s, 3)
+            ),
             "wake_s_estimate": round(m.est.wake_s, 3) if m.sleeps else None,
             "pinned": m.spec.pin or m.soft_pin,
             # The room it is packed by now: after a load, what its server reported, where it

@@ -24,6 +24,16 @@ class Swap:
     error: str | None = None
     slept: tuple[str, ...] = ()  # put to sleep instead of stopped
     woke: bool = False  # it was woken, not started
+    file_cached: float | None = None  # the fraction of its file cached as it began (measured)
+
+    def figures(self) -> dict[str, float | bool | None]:
+        """What the `loaded` event says of it."""
+        return {
+            "load_s": self.load_s,
+            "unload_s": self.unload_s,
+            "woke": self.woke,
+            "file_cached": self.file_cached,
+        }
 
 
 @dataclass

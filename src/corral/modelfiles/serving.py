@@ -42,6 +42,7 @@ from corral.modelfiles.folder import (
     scan,
     shown,
 )
+from corral.modelfiles.pagecache import parts
 from corral.prompt_cache.caches import serving
 
 CPU_SHARE = 0.8  # of the host's memory that models may take on a CPU device (the rest: the OS)
@@ -157,12 +158,22 @@ def fitting(
     return fits, too_big
 
 
+def _file_gb(path: Path) -> float | None:
+    """The size of the files a load of `path` reads, in GB (None if they cannot be read)."""
+    try:
+        size = sum(p.stat().st_size for p in parts(path))
+    except OSError:
+        return None
+    return round(size / 1e9, 3) or None
+
+
 def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
     """The configuration of found model `m`, served by `server`, packed by `memory`."""
     return ModelConfig(
         cmd=m.command(server),
         memory_gb=round(memory.gb, 3),
         memory_from_server=True,  # after its first load, what its server reported
+        file_gb=_file_gb(m.info.path),  # what a load reads (the simulator's page cache)
         health_timeout_s=600,  # a large GGUF takes minutes from a slow disk
         capabilities=CapabilitiesConfig(
             inputs=["text", "image"] if m.projector is not None else ["text"],

@@ -17,6 +17,9 @@ model keeps its prompt caches (`Config.keeps_prompt_cache`), each of at least
 `prompt_cache.min_tokens` is saved first (its tokens at `prompt_cache.state_tok_s`, added to
 the unload), kept within `prompt_cache.max_gb` (at the model's `kv_bytes_per_token`, least
 recently used dropped first), and restored at the same speed when its session comes back.
+
+The page cache (`host.page_cache_gb`, issue 51): a load reads its file's uncached share at
+`host.disk_read_gb_s` on top of `load_s` (sim/pagecache.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from corral.core import Request, Scheduler
 from corral.policy_names import SimPolicyName
 from corral.sim.baselines import LlamaSwap
 from corral.sim.lru_route import LruRoute
+from corral.sim.pagecache import SimPageCache
 from corral.sim.trace import Trace, TraceLine
 
 _FINISH, _LOAD, _ARRIVAL, _TIMER = 0, 1, 2, 3
@@ -173,6 +177,7 @@ class Run:
     wakes: dict[str, int] = field(default_factory=dict)  # of `loads`, those that were wakes
     aborted: dict[str, int] = field(default_factory=dict)  # of `loads`, those stopped midway
     prompts: Prompts | None = None  # conversations: prefill, saves and restores (if any)
+    files: SimPageCache | None = None  # the host's page cache (if modelled)
 
 
 class Simulation:
@@ -259,6 +264,8 @@ class Simulation:
         if self._prompts is not None:  # a finished request's conversation is held first
             self._on_finished = self._prompts.finishing(self._on_finished)
         self._free_at: dict[str, float] = defaultdict(float)  # its last swap or unload ends
+        told = self.scheduler.files.measured if isinstance(self.scheduler, Scheduler) else None
+        self._files = self._run.files = SimPageCache(config, told)
         self._remaining = len(self._requests)
 
     # --- Effects ------------------------------------------------------------------------------
@@ -287,6 +294,7 @@ class Simulation:
             if allowed and device not in allowed:
                 raise InvariantViolation(f"t={now}: loading {model} on {device}, not its device")
         for v in (*evict, *sleep):
+            self._files.leave(v)
             self._where[v].discard(device)
             self._ready.discard((v, device))
             since = self._resident_since.pop((v, device), now)
@@ -311,8 +319,9 @@ class Simulation:
             leave_s += sum(self._prompts.leave(v, device, False) for v in sleep)
         if wake:
             back_s = models[model].deep_wake_s if woke_deep else _wake_s(models[model])
+            self._files.woke(model)
         else:
-            back_s = models[model].load_s
+            back_s = models[model].load_s + self._files.load(model)
         duration = leave_s + back_s
         start = max(now, self._free_at[device])
         end = self._free_at[device] = start + duration
@@ -323,7 +332,9 @@ class Simulation:
             self._run.wakes[model] = self._run.wakes.get(model, 0) + 1
         seq = self._next_seq()
         self._arriving[model, device] = (seq, start + leave_s, len(self._run.segments) - 1)
-        self._push(end, _LOAD, seq, (model, device))
+        # With a page cache, the load's time depends on it: told, as the live system measures.
+        told_s = back_s if self._files.enabled and not wake else None
+        self._push(end, _LOAD, seq, (model, device, told_s))
 
     def abort(self, model: str, device: str) -> None:
         """The load stops now (the evictions before it still take their time): the device is
@@ -333,6 +344,7 @@ class Simulation:
             raise InvariantViolation(f"t={now}: aborting {model} on {device}, not loading there")
         seq, leave_end, index = self._arriving.pop((model, device))
         self._cancelled.add(seq)
+        self._files.leave(model)
         self._where[model].discard(device)
         seg = self._run.segments[index]
         cut = max(now, leave_end)
@@ -360,6 +372,7 @@ class Simulation:
                 raise InvariantViolation(f"t={now}: unloading {model} with work in flight")
             if (model, device) not in self._ready:
                 raise InvariantViolation(f"t={now}: unloading {model}, not ready on {device}")
+        self._files.leave(model)
         self._where[model].discard(device)
         self._ready.discard((model, device))
         since = self._resident_since.pop((model, device), now)
@@ -481,11 +494,11 @@ class Simulation:
                 if ev[2] in self._cancelled:
                     self._cancelled.discard(ev[2])
                     continue
-                model, device = ev[3]
+                model, device, load_s = ev[3]
                 del self._arriving[model, device]
                 self._ready.add((model, device))
                 self._resident_since[model, device] = self.now
-                sched.on_load_finished(model, device=device)
+                sched.on_load_finished(model, load_s=load_s, device=device)
             else:
                 key = ev[3]
                 sched.on_timer(key)

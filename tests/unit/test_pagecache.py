@@ -1,0 +1,236 @@
+"""Loads priced by the page cache (issue 51): the estimates' warm and cold figures, the
+scheduler's choice between a cached and a cold model, the simulator's page cache, and the
+live measure (`mincore`) over real files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from corral.config import Config, parse_config
+from corral.core import Lifecycle
+from corral.core.estimates import Estimates
+from corral.modelfiles.pagecache import cached, drop, parts, resident_bytes
+from corral.sim.engine import simulate
+from corral.sim.pagecache import SimPageCache
+from corral.sim.trace import Trace, TraceLine
+from tests.helpers import Harness
+
+pytestmark = pytest.mark.unit
+
+
+def parse(doc: dict[str, object]) -> Config:
+    return parse_config(json.dumps(doc))
+
+
+def estimates(load_s: float = 5.0, cold_load_s: float | None = None) -> Estimates:
+    config = parse({"models": {"a": {"load_s": load_s, "cold_load_s": cold_load_s}}})
+    return Estimates(config.models["a"])
+
+
+def test_a_load_is_priced_between_its_warm_and_cold_figures_by_the_fraction_cached() -> None:
+    est = estimates(5.0, 25.0)
+    assert est.load_s == 5.0  # never measured: priced as cached, as before issue 51
+    for fraction, price in [(0.0, 25.0), (0.5, 15.0), (1.0, 5.0)]:
+        est.cached = fraction
+        assert est.load_s == pytest.approx(price)
+    no_cold = estimates(5.0)
+    no_cold.cached = 0.0
+    assert no_cold.load_s == 5.0  # no cold load seen nor configured: the measured loads'
+
+
+def test_a_cold_load_sets_the_cold_figure_and_a_warm_one_refines_the_warm_figure() -> None:
+    est = estimates(5.0)
+    est.cached = 0.0
+    est.load_begins()
+    est.cached = 1.0  # the load read the file in: measured after it began
+    est.observe_swap(30.0, None)
+    assert est.cold_load_s == 30.0  # the first cold load, outright
+    assert est.warm_load_s == 5.0
+    est.load_begins()
+    est.observe_swap(7.0, None)
+    assert 5.0 < est.warm_load_s < 7.0
+    assert est.cold_load_s == 30.0
+    # Mostly cached (80%): the warm figure is read less the uncached share of the difference.
+    warm = est.warm_load_s
+    est.cached = 0.8
+    est.load_begins()
+    est.observe_swap(warm + 0.2 * (30.0 - warm), None)
+    assert est.warm_load_s == pytest.approx(warm)
+    # Mostly cold (20% cached): the cold figure, less the cached share of the warm one.
+    est.cached = 0.2
+    est.load_begins()
+    est.observe_swap(0.2 * warm + 0.8 * 40.0, None)
+    assert est.cold_load_s == pytest.approx(30.0 + 0.3 * 10.0)
+
+
+def test_the_scheduler_measures_are_clamped_and_bad_ones_ignored() -> None:
+    h = Harness("devices: [{name: d, memory_gb: 10}]\nmodels: {a: {memory_gb: 10}}")
+    files = h.s.files
+    assert files.cached("a") is None
+    files.measured("a", 1.7)
+    assert files.cached("a") == 1.0
+    files.measured("a", -1)
+    assert files.cached("a") == 0.0
+    files.measured("a", math.nan)
+    assert files.cached("a") == 0.0
+    files.measured("nobody", 0.5)  # a model removed meanwhile: ignored
+    assert files.cached("nobody") is None
+
+
+TWO_WAITING = """
+devices: [{name: d, memory_gb: 10}]
+models:
+  busy: {memory_gb: 10, load_s: 5}
+  a: {memory_gb: 10, load_s: 5, cold_load_s: 100}
+  b: {memory_gb: 10, load_s: 5, cold_load_s: 100}
+scheduler: {max_wait_s: null}
+"""
+
+
+@pytest.mark.parametrize("cold", ["a", "b"])
+def test_of_two_models_with_equal_work_the_one_whose_file_is_cached_loads_first(
+    cold: str,
+) -> None:
+    h = Harness(TWO_WAITING)
+    warm = "b" if cold == "a" else "a"
+    h.s.files.measured(cold, 0.0)
+    h.s.files.measured(warm, 1.0)
+    h.at(0).arrive("busy1")
+    h.loaded("busy")
+    h.at(1).arrive(f"{cold}1")  # the cold one waits longer: arrival order would take it
+    h.at(2).arrive(f"{warm}1")
+    h.take()
+    h.at(3).finish("busy1")
+    loads = [c for c in h.take() if c[0] == "load"]
+    assert loads[0][1] == warm
+    assert h.s.models[warm].state is Lifecycle.LOADING
+
+
+def test_the_simulated_page_cache_reads_what_is_missing_and_drops_the_least_recent() -> None:
+    config = parse(
+        {
+            "host": {"page_cache_gb": 10, "disk_read_gb_s": 2},
+            "models": {"a": {"file_gb": 6}, "b": {"file_gb": 6}, "c": {}},
+        }
+    )
+    told: list[tuple[str, float]] = []
+    pc = SimPageCache(config, lambda m, f: told.append((m, f)))
+    assert told == [("a", 0.0), ("b", 0.0)]  # files start cold
+    assert pc.load("a") == pytest.approx(3.0)  # 6 GB at 2 GB/s
+    assert pc.fraction("a") == 1.0
+    assert pc.load("b") == pytest.approx(3.0)
+    # a is resident: held, so b gets only what is left beside it.
+    assert pc.fraction("a") == 1.0
+    assert pc.fraction("b") == pytest.approx(4 / 6)
+    pc.leave("a")
+    pc.leave("b")
+    assert pc.load("a") == 0.0  # still cached
+    pc.leave("a")
+    assert pc.load("b") == pytest.approx(1.0)  # its missing 2 GB
+    assert pc.fraction("b") == 1.0
+    assert pc.fraction("a") == pytest.approx(4 / 6)  # a gave up 2 GB: least recently read
+    assert told[-2:] == [("a", pytest.approx(4 / 6)), ("b", 1.0)]  # both told
+    assert pc.cold_loads == 2
+    assert pc.read_gb == pytest.approx(14.0)
+    assert pc.fraction("c") == 1.0  # no file size: not modelled
+    assert pc.load("c") == 0.0
+
+
+def alternating(n: int, gap_s: float) -> Trace:
+    return Trace(
+        [TraceLine(i, "ab"[i % 2], 1.0, t=i * gap_s) for i in range(n)], source="alternating"
+    )
+
+
+def test_a_simulated_run_learns_each_models_cold_and_warm_loads() -> None:
+    """Two 4 GB files, one device: with room for both files every load after the first two is
+    warm; with room for one, every load is mostly cold. The scheduler learns both figures from what
+    the simulator measured."""
+    base = {
+        "devices": [{"name": "d", "memory_gb": 10}],
+        "models": {m: {"memory_gb": 10, "load_s": 2, "file_gb": 4} for m in "ab"},
+        "scheduler": {"max_wait_s": None},
+    }
+    swaps = {}
+    for room_gb in (10, 5):
+        config = parse({**base, "host": {"page_cache_gb": room_gb, "disk_read_gb_s": 1}})
+        run = simulate(config, alternating(12, 30.0), check=True)
+        assert run.files is not None
+        swaps[room_gb] = sum(run.swap_s.values())
+        assert sum(run.loads.values()) == 12
+        assert run.files.cold_loads == (2 if room_gb == 10 else 12)
+    assert swaps[10] == pytest.approx(12 * 2 + 2 * 4 + 11 * 1.0)  # loads, reads, unloads
+    # Room for 5 GB: each load keeps 1 GB of the other file, so reads 3 GB after the first two.
+    assert swaps[5] == pytest.approx(12 * 2 + (4 + 4 + 10 * 3) + 11 * 1.0)
+    config = parse({**base, "host": {"page_cache_gb": 10, "disk_read_gb_s": 1}})
+    from corral.sim.engine import Simulation
+
+    sim = Simulation(config, alternating(12, 30.0))
+    sim.run()
+    a = sim.scheduler.models["a"]
+    assert a.est.cold_load_s == pytest.approx(6.0)  # 2 s + 4 GB at 1 GB/s
+    assert a.est.warm_load_s == pytest.approx(2.0)
+    assert a.est.cached == 1.0
+
+
+def test_without_a_page_cache_budget_the_simulator_is_as_before() -> None:
+    config = parse(
+        {
+            "devices": [{"name": "d", "memory_gb": 10}],
+            "models": {m: {"memory_gb": 10, "load_s": 2, "file_gb": 4} for m in "ab"},
+        }
+    )
+    run = simulate(config, alternating(6, 30.0))
+    assert run.files is not None
+    assert not run.files.enabled
+    assert sum(run.swap_s.values()) == pytest.approx(6 * 2 + 5 * 1.0)
+
+
+def written(path: Path, size: int) -> Path:
+    with path.open("wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())  # clean pages: the kernel may drop them
+    return path
+
+
+def test_mincore_sees_a_file_dropped_and_read_back(tmp_path: Path) -> None:
+    f = written(tmp_path / "m.gguf", 32 << 20)
+    drop([f])
+    cold = cached([f])
+    assert cold is not None
+    assert cold < 0.2
+    f.read_bytes()
+    warm = cached([f])
+    assert warm is not None
+    assert warm > 0.9
+    got = resident_bytes(f)
+    assert got is not None
+    assert got[1] == 32 << 20
+    assert cached([tmp_path / "missing.gguf"]) is None
+    assert cached([]) is None
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    assert cached([empty]) is None
+
+
+def test_a_measure_spans_windows_and_split_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import corral.modelfiles.pagecache as pagecache
+
+    monkeypatch.setattr(pagecache, "WINDOW_BYTES", 1 << 20)  # 8 windows over an 8 MiB file
+    one = written(tmp_path / "big-00001-of-00002.gguf", 8 << 20)
+    two = written(tmp_path / "big-00002-of-00002.gguf", 8 << 20)
+    assert parts(two) == [one, two]
+    assert parts(tmp_path / "plain.gguf") == [tmp_path / "plain.gguf"]
+    drop([one, two])
+    one.read_bytes()
+    both = cached(parts(one))
+    assert both is not None
+    assert 0.4 < both < 0.6
