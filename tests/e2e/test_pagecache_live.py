@@ -6,6 +6,8 @@ next load, with the file cached, by its warm figure."""
 from __future__ import annotations
 
 import os
+import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from corral.modelfiles.folder import find_llama_server
 from corral.modelfiles.pagecache import cached, drop
 from corral.zoo import make_zoo
 from tests.e2e.test_models_folder import serving
-from tests.support.gateway import Gateway, wait_for
+from tests.support.gateway import Gateway, serve, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -93,3 +95,61 @@ def test_a_cold_file_is_measured_learned_and_the_next_load_priced_warm(
     finally:
         for _ in gen:
             pass
+
+
+def test_the_predicted_next_models_file_is_read_in_before_its_request(
+    two_files: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    """Two models alternate on a device that holds one: once the alternation is learned, the
+    next model's file, dropped from the page cache while the other serves, is read back in
+    before its request comes, and its load finds it cached (a hit of the predictor)."""
+    _, files = two_files
+    binary = find_llama_server()
+    assert binary is not None
+    lines = ["devices: [{name: cpu}]", "models:"]
+    for name, path in zip("ab", files, strict=True):
+        cmd = shlex.join([binary, "-m", str(path), "--ctx-size", "512", "--parallel", "1"])
+        lines.append(f"  {name}: {{cmd: '{cmd} --port ${{PORT}}', health_timeout_s: 120}}")
+    with serve(tmp_path / "corral", "\n".join(lines) + "\n") as g:
+        for name in "abab":
+            chat(g, name)
+        chat(g, "a")  # the alternation is learned: b comes next
+        prepare = g.status()["prepare"]
+        assert prepare["on"]
+        assert prepare["predicted_next"] == {"b": 1.0}
+        assert prepare["wanted"] == ["b"]
+        wait_for(lambda: model(g, "b")["file_cached"] > 0.9, 10)  # b's load left it cached
+        drop([files[1]])  # other work pushes it out while a serves
+        # Measured (every second) and read back in, whole.
+        wait_for(lambda: g.status()["prepare"]["prepared"].get("b", 0) >= 1, 20)
+        wait_for(lambda: model(g, "b")["file_cached"] > 0.9, 10)
+        got = cached([files[1]])
+        assert got is not None
+        assert got > 0.9
+        hits = g.status()["prepare"]["hits"]
+        chat(g, "b")
+        swap = g.status()["recent_swaps"][-1]
+        assert swap["model"] == "b"
+        assert swap["file_cached"] > 0.9
+        assert g.status()["prepare"]["hits"] == hits + 1
+
+
+def test_with_prepare_off_nothing_is_read_ahead(
+    two_files: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    _, files = two_files
+    binary = find_llama_server()
+    assert binary is not None
+    lines = ["devices: [{name: cpu}]", "scheduler: {prepare: false}", "models:"]
+    for name, path in zip("ab", files, strict=True):
+        cmd = shlex.join([binary, "-m", str(path), "--ctx-size", "512", "--parallel", "1"])
+        lines.append(f"  {name}: {{cmd: '{cmd} --port ${{PORT}}', health_timeout_s: 120}}")
+    with serve(tmp_path / "corral", "\n".join(lines) + "\n") as g:
+        for name in "ababa":
+            chat(g, name)
+        assert g.status()["prepare"]["wanted"] == ["b"]  # predicted all the same
+        drop([files[1]])
+        wait_for(lambda: model(g, "b")["file_cached"] < 0.5, 10)
+        time.sleep(3)  # three passes of the measure: a preparation would have begun
+        assert g.status()["prepare"]["prepared_gb"] == 0
+        assert model(g, "b")["file_cached"] < 0.5

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from corral.config import Config, parse_config
-from corral.core import Lifecycle
+from corral.core import Lifecycle, Scheduler
 from corral.core.estimates import Estimates
 from corral.modelfiles.pagecache import cached, drop, parts, resident_bytes
-from corral.sim.engine import simulate
+from corral.sim.engine import Simulation, simulate
 from corral.sim.pagecache import SimPageCache
 from corral.sim.trace import Trace, TraceLine
 from tests.helpers import Harness
@@ -234,3 +234,59 @@ def test_a_measure_spans_windows_and_split_files(
     both = cached(parts(one))
     assert both is not None
     assert 0.4 < both < 0.6
+
+
+def cycle(n: int, gap_s: float) -> Trace:
+    return Trace([TraceLine(i, "abc"[i % 3], 1.0, t=i * gap_s) for i in range(n)], source="cycle")
+
+
+def test_preparation_reads_the_predicted_file_in_while_the_device_serves_another() -> None:
+    """Three 4 GB files in a loop, room for the resident model's file and one more: without
+    preparation each load finds its file pushed out by the last one's; with it, the learned
+    successor is read in while the device serves, and loads find it cached."""
+    base: dict[str, object] = {
+        "devices": [{"name": "d", "memory_gb": 10}],
+        "host": {"page_cache_gb": 9, "disk_read_gb_s": 1},
+        "models": {m: {"memory_gb": 10, "load_s": 2, "file_gb": 4} for m in "abc"},
+    }
+    runs = {}
+    for prepare in (False, True):
+        config = parse({**base, "scheduler": {"max_wait_s": None, "prepare": prepare}})
+        sim = Simulation(config, cycle(30, 30.0), check=True)
+        assert isinstance(sim.scheduler, Scheduler)
+        runs[prepare] = (sim.run(), sim.scheduler)
+    off, on = runs[False][0], runs[True][0]
+    assert off.files is not None
+    assert on.files is not None
+    assert off.files.cold_loads == 30
+    assert off.files.prepared_gb == 0
+    assert on.files.cold_loads <= 7  # until each transition has been seen twice
+    assert on.files.prepared_gb > 0
+    # Without, each load reads 3 GB of its 4 (1 GB survives); with, none after the 7th.
+    assert sum(on.swap_s.values()) == pytest.approx(sum(off.swap_s.values()) - 23 * 3)
+    prediction = runs[True][1].files.prediction
+    assert prediction.hits == 23  # every load from the 8th on
+    assert prediction.misses == 0
+
+
+def test_the_predictor_learns_transitions_and_counts_its_hits() -> None:
+    h = Harness(
+        "devices: [{name: d, memory_gb: 10}]\n"
+        "models: {a: {memory_gb: 10}, b: {memory_gb: 10}, c: {memory_gb: 10}}\n"
+    )
+    files = h.s.files
+    for i, rid in enumerate(["a1", "b1", "a2", "b2", "a3"]):
+        h.at(i * 10).arrive(rid)
+        if h.s.models[rid[0]].state is not Lifecycle.READY:
+            h.loaded(rid[0])
+        h.finish(rid)
+    assert files.prediction.last == "a"
+    assert files.prediction.next == {"b": 1.0}
+    assert files.wanted(50) == ["b"]  # a is resident: b is what comes next
+    hits = files.prediction.hits
+    h.at(59).arrive("a4")  # served now: the device stays busy
+    h.at(60).arrive("c1")  # not what was predicted
+    assert files.prediction.misses == 1
+    assert files.prediction.hits == hits
+    # Waiting work comes first, ahead of any prediction.
+    assert files.wanted(61)[0] == "c"

@@ -398,3 +398,9 @@ class SchedulerConfig(Strict):
         "it is not expected back; `lru` always sleeps and stops the least recently used (the "
         "baseline).",
     )
+    prepare: bool = Field(
+        default=True,
+        description="Read the files of the models expected next (work waiting for a device, "
+        "then the learned successors of the last request's model) into the page cache while "
+        "memory is free, so that their loads find them cached; false: never.",
+    )

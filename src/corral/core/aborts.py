@@ -67,7 +67,7 @@ class Aborts:
             if c.state is Lifecycle.WAKING:
                 est = c.est.wake2_s if c.deep else c.est.wake_s
             else:
-                est = c.est.load_s
+                est = c.est.begun_load_s
             left_s = c.load_started_at + est - now
             if left_s <= q.est.service_s + c.est.unload_s:
                 continue

@@ -71,7 +71,16 @@ class Estimates:
     def load_s(self) -> float:
         """Seconds a load takes now: the warm figure, plus the uncached share of what a cold
         load costs more."""
-        cold, cached = self.cold_load_s, self.cached
+        return self._load_s_at(self.cached)
+
+    @property
+    def begun_load_s(self) -> float:
+        """Seconds the load under way takes, as priced when it began (its own reads fill the
+        page cache as it goes)."""
+        return self._load_s_at(self.load_cached)
+
+    def _load_s_at(self, cached: float | None) -> float:
+        cold = self.cold_load_s
         if cold is None or cached is None or cached >= 1.0:
             return self.warm_load_s
         return self.warm_load_s + (1.0 - cached) * max(0.0, cold - self.warm_load_s)

@@ -93,7 +93,7 @@ class Scheduler:
         self.models = board.models
         self.devices = board.devices
         # Each model's file in the host's page cache, as measured (core/pagecache.py).
-        self.files = PageCache(self.models)
+        self.files = PageCache(self.models, self.policy.rank)
         self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
         self._solo = board.one_at_a_time()
         self._seq = 0
@@ -138,6 +138,7 @@ class Scheduler:
             self._fx.reject(r, f"unknown model {r.model!r}; known: {', '.join(self.models)}")
             return
         now = self._clock()
+        self.files.arrived(m)
         self._seq += 1
         r.seq = self._seq
         r.arrived_at = now

@@ -1,37 +1,70 @@
-"""Each model's file in the host's page cache, as measured (issue 51): `Files`, the one owner
-of those measures in `corral serve`. Every `EVERY_S`, and after each swap, the fraction of each
-model's files cached (modelfiles/pagecache.py: `mincore`, milliseconds per GiB, off the loop) is
-told to the scheduler (`PageCache.measured`), which prices that model's next load by it. Only
-models whose command names a file (`-m`) are measured; the others are priced as before."""
+"""Each model's file in the host's page cache (issue 51): `Files`, the one owner in `corral
+serve` of those measures and of the reads that prepare them.
+
+Measured: every `EVERY_S`, and after each swap, the fraction of each model's files cached
+(modelfiles/pagecache.py: `mincore`, milliseconds per GiB, off the loop) is told to the
+scheduler (`PageCache.measured`), which prices that model's next load by it. Only models whose
+command names a file (`-m`) are measured; the others are priced as before.
+
+Prepared (`scheduler.prepare`, on by default): after each measure, the scheduler's `wanted`
+files (core/pagecache.py: waiting work first, then the predicted successors) are read in, the
+most likely first whose uncached bytes fit in the memory the kernel calls available less
+`MARGIN_BYTES` (so that the read pushes out no page a server uses, nor a more likely file:
+one that does not fit is skipped, and a read of a less likely file never starts ahead of it).
+One read at a time, sequential, at most `READ_BYTES_S`, in a thread; stopped between chunks
+when the scheduler wants another file first."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import psutil
+
 from corral.backends.base import Backend
 from corral.backends.process import ProcessBackend
+from corral.core.pagecache import PageCache
 from corral.modelfiles.engine import split_command
 from corral.modelfiles.pagecache import cached, parts
 
 log = logging.getLogger("corral.gateway")
 
-EVERY_S = 2.0  # a measure is at most this old when a load is priced (plus a swap's own)
+EVERY_S = 1.0  # a measure is at most this old when a load is priced (plus a swap's own)
+MARGIN_BYTES = 1 << 30  # memory left available beside a preparation's read
+READ_BYTES_S = 1 << 30  # a preparation reads at most this fast (loads share the disk)
+_CHUNK = 16 << 20
+_DONE = 0.98  # a file this much cached is prepared
 
 
 class Files:
-    """The models' files (from each own server's command) and their fractions cached, as
-    last measured; `told(model, fraction)` hears each measure."""
+    """The models' files (from each own server's command), their fractions cached as last
+    measured, and the preparation under way. `cache()` is the scheduler's `PageCache`."""
 
-    def __init__(self, backends: Mapping[str, Backend], told: Callable[[str, float], None]):
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        cache: Callable[[], PageCache],
+        clock: Callable[[], float],
+        prepare: bool = True,
+    ) -> None:
         self._backends = backends
-        self._told = told
+        self._cache = cache
+        self._clock = clock
+        self.prepare_on = prepare
         self._paths: dict[str, tuple[str, list[Path]]] = {}  # model -> (its cmd, its files)
         self.fractions: dict[str, float] = {}
-        self._wake = asyncio.Event()
+        self.reading: str | None = None  # the file being prepared
+        self.prepared_bytes = 0  # read by preparations so far
+        self.prepared: dict[str, int] = {}  # reads finished, per model
+        self._stop = threading.Event()
+        self._reader: asyncio.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
 
     def paths(self, model: str) -> list[Path]:
         """The files `model`'s server reads at a load (none known: empty)."""
@@ -52,7 +85,8 @@ class Files:
 
     def soon(self) -> None:
         """Measure again now (a swap moved files in or out of the page cache)."""
-        self._wake.set()
+        if self._wake is not None:
+            self._wake.set()
 
     async def measure(self) -> None:
         """One pass over every model with a file: measured off the loop, told on it."""
@@ -60,18 +94,104 @@ class Files:
         if not files:
             return
         got = await asyncio.to_thread(lambda: {m: cached(p) for m, p in files.items()})
+        cache = self._cache()
         for model, fraction in got.items():
             if fraction is not None and model in self._backends:
                 self.fractions[model] = fraction
-                self._told(model, fraction)
+                cache.measured(model, fraction)
+
+    def target(self, available_bytes: int) -> str | None:
+        """The file to read in now: the first wanted one not prepared yet whose missing bytes
+        fit in `available_bytes` less the margin; a wanted file that does not fit stops the
+        search (a less likely file read ahead of it could push it out later)."""
+        room = available_bytes - MARGIN_BYTES
+        for model in self._cache().wanted(self._clock()):
+            paths, fraction = self.paths(model), self.fractions.get(model)
+            if not paths or fraction is None:
+                continue
+            if fraction >= _DONE:
+                continue
+            try:
+                size = sum(p.stat().st_size for p in paths)
+            except OSError:
+                continue
+            return model if (1.0 - fraction) * size <= room else None
+        return None
+
+    def _prepare(self) -> None:
+        """Start, keep or stop the preparation the scheduler wants now."""
+        if not self.prepare_on:
+            return
+        want = self.target(psutil.virtual_memory().available)
+        if want == self.reading:
+            return
+        if self._reader is not None:
+            self._stop.set()  # the thread ends at its next chunk
+            return  # the next pass starts the new one, once this one has ended
+        if want is not None:
+            self.reading = want
+            self._stop = threading.Event()
+            self._reader = asyncio.ensure_future(
+                asyncio.to_thread(self._read, want, self.paths(want), self._stop)
+            )
+            self._reader.add_done_callback(self._read_ended)
+
+    def _read(self, model: str, paths: list[Path], stop: threading.Event) -> None:
+        """Read `paths` through the page cache, sequentially, at most `READ_BYTES_S`."""
+        buf = bytearray(_CHUNK)
+        started = time.monotonic()
+        done = 0
+        for path in paths:
+            with path.open("rb", buffering=0) as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                while not stop.is_set():
+                    n = f.readinto(buf)
+                    if not n:
+                        break
+                    done += n
+                    self.prepared_bytes += n
+                    ahead_s = done / READ_BYTES_S - (time.monotonic() - started)
+                    if ahead_s > 0:
+                        stop.wait(ahead_s)
+            if stop.is_set():
+                return
+        self.prepared[model] = self.prepared.get(model, 0) + 1
+
+    def _read_ended(self, fut: asyncio.Future[None]) -> None:
+        self._reader = None
+        self.reading = None
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("preparing a model's file: %s", fut.exception())
+        self.soon()
 
     async def run(self) -> None:
-        """Measure every `EVERY_S`, or sooner when asked (`soon`), until cancelled."""
-        while True:
-            self._wake.clear()
-            try:
-                await self.measure()
-            except Exception:  # a measure never stops serving; the next pass tries again
-                log.exception("measuring the models' files in the page cache")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), EVERY_S)
+        """Measure and prepare every `EVERY_S`, or sooner when asked (`soon`), until
+        cancelled (a read under way then ends at its next chunk)."""
+        self._wake = asyncio.Event()
+        try:
+            while True:
+                self._wake.clear()
+                try:
+                    await self.measure()
+                    self._prepare()
+                except Exception:  # a measure never stops serving; the next pass tries again
+                    log.exception("measuring the models' files in the page cache")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), EVERY_S)
+        finally:
+            self._stop.set()
+
+    def view(self) -> dict[str, object]:
+        """What /api/status shows of the preparations (`prepare`)."""
+        cache = self._cache()
+        p = cache.prediction
+        return {
+            "on": self.prepare_on,
+            "reading": self.reading,
+            "wanted": cache.wanted(self._clock())[:5],
+            "predicted_next": p.next,
+            "hits": p.hits,
+            "misses": p.misses,
+            "prepared_gb": round(self.prepared_bytes / 1e9, 3),
+            "prepared": dict(self.prepared),
+        }

@@ -66,6 +66,13 @@ class Gateway:
         self.tally = Tally()  # what it did: requests started, crashes, swaps
         self.activity = Activity()  # the recent requests (the dashboard's activity view)
         self.gpus = watch()  # NVML's GPUs, for /metrics and the dashboard (None without)
+        # The models' files in the page cache, measured and prepared (gateway/files.py).
+        self.files = Files(
+            self.backends,
+            lambda: self._sched().files,
+            lambda: self._loop_().time(),
+            config.scheduler.prepare,
+        )
         self.status = StatusView(
             config,
             self._sched,
@@ -75,12 +82,12 @@ class Gateway:
             self.activity,
             self.gpus,
             self.redact,
+            self.files,
         )
         self.metrics = Metrics(self.status, self.gpus, config.server.vllm_metric_names)
         self.events = Events()  # GET /api/events (gateway/events.py)
         self.publish = self.events.publish
         self.scheduler: Scheduler | None = None
-        self.files: Files | None = None  # the models' files in the page cache (gateway/files.py)
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
         # The clients' requests waiting for their turn (gateway/intake.py).
@@ -120,7 +127,6 @@ class Gateway:
         # A model whose restores prove useless is priced as its whole prefill from then on.
         self.prompt_caches.on_lost = self.scheduler.conversations.lost
         # Each load is priced by how much of its file the page cache holds (issue 51).
-        self.files = Files(self.backends, self.scheduler.files.measured)
         self._spawn(self.files.run())
 
     async def close(self) -> None:
@@ -274,8 +280,7 @@ class Gateway:
         sched = self._sched()
         model, device, backend, evict = load.model, load.device, load.backend, load.evict
         swap = Swap(model, evict, time.time(), slept=tuple(n for n, _, _ in load.naps))
-        if self.files is not None:  # as the scheduler priced this load
-            swap.file_cached = self.files.fractions.get(model)
+        swap.file_cached = self.files.fractions.get(model)  # as the scheduler priced it
         self.tally.swaps.append(swap)
         self.tally.swap_count += 1
         self.metrics.swaps.labels(model).inc()
@@ -332,8 +337,7 @@ class Gateway:
             return
         self._loads.pop((model, device), None)
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
-        if self.files is not None:
-            self.files.soon()  # the load read its file in, and may have pushed others out
+        self.files.soon()  # the load read its file in, and may have pushed others out
         self.publish("loaded", model=model, device=device, **swap.figures())
         how = "woke" if swap.woke else "loaded"
         log.info("%s %s in %.2f s (evicted %s)", how, model, swap.load_s, ", ".join(evict) or "-")

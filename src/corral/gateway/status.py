@@ -15,6 +15,7 @@ from corral.config import Config
 from corral.core import Scheduler
 from corral.core.state import ModelRecord
 from corral.gateway.activity import Activity
+from corral.gateway.files import Files
 from corral.gateway.servers import Servers
 from corral.gateway.swaps import Swap
 from corral.machine import GpuWatch
@@ -46,6 +47,7 @@ class StatusView:
         activity: Activity,
         gpus: GpuWatch | None,
         redact: Redactor,
+        files: Files | None = None,
     ) -> None:
         self.config = config
         self._sched = scheduler
@@ -54,6 +56,7 @@ class StatusView:
         self.tally = tally
         self.activity = activity
         self.gpus = gpus
+        self.files = files
         self.redact = redact
 
     def __call__(self) -> dict[str, Any]:
@@ -97,6 +100,8 @@ class StatusView:
                     round(epoch + stretch.since, 3) if stretch.since is not None else None
                 ),
             },
+            # The files read into the page cache ahead of their loads (gateway/files.py).
+            "prepare": self.files.view() if self.files is not None else None,
             "swaps": self.tally.swap_count,
             "recent_swaps": [vars(s) for s in self.tally.swaps],
             "recent_decisions": [

@@ -39,7 +39,7 @@ from corral.sim.lru_route import LruRoute
 from corral.sim.pagecache import SimPageCache
 from corral.sim.trace import Trace, TraceLine
 
-_FINISH, _LOAD, _ARRIVAL, _TIMER = 0, 1, 2, 3
+_FINISH, _LOAD, _ARRIVAL, _TIMER, _PREPARED = 0, 1, 2, 3, 4
 _EPS = 1e-9
 
 
@@ -264,9 +264,16 @@ class Simulation:
         if self._prompts is not None:  # a finished request's conversation is held first
             self._on_finished = self._prompts.finishing(self._on_finished)
         self._free_at: dict[str, float] = defaultdict(float)  # its last swap or unload ends
-        told = self.scheduler.files.measured if isinstance(self.scheduler, Scheduler) else None
-        self._files = self._run.files = SimPageCache(config, told)
+        self._page_cache(config)
         self._remaining = len(self._requests)
+
+    def _page_cache(self, config: Config) -> None:
+        """The host's page cache, told to the scheduler, and its preparations read in."""
+        ours = self.scheduler if isinstance(self.scheduler, Scheduler) else None
+        told = ours.files.measured if ours is not None else None
+        self._files = self._run.files = SimPageCache(config, told)
+        self._wanted = ours.files.wanted if ours is not None and config.scheduler.prepare else None
+        self._prepared_at: float | None = None  # the read under way ends (its event's time)
 
     # --- Effects ------------------------------------------------------------------------------
     def load(
@@ -321,7 +328,7 @@ class Simulation:
             back_s = models[model].deep_wake_s if woke_deep else _wake_s(models[model])
             self._files.woke(model)
         else:
-            back_s = models[model].load_s + self._files.load(model)
+            back_s = models[model].load_s + self._files.load(model, now)
         duration = leave_s + back_s
         start = max(now, self._free_at[device])
         end = self._free_at[device] = start + duration
@@ -430,7 +437,7 @@ class Simulation:
         heap = self._heap
         pop = heapq.heappop
         sched = self.scheduler
-        on_request = sched.on_request
+        on_request = sched.on_request if self._wanted is None else self._arrive
         on_finished = self._on_finished
         open_reqs, open_t = self._open, self._open_t
         n_open = len(open_reqs)
@@ -494,17 +501,31 @@ class Simulation:
                 if ev[2] in self._cancelled:
                     self._cancelled.discard(ev[2])
                     continue
-                model, device, load_s = ev[3]
-                del self._arriving[model, device]
-                self._ready.add((model, device))
-                self._resident_since[model, device] = self.now
-                sched.on_load_finished(model, load_s=load_s, device=device)
-            else:
-                key = ev[3]
-                sched.on_timer(key)
+                self._loaded(*ev[3])
+            elif kind == _TIMER:
+                sched.on_timer(ev[3])
+            if self._wanted is not None:  # after every event: what to read in now
+                self._prepare()
         if progress is not None:
             progress(total, total)
         return self._ended()
+
+    def _loaded(self, model: str, device: str, load_s: float | None) -> None:
+        del self._arriving[model, device]
+        self._ready.add((model, device))
+        self._resident_since[model, device] = self.now
+        self.scheduler.on_load_finished(model, load_s=load_s, device=device)
+
+    def _arrive(self, r: Request) -> None:
+        self.scheduler.on_request(r)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        assert self._wanted is not None
+        ends_at = self._files.prepare(self._wanted(self.now), self.now)
+        if ends_at is not None and ends_at != self._prepared_at:
+            self._prepared_at = ends_at
+            self._push(ends_at, _PREPARED, self._next_seq(), None)
 
     def _ended(self) -> Run:
         """The run, once no event is left: residencies closed, every request checked."""
