@@ -188,6 +188,10 @@ def test_overview_shows_classes_live_batches_labelled_swaps_and_past_events(
     assert "kept" in models["alpha"]  # and whether its restores are honoured (issue 47)
     assert "tokens spared" in models["alpha"]
     assert " off " in f" {models['slow']} "  # a model that keeps none
+    prepared = browser.find_element(By.ID, "prepared").text  # issue 51: what is prepared
+    assert "Prepared next" in prepared
+    assert "hits" in prepared
+    assert "misses" in prepared
     labels = browser.execute_script(
         "return [...document.querySelectorAll('#timeline .swap-label')].map(t => t.textContent)"
     )
