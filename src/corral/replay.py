@@ -164,6 +164,7 @@ class _Swap:
     load_s: float | None = None  # at the end of a cold load that succeeded: as measured live
     unload_s: float | None = None  # at its end: the stop of the one model it evicted, if one
     evicted: str | None = None
+    file_cached: float | None = None  # at its end: its file's fraction cached as it began
 
 
 def _free_port() -> int:
@@ -267,6 +268,7 @@ class _Events:
                 event.get("load_s") if cold else None,
                 event.get("unload_s") if one else None,
                 evicted[0] if one else None,
+                event.get("file_cached") if cold else None,
             )
         )
 
@@ -458,6 +460,7 @@ def replay(
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     timings: dict[int, _Timing] = {}
     verdicts: dict[str, str] = {}
+    prepared: dict[str, Any] = {}
     with _server(path, port, folder) as url:
         events = _Events(url)
         if progress is not None:
@@ -477,25 +480,35 @@ def replay(
             events.close()
         starts, ends = list(events.started), list(events.loaded)
         if own_backends:
-            verdicts = _verdicts(url)
+            verdicts, prepared = _verdicts(url)
     _batch_timings(folder, batches, timings)
     run, figures = _run(config, trace, speed, t0, timings, starts, ends)
     if own_backends:
         figures["engine"] = {x: tm.engine for x, tm in sorted(timings.items()) if tm.engine}
         figures["prefill_tokens"] = sum(e.get("prompt_n", 0) for e in figures["engine"].values())
         figures["prompt_cache"] = verdicts
+        figures["prepare"] = prepared
+        kept = ("model", "load_s", "file_cached")  # each load's, as the stream said
+        figures["loads_live"] = [{k: getattr(x, k) for k in kept} for x in ends if x.load_s]
     return run, figures
 
 
-def _verdicts(url: str) -> dict[str, str]:
-    """Each model's prompt-cache verdict as `/api/status` gives it (`kept and verified`,
-    `kept`, `not kept: why`)."""
-    models = httpx.get(f"{url}/api/status", timeout=30).json().get("models", {})
-    return {
+def _verdicts(url: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """From `/api/status`: each model's prompt-cache verdict (`kept and verified`, `kept`, `not
+    kept: why`); what was prepared (`prepare`), with each model's load estimates."""
+    status = httpx.get(f"{url}/api/status", timeout=30).json()
+    models = status.get("models", {})
+    verdicts = {
         name: str(view["prompt_cache"]["verified"])
         for name, view in models.items()
         if isinstance(view.get("prompt_cache"), dict) and "verified" in view["prompt_cache"]
     }
+    prepared = dict(status.get("prepare") or {})
+    prepared["estimates"] = {
+        name: {k: view.get(k) for k in ("warm_load_s_estimate", "cold_load_s_estimate")}
+        for name, view in models.items()
+    }
+    return verdicts, prepared
 
 
 def _run(
