@@ -138,10 +138,10 @@ bench-prompt-cache: $(LLAMA_STAMP)
 bench-zoo-memory: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_memory.py --size-gb 1 --json out/bench-zoo-memory.json
 
-# A saved 4.7K-token conversation restored after a swap, per zoo architecture: goes on or
-# diverges, with and without the restore, and whether the server reused it (~30 min).
+# A saved 8K-token conversation restored after a swap, per zoo architecture: goes on or
+# diverges, with and without the restore, and whether the server reused it (~30 min quiet).
 bench-zoo-restores: $(LLAMA_STAMP)
-	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 4700 --json out/bench-zoo-restores.json
+	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 8000 --json out/bench-zoo-restores.json
 
 # The simulator against real llama-servers on the zoo's files (issue 47): a kept and a not-kept
 # architecture's conversations, live and simulated given the servers' figures (~1 minute).
