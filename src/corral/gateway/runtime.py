@@ -27,7 +27,7 @@ from corral.config.serve import engine_figures_path
 from corral.core import Request, Scheduler
 from corral.gateway.activity import Activity
 from corral.gateway.events import Events
-from corral.gateway.files import Files
+from corral.gateway.files import LOAD_MODE_ENV, Files
 from corral.gateway.intake import Intake
 from corral.gateway.metrics import Metrics
 from corral.gateway.naps import Naps, host_memory_gb
@@ -303,8 +303,10 @@ class Gateway:
                 return
             if backend is None:
                 raise BackendError(f"model {model}: neither `cmd` nor `upstream` is configured")
-            if isinstance(backend, ProcessBackend):
-                backend.device_env = self._devices[device].env
+            if isinstance(backend, ProcessBackend):  # its device's env, and its load mode
+                swap.load_mode = None if load.wake else self.files.load_mode(model)
+                mode = {LOAD_MODE_ENV: swap.load_mode} if swap.load_mode else {}
+                backend.device_env = {**self._devices[device].env, **mode}
             bring_in = self.naps.bring_in(model, backend, load.wake, load.level)
             load.task = asyncio.ensure_future(bring_in)
             try:

@@ -25,14 +25,16 @@ class Swap:
     slept: tuple[str, ...] = ()  # put to sleep instead of stopped
     woke: bool = False  # it was woken, not started
     file_cached: float | None = None  # the fraction of its file cached as it began (measured)
+    load_mode: str | None = None  # the load mode Corral chose for its server (None: its own)
 
-    def figures(self) -> dict[str, float | bool | None]:
+    def figures(self) -> dict[str, float | bool | str | None]:
         """What the `loaded` event says of it."""
         return {
             "load_s": self.load_s,
             "unload_s": self.unload_s,
             "woke": self.woke,
             "file_cached": self.file_cached,
+            "load_mode": self.load_mode,
         }
 
 
