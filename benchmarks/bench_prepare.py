@@ -28,6 +28,7 @@ import psutil
 from corral.config import parse_config
 from corral.modelfiles.folder import find_llama_server
 from corral.modelfiles.pagecache import cached, drop
+from corral.parity import at_engine_times, at_live_load_times
 from corral.replay import replay
 from corral.sim.engine import simulate
 from corral.sim.metrics import summarize
@@ -51,12 +52,14 @@ def config_text(files: dict[str, Path], binary: str, prepare: bool, extra: str =
     return "\n".join(x for x in lines if x) + "\n"
 
 
-def agent_trace(agents: int, steps: int, seed: int) -> Trace:
+def agent_trace(agents: int, steps: int, seed: int, words: tuple[int, int]) -> Trace:
+    """Closed agent loops cycling the roles; each step's prompt `words` words long (0: a few
+    words, so that the loads dominate), growing by 20-80 words a step up to 1,200."""
     rng = random.Random(seed)
     roles = list(ROLES)
     out: list[TraceLine] = []
     for a in range(agents):
-        held = {r: rng.randint(100, 400) for r in roles}  # words: about 3 tokens each
+        held = {r: rng.randint(*words) for r in roles}
         for k in range(steps):
             role = roles[k % len(roles)]
             out.append(
@@ -67,7 +70,8 @@ def agent_trace(agents: int, steps: int, seed: int) -> Trace:
                     context_tokens=held[role],
                 )
             )  # fmt: skip
-            held[role] = min(1200, held[role] + rng.randint(20, 80))
+            if held[role]:
+                held[role] = min(1200, held[role] + rng.randint(20, 80))
     return Trace(out, source="agents o/e/c")
 
 
@@ -98,6 +102,7 @@ def side(files: dict[str, Path], binary: str, prepare: bool, trace: Trace) -> di
         "prepare_view": figures["prepare"],
         "loads_live": loads,
         "run": run,
+        "figures": figures,
     }
 
 
@@ -116,6 +121,7 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=1)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=51)
+    parser.add_argument("--words", type=int, nargs=2, default=(0, 0), help="prompt words")
     parser.add_argument(
         "--page-cache-gb", type=float, default=None,
         help="the simulator's page cache (default: the RAM less twice a file: a resident model)",
@@ -134,48 +140,68 @@ def main() -> int:
             print(f"writing {path} ...", file=sys.stderr, flush=True)
             make(arch, folder, size_gb=args.size_gb)
         files[role] = path
-    trace = agent_trace(args.agents, args.steps, args.seed)
+    trace = agent_trace(args.agents, args.steps, args.seed, tuple(args.words))
     sides = {}
     for prepare in (False, True):
         print(f"live, prepare {'on' if prepare else 'off'} ...", file=sys.stderr, flush=True)
         sides[prepare] = side(files, binary, prepare, trace)
     rate = disk_read_gb_s(files["coder"])
     off, on = sides[False], sides[True]
-    # The simulator, told what was measured: warm loads, the disk's rate, the files' sizes.
-    warm_s = on["mean_warm_load_s"] or off["mean_load_s"]
-    room = args.page_cache_gb or psutil.virtual_memory().total / 1e9 - 2 * args.size_gb
-    extra = f"host: {{page_cache_gb: {room:.1f}, disk_read_gb_s: {rate:.3f}}}"
-    sim_cfg = parse_config(config_text(files, binary, True, extra))
-    models = {
-        r: m.model_copy(update={"load_s": warm_s, "file_gb": files[r].stat().st_size / 1e9})
-        for r, m in sim_cfg.models.items()
-    }
-    sim_cfg = sim_cfg.model_copy(update={"models": models})
-    sim_run = simulate(sim_cfg, trace)
-    sim = summarize(sim_run)
-    sim_swap_s = sum(sim_run.swap_s.values()) / max(1, sim["loads"])
+    # The simulator, given what the live run measured (corral.parity: each line's service as
+    # its server took it, each model's loads), with the page cache: each model's warm load,
+    # the rate its cold loads read at (their extra time over the warm ones'), the files' sizes,
+    # and the room the RAM leaves beside one resident model's own copy of its weights.
+    measured = [x for s_ in (off, on) for x in s_["loads_live"]]
+    warm = [x["load_s"] for x in measured if (x["file_cached"] or 0) >= 0.5]
+    cold = [x["load_s"] for x in measured if (x["file_cached"] or 0) < 0.5]
+    gb = statistics.mean(p.stat().st_size for p in files.values()) / 1e9
+    warm_s = statistics.mean(warm) if warm else statistics.mean(cold)
+    cold_rate = gb / max(0.1, statistics.mean(cold) - warm_s) if cold else rate
+    room = args.page_cache_gb or psutil.virtual_memory().total / 1e9 - gb - 1.5
+    extra = f"host: {{page_cache_gb: {room:.1f}, disk_read_gb_s: {cold_rate:.3f}}}"
+    sims = {}
+    for prepare, live in ((False, off), (True, on)):
+        base = parse_config(config_text(files, binary, prepare, extra))
+        cfg, sim_trace = at_engine_times(
+            at_live_load_times(base, live["figures"]), live["run"], live["figures"]
+        )
+        models = {
+            r: m.model_copy(update={"load_s": warm_s, "file_gb": files[r].stat().st_size / 1e9})
+            for r, m in cfg.models.items()
+        }
+        sim_run = simulate(cfg.model_copy(update={"models": models}), sim_trace)
+        sim = summarize(sim_run)
+        assert sim_run.files is not None
+        sims[prepare] = {
+            "loads": sim["loads"],
+            "mean_swap_s": sum(sim_run.swap_s.values()) / max(1, sim["loads"]),
+            "latency_mean_s": sim["latency_mean_s"],
+            "cold_loads": sim_run.files.cold_loads,
+            "prepared_gb": sim_run.files.prepared_gb,
+        }
+    so, sn = sims[False], sims[True]
+    pv_off, pv_on = off["prepare_view"], on["prepare_view"]
     rows = [
-        ("loads", off["loads"], on["loads"], sim["loads"]),
-        ("mean swap", f"{off['mean_load_s']:.2f} s", f"{on['mean_load_s']:.2f} s",
-         f"{sim_swap_s:.2f} s"),
-        ("loads finding the file cached", off["warm_loads"], on["warm_loads"], "-"),
+        ("loads", off["loads"], on["loads"], so["loads"], sn["loads"]),
+        ("mean swap (live: the load)", f"{off['mean_load_s']:.2f} s", f"{on['mean_load_s']:.2f} s",
+         f"{so['mean_swap_s']:.2f} s", f"{sn['mean_swap_s']:.2f} s"),
+        ("loads finding their file cached", off["warm_loads"], on["warm_loads"],
+         so["loads"] - so["cold_loads"], sn["loads"] - sn["cold_loads"]),
         ("mean latency", f"{off['latency_mean_s']:.2f} s", f"{on['latency_mean_s']:.2f} s",
-         f"{sim['latency_mean_s']:.2f} s"),
-        ("predictor hits / misses", f"{off['prepare_view'].get('hits')} / "
-         f"{off['prepare_view'].get('misses')}", f"{on['prepare_view'].get('hits')} / "
-         f"{on['prepare_view'].get('misses')}", "-"),
-        ("read ahead", f"{off['prepare_view'].get('prepared_gb')} GB",
-         f"{on['prepare_view'].get('prepared_gb')} GB",
-         f"{sim_run.files.prepared_gb if sim_run.files else 0:.1f} GB"),
+         f"{so['latency_mean_s']:.2f} s", f"{sn['latency_mean_s']:.2f} s"),
+        ("predictor hits / misses", f"{pv_off.get('hits')} / {pv_off.get('misses')}",
+         f"{pv_on.get('hits')} / {pv_on.get('misses')}", "-", "-"),
+        ("read ahead", f"{pv_off.get('prepared_gb')} GB", f"{pv_on.get('prepared_gb')} GB",
+         f"{so['prepared_gb']:.1f} GB", f"{sn['prepared_gb']:.1f} GB"),
     ]  # fmt: skip
-    print("| | prepare off | prepare on | simulated, on |")
-    print("|---|---:|---:|---:|")
+    print("| | live, prepare off | live, prepare on | simulated, off | simulated, on |")
+    print("|---|---:|---:|---:|---:|")
     for row in rows:
         print("| " + " | ".join(str(x) for x in row) + " |")
     print(
         f"swap time on/off: {on['mean_load_s'] / off['mean_load_s']:.2f}; mean latency off/on: "
-        f"{off['latency_mean_s'] / on['latency_mean_s']:.2f}x; the disk {rate:.2f} GB/s; "
-        f"the simulator's page cache {room:.1f} GB"
+        f"{off['latency_mean_s'] / on['latency_mean_s']:.2f}x; the disk {rate:.2f} GB/s read "
+        f"plainly, {cold_rate:.2f} GB/s by a cold load; the simulator's page cache {room:.1f} GB"
     )
     for s_ in (off, on):
         print(
@@ -185,12 +211,12 @@ def main() -> int:
         )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {str(k): {kk: vv for kk, vv in v.items() if kk != "run"} for k, v in sides.items()}
-        out["simulated"] = {
-            "latency": sim["latency"],
-            "disk_read_gb_s": rate,
-            "page_cache_gb": room,
+        out: dict[str, Any] = {
+            str(k): {kk: vv for kk, vv in v.items() if kk not in ("run", "figures")}
+            for k, v in sides.items()
         }
+        out["simulated"] = {str(k): v for k, v in sims.items()}
+        out["disk"] = {"read_gb_s": rate, "cold_load_gb_s": cold_rate, "page_cache_gb": room}
         args.json.write_text(json.dumps(out, indent=1, default=str))
     return 0
 

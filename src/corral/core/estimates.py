@@ -44,12 +44,14 @@ class Estimates:
         "wake2_s",
         "wake_s",
         "warm_load_s",
+        "warm_seen",
     )
 
     def __init__(self, spec: ModelConfig) -> None:
         self.service_s = spec.service_s
         self.service_avg_s = spec.service_s  # a slower EWMA, for demand()
         self.warm_load_s = spec.load_s
+        self.warm_seen = False  # a warm load measured: until then `load_s` is a guess
         self.cold_load_s = spec.cold_load_s  # None: no cold load seen nor configured
         # The fraction of its file in the page cache, as last measured (None: never).
         self.cached: float | None = None
@@ -164,15 +166,19 @@ class Estimates:
     def _observe_load(self, load_s: float) -> None:
         """A load measured at `load_cached`: mostly cached, it refines the warm figure (less
         the uncached share of the cold difference); mostly not, the cold figure (less the
-        cached share of the warm one), which the first such load sets outright."""
+        cached share of the warm one). The first of each kind replaces the configured guess,
+        and a cold load below a warm figure still guessed brings it down to its own."""
         f = self.load_cached
         warm, cold = self.warm_load_s, self.cold_load_s
         if f >= 0.5:
-            seen = load_s - (1.0 - f) * max(0.0, (cold or warm) - warm)
-            self.warm_load_s = max(0.0, warm + _EWMA_SWAP * (seen - warm))
+            seen = max(0.0, load_s - (1.0 - f) * max(0.0, (cold or warm) - warm))
+            self.warm_load_s = warm + _EWMA_SWAP * (seen - warm) if self.warm_seen else seen
+            self.warm_seen = True
             return
         seen = max(0.0, (load_s - f * warm) / (1.0 - f))
         self.cold_load_s = seen if cold is None else cold + _EWMA_SWAP * (seen - cold)
+        if not self.warm_seen and warm > self.cold_load_s:
+            self.warm_load_s = self.cold_load_s  # a guess above a cold load: at most that
 
 
 def _gap(now: float, est: float, last_arrival_at: float) -> float:

@@ -92,6 +92,11 @@ class PageCache:
             return {}
         return {k: round(v / seen, 3) for k, v in after.items() if k in self._models}
 
+    def held(self) -> list[str]:
+        """The models whose weights a server holds now (resident or asleep): their files'
+        pages are never pushed out for a preparation."""
+        return [m.name for m in self._models.values() if m.resident or m.asleep]
+
     def wanted(self, now: float) -> list[str]:
         """The models whose files should be in the page cache next, most likely first: those
         with work waiting off the device (interactive before batch, each in the policy's

@@ -9,8 +9,10 @@ command names a file (`-m`) are measured; the others are priced as before.
 Prepared (`scheduler.prepare`, on by default): after each measure, the scheduler's `wanted`
 files (core/pagecache.py: waiting work first, then the predicted successors) are read in, the
 most likely first whose uncached bytes fit in the memory the kernel calls available less
-`MARGIN_BYTES` (so that the read pushes out no page a server uses, nor a more likely file:
-one that does not fit is skipped, and a read of a less likely file never starts ahead of it).
+`MARGIN_BYTES` and less the cached bytes of the files that must stay: the held models' (a
+server's) and the more likely wanted ones'. So a read pushes out no such file's pages, only
+others' (the kernel drops its least recently used pages first); a wanted file that does not
+fit stops the search, so a less likely file never starts ahead of it.
 One read at a time, sequential, at most `READ_BYTES_S`, in a thread; stopped between chunks
 when the scheduler wants another file first."""
 
@@ -88,9 +90,10 @@ class Files:
             known = self._paths[model] = (cmd, [] if path is None else parts(path))
         return known[1]
 
-    def load_mode(self, model: str) -> str | None:
-        """The load mode for `model`'s next start (`load_mode_for`), None to leave the
-        server's own: no file known, not measured, or its command or `env` sets one."""
+    def load_mode(self, model: str, available_bytes: int | None = None) -> str | None:
+        """The load mode for `model`'s next start (`load_mode_for`, with the memory available
+        now unless given), None to leave the server's own: no file known, not measured, or
+        its command or `env` sets one."""
         paths, fraction = self.paths(model), self.fractions.get(model)
         b = self._backends.get(model)
         if not paths or fraction is None or not isinstance(b, ProcessBackend):
@@ -103,7 +106,9 @@ class Files:
             size = sum(p.stat().st_size for p in paths)
         except OSError:
             return None
-        return load_mode_for(fraction, size, psutil.virtual_memory().available)
+        if available_bytes is None:
+            available_bytes = psutil.virtual_memory().available
+        return load_mode_for(fraction, size, available_bytes)
 
     def soon(self) -> None:
         """Measure again now (a swap moved files in or out of the page cache)."""
@@ -124,21 +129,33 @@ class Files:
 
     def target(self, available_bytes: int) -> str | None:
         """The file to read in now: the first wanted one not prepared yet whose missing bytes
-        fit in `available_bytes` less the margin; a wanted file that does not fit stops the
-        search (a less likely file read ahead of it could push it out later)."""
-        room = available_bytes - MARGIN_BYTES
-        for model in self._cache().wanted(self._clock()):
-            paths, fraction = self.paths(model), self.fractions.get(model)
-            if not paths or fraction is None:
+        fit in `available_bytes` less the margin and less the cached bytes of the files that
+        must stay (the held models' and the more likely wanted ones'); a wanted file that does
+        not fit stops the search (a less likely file read ahead of it could push it out)."""
+        cache = self._cache()
+        room: float = available_bytes - MARGIN_BYTES
+        room -= sum(self._cached_bytes(m) for m in cache.held())
+        for model in cache.wanted(self._clock()):
+            size = self._size(model)
+            fraction = self.fractions.get(model)
+            if size is None or fraction is None:
                 continue
             if fraction >= _DONE:
-                continue
-            try:
-                size = sum(p.stat().st_size for p in paths)
-            except OSError:
+                room -= self._cached_bytes(model)  # prepared: it stays
                 continue
             return model if (1.0 - fraction) * size <= room else None
         return None
+
+    def _size(self, model: str) -> int | None:
+        paths = self.paths(model)
+        try:
+            return sum(p.stat().st_size for p in paths) if paths else None
+        except OSError:
+            return None
+
+    def _cached_bytes(self, model: str) -> float:
+        size = self._size(model)
+        return 0.0 if size is None else self.fractions.get(model, 0.0) * size
 
     def _prepare(self) -> None:
         """Start, keep or stop the preparation the scheduler wants now."""
