@@ -69,6 +69,9 @@ class Files:
         self.reading: str | None = None  # the file being prepared
         self.prepared_bytes = 0  # read by preparations so far
         self.prepared: dict[str, int] = {}  # reads finished, per model
+        # Read whole since their last load: not read again before it (where the page cache
+        # cannot keep a file until its load, reading it again only thrashes).
+        self._read_since_load: set[str] = set()
         self._stop = threading.Event()
         self._reader: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -110,6 +113,12 @@ class Files:
             available_bytes = psutil.virtual_memory().available
         return load_mode_for(fraction, size, available_bytes)
 
+    def loaded(self, model: str) -> None:
+        """`model` loaded: its file may be prepared again before its next load; measure now
+        (the load read its file in, and may have pushed others out)."""
+        self._read_since_load.discard(model)
+        self.soon()
+
     def soon(self) -> None:
         """Measure again now (a swap moved files in or out of the page cache)."""
         if self._wake is not None:
@@ -140,8 +149,8 @@ class Files:
             fraction = self.fractions.get(model)
             if size is None or fraction is None:
                 continue
-            if fraction >= _DONE:
-                room -= self._cached_bytes(model)  # prepared: it stays
+            if fraction >= _DONE or model in self._read_since_load:
+                room -= self._cached_bytes(model)  # prepared (or as far as it stays): kept
                 continue
             return model if (1.0 - fraction) * size <= room else None
         return None
@@ -195,6 +204,7 @@ class Files:
             if stop.is_set():
                 return
         self.prepared[model] = self.prepared.get(model, 0) + 1
+        self._read_since_load.add(model)
 
     def _read_ended(self, fut: asyncio.Future[None]) -> None:
         self._reader = None

@@ -339,7 +339,7 @@ class Gateway:
             return
         self._loads.pop((model, device), None)
         self.metrics.load_seconds.labels(model).observe(swap.load_s)
-        self.files.soon()  # the load read its file in, and may have pushed others out
+        self.files.loaded(model)
         self.publish("loaded", model=model, device=device, **swap.figures())
         how = "woke" if swap.woke else "loaded"
         log.info("%s %s in %.2f s (evicted %s)", how, model, swap.load_s, ", ".join(evict) or "-")

@@ -9,8 +9,9 @@ fraction that changes is told to the scheduler as the live shell tells its measu
 Preparation (`prepare`, `scheduler.prepare`): the scheduler's `wanted` files are read in, one
 at a time at the disk's rate, the most likely first that fits beside the resident models' files
 and the more likely prepared ones (those are never dropped for it); a changed `wanted` stops
-the read under way (what it read stays). A load's own read and a preparation's do not slow each
-other (the disk is not shared in this model)."""
+the read under way (what it read stays). A file read whole is not read again before its load
+(where the page cache cannot keep it that long, reading it again only thrashes). A load's own
+read and a preparation's do not slow each other (the disk is not shared in this model)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class SimPageCache:
         self._reading: str | None = None  # the file being prepared
         self._read_from = 0.0  # ... since then
         self._protected: frozenset[str] = frozenset()  # prepared files more likely than it
+        self._read_since_load: set[str] = set()  # prepared whole since their last load
         self.read_gb = 0.0  # read from the disk by loads over the run
         self.prepared_gb = 0.0  # ... and by preparation
         self.cold_loads = 0  # loads that read more than half of their file
@@ -63,6 +65,7 @@ class SimPageCache:
         if not self.enabled or size is None or self.budget_gb is None:
             return 0.0
         self._advance(now)
+        self._read_since_load.discard(model)
         if self._reading == model:
             self._reading = None
         missing_gb = size - self._cached_gb.pop(model, 0.0)
@@ -98,7 +101,8 @@ class SimPageCache:
             if size is None or self._held[name] > 0:
                 continue
             have_gb = self._cached_gb.get(name, 0.0)
-            if have_gb < size - _EPS and size <= free_gb + _EPS:
+            done = have_gb >= size - _EPS or name in self._read_since_load
+            if not done and size <= free_gb + _EPS:
                 target = name
                 break
             free_gb -= have_gb  # kept for it: a more likely file is never dropped
@@ -126,6 +130,7 @@ class SimPageCache:
         self._tell(name)
         if self._cached_gb.get(name, 0.0) >= size - _EPS:
             self._reading = None
+            self._read_since_load.add(name)
 
     def _held_gb(self, but: str | None) -> float:
         return sum(self._cached_gb.get(m, 0.0) for m, n in self._held.items() if n > 0 and m != but)
