@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -142,6 +142,15 @@ bench-zoo-memory: $(LLAMA_STAMP)
 # diverges, with and without the restore, and whether the server reused it (~30 min quiet).
 bench-zoo-restores: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 8000 --json out/bench-zoo-restores.json
+
+# llama-server's load modes on 1, 4 and 8 GB zoo files, cold and warm (issue 51; ~10 min).
+bench-load-modes: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_load_modes.py --sizes 1 4 8 --rounds 2 --json out/bench-load-modes.json
+
+# The next model's file prepared in the page cache, live on three 6 GB zoo files, on against
+# off, and the simulator's prediction of each (issue 51; ~10 min with the files written).
+bench-prepare: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_prepare.py --size-gb 6 --steps 12 --json out/bench-prepare.json
 
 # The simulator against real llama-servers on the zoo's files (issue 47): a kept and a not-kept
 # architecture's conversations, live and simulated given the servers' figures (~1 minute).
