@@ -97,6 +97,17 @@ def test_a_cold_file_is_measured_learned_and_the_next_load_priced_warm(
             pass
 
 
+def alternating(files: list[Path], *extra: str) -> str:
+    """Models `a` and `b` on `files`, on one device that holds one at a time."""
+    binary = find_llama_server()
+    assert binary is not None
+    lines = ["devices: [{name: cpu}]", *extra, "models:"]
+    for name, path in zip("ab", files, strict=True):
+        cmd = shlex.join([binary, "-m", str(path), "--ctx-size", "512", "--parallel", "1"])
+        lines.append(f"  {name}: {{cmd: '{cmd} --port ${{PORT}}', health_timeout_s: 120}}")
+    return "\n".join(lines) + "\n"
+
+
 def test_the_predicted_next_models_file_is_read_in_before_its_request(
     two_files: tuple[Path, list[Path]], tmp_path: Path
 ) -> None:
@@ -104,13 +115,7 @@ def test_the_predicted_next_models_file_is_read_in_before_its_request(
     next model's file, dropped from the page cache while the other serves, is read back in
     before its request comes, and its load finds it cached (a hit of the predictor)."""
     _, files = two_files
-    binary = find_llama_server()
-    assert binary is not None
-    lines = ["devices: [{name: cpu}]", "models:"]
-    for name, path in zip("ab", files, strict=True):
-        cmd = shlex.join([binary, "-m", str(path), "--ctx-size", "512", "--parallel", "1"])
-        lines.append(f"  {name}: {{cmd: '{cmd} --port ${{PORT}}', health_timeout_s: 120}}")
-    with serve(tmp_path / "corral", "\n".join(lines) + "\n") as g:
+    with serve(tmp_path / "corral", alternating(files)) as g:
         for name in "abab":
             chat(g, name)
         chat(g, "a")  # the alternation is learned: b comes next
@@ -138,13 +143,7 @@ def test_with_prepare_off_nothing_is_read_ahead(
     two_files: tuple[Path, list[Path]], tmp_path: Path
 ) -> None:
     _, files = two_files
-    binary = find_llama_server()
-    assert binary is not None
-    lines = ["devices: [{name: cpu}]", "scheduler: {prepare: false}", "models:"]
-    for name, path in zip("ab", files, strict=True):
-        cmd = shlex.join([binary, "-m", str(path), "--ctx-size", "512", "--parallel", "1"])
-        lines.append(f"  {name}: {{cmd: '{cmd} --port ${{PORT}}', health_timeout_s: 120}}")
-    with serve(tmp_path / "corral", "\n".join(lines) + "\n") as g:
+    with serve(tmp_path / "corral", alternating(files, "scheduler: {prepare: false}")) as g:
         for name in "ababa":
             chat(g, name)
         assert g.status()["prepare"]["wanted"] == ["b"]  # predicted all the same
