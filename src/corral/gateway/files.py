@@ -226,7 +226,8 @@ class Files:
                 except Exception:  # a measure never stops serving; the next pass tries again
                     log.exception("measuring the models' files in the page cache")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), EVERY_S)
+                    async with asyncio.timeout(EVERY_S):
+                        await self._wake.wait()
         finally:
             self._stop.set()
 
