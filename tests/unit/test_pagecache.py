@@ -370,3 +370,46 @@ def test_a_models_own_load_flags_or_env_win(tmp_path: Path) -> None:
     files.fractions["plain"] = 1.0
     assert files.load_mode("plain", available_bytes=0) is None  # cached: mmap
     assert files.load_mode("unknown") is None
+
+
+AHEAD = """
+devices: [{name: d, memory_gb: 10}]
+models:
+  a: {memory_gb: 5, load_s: 10, ttl_s: 5}
+  b: {memory_gb: 5, load_s: 10}
+scheduler: {max_wait_s: null, prepare: PREPARE}
+"""
+
+
+def step(h: Harness, rid: str, t: float) -> list[tuple[object, ...]]:
+    """`rid` arrives at `t`; its model loads if it must; it is served; timers due run."""
+    h.at(t).arrive(rid)
+    if h.s.models[rid[0]].state is Lifecycle.LOADING:
+        h.loaded(rid[0])
+    h.finish(rid)
+    calls = h.take()
+    h.at(t + 6).timers_due()  # a's idle timeout (5 s) unloads it
+    return calls + h.take()
+
+
+def test_the_predicted_next_model_loads_ahead_into_free_room_once_per_arrival() -> None:
+    """a unloads 5 s after each use; b stays. Once a is learned to follow b, b's arrival loads
+    a ahead into the free half of the device: a's next request finds it ready. Never twice for
+    one arrival (a's timeout then unloads it for good), and never with `prepare: false`."""
+    for prepare in (True, False):
+        h = Harness(AHEAD.replace("PREPARE", str(prepare).lower()))
+        for i, rid in enumerate(["a1", "b1", "a2", "b2", "a3"]):
+            step(h, rid, 20.0 * i)
+        assert h.s.models["a"].state is Lifecycle.UNLOADED  # its timeout
+        calls = step(h, "b3", 100.0)  # a follows b: predicted, and half the device is free
+        ahead = [c for c in calls if c[0] == "load" and c[1] == "a"]
+        assert len(ahead) == (1 if prepare else 0), calls
+        if prepare:
+            assert h.s.decisions[-1].reason == "predicted next"
+            h.loaded("a")  # at 106: ready, idle
+            h.at(112).timers_due()  # loaded ahead, then idle past its timeout: unloaded
+            assert h.s.models["a"].state is Lifecycle.UNLOADED
+            h.take()
+            h.at(130).timers_due()
+            assert not [c for c in h.take() if c[0] == "load"]  # not again for that arrival
+            assert h.s.models["a"].state is Lifecycle.UNLOADED

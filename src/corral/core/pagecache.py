@@ -15,19 +15,27 @@ explorer, coder). The shell reads them in while the disk and memory are free (ga
 the simulator alike); the decision is this part's, the same in both. A transition is one model's
 arrival after another's (the last arrival of a different model); each model's transitions decay
 (`DECAY` per new one), so a changed pattern is learned in a few steps. The predictor's hits and
-misses are counted where a request finds its model out of the device."""
+misses are counted where a request finds its model out of the device.
+
+Loaded ahead (`ahead`): where device memory is free, the scheduler loads the last arrival's
+most likely successor before its request comes (at least `LOAD_PROBABILITY`, while no work
+waits anywhere, evicting nothing; `load_ahead`, once the scheduler has settled each event)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from corral.core.state import ModelRecord
+from corral.core.placement import plan_placement
+from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.swaps import Swaps
+from corral.core.tiers import Tiers
 
 DECAY = 0.8  # each new transition from a model weighs its earlier ones by this
 MIN_PROBABILITY = 0.25  # a prediction less likely than this is not prepared
 MIN_SEEN = 1.5  # ... nor one from a model seen to go elsewhere fewer than twice
+LOAD_PROBABILITY = 0.5  # a successor this likely is loaded ahead into free device memory
 
 Rank = Callable[[list[ModelRecord], float], list[ModelRecord]]
 
@@ -52,6 +60,10 @@ class PageCache:
         self._rank = rank
         self._after: dict[str, dict[str, float]] = {}  # model -> next model -> decayed count
         self.prediction = Prediction()
+        # At the last arrival: the models on a device or asleep, and whether a model was loaded
+        # ahead since (`ahead`: once per arrival, never one that left a device since).
+        self._held_then: set[str] = set()
+        self._ahead_tried = False
 
     def measured(self, model: str, fraction: float) -> None:
         """`fraction` (0-1) of `model`'s file is cached now; an unknown model or a fraction
@@ -84,6 +96,8 @@ class PageCache:
             after[m.name] = after.get(m.name, 0.0) + 1.0
         p.last = m.name
         p.next = self._successors(m.name)
+        self._held_then = set(self.held())
+        self._ahead_tried = False
 
     def _successors(self, model: str) -> dict[str, float]:
         after = self._after.get(model, {})
@@ -96,6 +110,37 @@ class PageCache:
         """The models whose weights a server holds now (resident or asleep): their files'
         pages are never pushed out for a preparation."""
         return [m.name for m in self._models.values() if m.resident or m.asleep]
+
+    def ahead(self) -> ModelRecord | None:
+        """The model to load ahead of its request, into free device memory (the scheduler
+        places it, evicting nothing): the last arrival's most likely successor, at least
+        `LOAD_PROBABILITY`, off the device and not asleep, while no work waits anywhere; at
+        most once per arrival, and never a model that was on a device at that arrival (it
+        left since: its idle timeout, an operator's unload, an eviction)."""
+        p = self.prediction
+        if self._ahead_tried or not p.next or any(m.count for m in self._models.values()):
+            return None
+        name, probability = max(p.next.items(), key=lambda kv: (kv[1], kv[0]))
+        m = self._models.get(name)
+        if m is None or probability < LOAD_PROBABILITY or m.resident or m.asleep:
+            return None
+        self._ahead_tried = True
+        return None if name in self._held_then else m
+
+    def load_ahead(
+        self, swaps: Swaps, devices: Sequence[DeviceRecord], tiers: Tiers, now: float
+    ) -> bool:
+        """Load `ahead()`'s model where placement puts it without evicting anything; whether
+        a load began."""
+        m = self.ahead()
+        if m is None:
+            return False
+        plan = plan_placement(swaps.views(m, now))
+        if plan is None or plan.evict:
+            return False
+        dev = next(d for d in devices if d.name == plan.device)
+        tiers.start_load(m, dev, [], now, "predicted next")
+        return True
 
     def wanted(self, now: float) -> list[str]:
         """The models whose files should be in the page cache next, most likely first: those

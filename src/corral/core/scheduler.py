@@ -94,6 +94,7 @@ class Scheduler:
         self.devices = board.devices
         # Each model's file in the host's page cache, as measured (core/pagecache.py).
         self.files = PageCache(self.models, self.policy.rank)
+        self._prepare = config.scheduler.prepare
         self.backlog = Backlog()  # an adapter's work by count: the worker's (core/backlog.py)
         self._solo = board.one_at_a_time()
         self._seq = 0
@@ -531,6 +532,10 @@ class Scheduler:
             rounds += 1
             if rounds > 1_000:
                 raise SchedulerBug("scheduler did not settle after 1,000 decisions")
+        # Settled: the predicted next model, loaded ahead into free room (core/pagecache.py).
+        if self._prepare and self.files.load_ahead(self.swaps, self.devices, self.tiers, now):
+            self._need_decide = True
+            self._settle(now)
 
     def _arm_overdue(self, at: float) -> None:
         armed = self._overdue_timer_at
