@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from bench_page_cache import read_s
 from corral.backends.process import free_port
 from corral.modelfiles.folder import find_llama_server
 from corral.modelfiles.pagecache import cached, drop
@@ -47,14 +48,6 @@ def make_cold(path: Path) -> float:
             break
         time.sleep(0.05)
     return left
-
-
-def read_s(path: Path) -> float:
-    started = time.perf_counter()
-    with path.open("rb") as f:
-        while f.read(1 << 24):
-            pass
-    return time.perf_counter() - started
 
 
 def load(binary: str, path: Path, mode: str) -> dict[str, Any]:

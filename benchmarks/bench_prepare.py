@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from bench_page_cache import read_s
 from corral.config import parse_config
 from corral.modelfiles.folder import find_llama_server
 from corral.modelfiles.pagecache import cached, drop
@@ -108,11 +109,7 @@ def side(files: dict[str, Path], binary: str, prepare: bool, trace: Trace) -> di
 
 def disk_read_gb_s(path: Path) -> float:
     drop([path])
-    started = time.perf_counter()
-    with path.open("rb") as f:
-        while f.read(1 << 24):
-            pass
-    return path.stat().st_size / 1e9 / (time.perf_counter() - started)
+    return path.stat().st_size / 1e9 / read_s(path)
 
 
 def main() -> int:

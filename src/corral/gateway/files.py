@@ -97,17 +97,13 @@ class Files:
         """The load mode for `model`'s next start (`load_mode_for`, with the memory available
         now unless given), None to leave the server's own: no file known, not measured, or
         its command or `env` sets one."""
-        paths, fraction = self.paths(model), self.fractions.get(model)
+        size, fraction = self._size(model), self.fractions.get(model)
         b = self._backends.get(model)
-        if not paths or fraction is None or not isinstance(b, ProcessBackend):
+        if size is None or fraction is None or not isinstance(b, ProcessBackend):
             return None
         if LOAD_MODE_ENV in b.spec.env or any(
             a.split("=", 1)[0] in OWN_MODE_FLAGS for a in split_command(b.spec.cmd, 0)
         ):
-            return None
-        try:
-            size = sum(p.stat().st_size for p in paths)
-        except OSError:
             return None
         if available_bytes is None:
             available_bytes = psutil.virtual_memory().available
