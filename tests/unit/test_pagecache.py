@@ -413,3 +413,25 @@ def test_the_predicted_next_model_loads_ahead_into_free_room_once_per_arrival() 
             h.at(130).timers_due()
             assert not [c for c in h.take() if c[0] == "load"]  # not again for that arrival
             assert h.s.models["a"].state is Lifecycle.UNLOADED
+
+
+def test_a_model_that_left_since_the_last_arrival_is_not_loaded_back_ahead() -> None:
+    """All the work at once (b, a, b, a, b, b), on a device that holds both: b's last arrival
+    predicts a, which was not on the device yet (b was loading). a is loaded, served and
+    unloaded by its `ttl_s` while b works on: a left for a reason since that arrival, so it is
+    not loaded back once the work is done, and each model loads once (hypothesis found
+    this)."""
+    config = parse(
+        {
+            "devices": [{"name": "g0", "memory_gb": 8}],
+            "models": {m: {"load_s": 1.0, "memory_gb": 4, "ttl_s": 2} for m in ("a", "b")},
+        }
+    )
+    shape = [("b", 1.0), ("a", 1.0), ("b", 1.0), ("a", 1.0), ("b", 10.0), ("b", 10.0)]
+    lines = [TraceLine(line=i, model=m, service_s=s, t=0.0) for i, (m, s) in enumerate(shape)]
+    for policy in ("grouped", "fifo-plus", "cost"):
+        sim = Simulation(config.with_policy(policy), Trace(lines=lines), check=True)
+        run = sim.run()
+        assert isinstance(sim.scheduler, Scheduler)
+        assert sim.scheduler.files.prediction.next == {"a": 1.0}  # a is predicted after b
+        assert dict(run.loads) == {"a": 1, "b": 1}, policy

@@ -60,9 +60,10 @@ class PageCache:
         self._rank = rank
         self._after: dict[str, dict[str, float]] = {}  # model -> next model -> decayed count
         self.prediction = Prediction()
-        # At the last arrival: the models on a device or asleep, and whether a model was loaded
-        # ahead since (`ahead`: once per arrival, never one that left a device since).
-        self._held_then: set[str] = set()
+        # Since the last arrival: the models held at any settle (on a device or asleep), and
+        # whether a model was loaded ahead (`ahead`: once per arrival, never one that was held
+        # since: it left for a reason, or it is the model just served and evicted).
+        self._held_since: set[str] = set()
         self._ahead_tried = False
 
     def measured(self, model: str, fraction: float) -> None:
@@ -96,7 +97,7 @@ class PageCache:
             after[m.name] = after.get(m.name, 0.0) + 1.0
         p.last = m.name
         p.next = self._successors(m.name)
-        self._held_then = set(self.held())
+        self._held_since = set(self.held())
         self._ahead_tried = False
 
     def _successors(self, model: str) -> dict[str, float]:
@@ -115,8 +116,8 @@ class PageCache:
         """The model to load ahead of its request, into free device memory (the scheduler
         places it, evicting nothing): the last arrival's most likely successor, at least
         `LOAD_PROBABILITY`, off the device and not asleep, while no work waits anywhere; at
-        most once per arrival, and never a model that was on a device at that arrival (it
-        left since: its idle timeout, an operator's unload, an eviction)."""
+        most once per arrival, and never a model held since that arrival (it left for a
+        reason: its idle timeout, an operator's unload, an eviction for other work)."""
         p = self.prediction
         if self._ahead_tried or not p.next or any(m.count for m in self._models.values()):
             return None
@@ -125,13 +126,15 @@ class PageCache:
         if m is None or probability < LOAD_PROBABILITY or m.resident or m.asleep:
             return None
         self._ahead_tried = True
-        return None if name in self._held_then else m
+        return None if name in self._held_since else m
 
     def load_ahead(
         self, swaps: Swaps, devices: Sequence[DeviceRecord], tiers: Tiers, now: float
     ) -> bool:
         """Load `ahead()`'s model where placement puts it without evicting anything; whether
-        a load began."""
+        a load began. Called once the scheduler has settled each event, so every model held
+        since the last arrival is seen here."""
+        self._held_since.update(self.held())
         m = self.ahead()
         if m is None:
             return False
