@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -151,6 +151,10 @@ bench-load-modes: $(LLAMA_STAMP)
 # off, and the simulator's prediction of each (issue 51; ~10 min with the files written).
 bench-prepare: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_prepare.py --size-gb 6 --steps 12 --json out/bench-prepare.json
+
+# Agents on their own models with think time, live: the hold through it on and off (~12 min).
+bench-think: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_think.py --size-gb 2 --steps 10 --json out/bench-think.json
 
 # The simulator against real llama-servers on the zoo's files (issue 47): a kept and a not-kept
 # architecture's conversations, live and simulated given the servers' figures (~1 minute).

@@ -52,3 +52,40 @@ def test_a_stream_for_the_ready_model_keeps_another_waiting_without_bound() -> N
 
     assert b_wait("llama-swap") > 100  # served when a's stream ends: a never ran dry
     assert b_wait("cost") < 30 + 2 * 10  # Corral bounds it: max_wait_s, then the swaps
+
+
+def test_agents_on_their_own_models_are_held_through_their_think_time_where_llama_swap_swaps() -> (
+    None
+):
+    """Four agents in closed loops, each on a model of its own, 0.25-1.5 s of think time and
+    swaps of 3 s (issue 51, item 4; benchmarks/bench_think.py live): llama-swap swaps as soon
+    as nothing is in flight, so nearly every step is a swap; `cost` holds a model through its
+    agent's learned think time (`Cost.linger_s`), at least 30% fewer loads and a lower mean
+    latency. With the hold switched off it is llama-swap's schedule."""
+    models = "abcd"
+    config = parse_config(
+        "models:\n"
+        + "".join(f"  {m}: {{load_s: 3, unload_s: 0.3, service_s: 1}}\n" for m in models)
+        + "scheduler: {max_wait_s: 120}\n"
+    )
+    lines: list[dict[str, object]] = []
+    for i, m in enumerate(models):
+        for k in range(10):
+            line: dict[str, object] = {"session": m, "model": m, "service_s": 1 + 0.1 * (k % 3)}
+            if k == 0:
+                line["t"] = 0.5 * i
+            else:
+                line["think_s"] = 0.25 + 1.25 * ((7 * k + 3 * i) % 10) / 10
+            lines.append(line)
+    t = parse_trace([json.dumps(x) for x in lines], set(models))
+    held, swap = (
+        summarize(simulate(config, t, policy=p, check=True)) for p in ("cost", "llama-swap")
+    )
+    assert swap["loads"] >= 36, swap  # a swap at nearly every one of the 40 steps
+    assert held["loads"] <= 0.7 * swap["loads"]
+    assert held["latency_mean_s"] < swap["latency_mean_s"]
+    cost = config.scheduler.cost.model_copy(update={"linger": False})
+    off = config.model_copy(
+        update={"scheduler": config.scheduler.model_copy(update={"cost": cost})}
+    )
+    assert summarize(simulate(off, t, policy="cost", check=True))["loads"] == swap["loads"]
