@@ -8,7 +8,10 @@
    `sleep:`, without (aborting batch loads for the person), and, simulated only, without aborts.
    Targets: the person's p95 wait at most one wake plus two answers with sleep; the max at most
    one load plus two answers without.
-3. A random family nobody tuned for: `corral.sim.families.random_sleep_scenario` (the
+3. `sleepers` with each model's file in the host's page cache modelled (issue 51: 10 GB files,
+   the configured loads as cold ones and warm loads at 40% of them, a 40 GB page cache, a
+   0.5 GB/s disk), simulated: with and without `sleep:`, `scheduler.prepare` on and off.
+4. A random family nobody tuned for: `corral.sim.families.random_sleep_scenario` (the
    robustness family with every model able to sleep: level 1, wakes 2-10% of the load, host
    memory for 20-100% of them asleep): `predicted` against `lru` and against no sleep, per
    metric, the median and worst ratio.
@@ -147,6 +150,36 @@ def family(seeds: range) -> dict[str, Any]:
     return out
 
 
+def with_files(text: str, prepare: bool) -> Config:
+    """`text` with each model's file modelled: its `load_s` the cold load, 40% of it warm."""
+
+    def files(m: re.Match[str]) -> str:
+        cold_s = float(m.group(1))
+        return f"{{load_s: {0.4 * cold_s:.1f}, cold_load_s: {cold_s:g}, file_gb: 10"
+
+    text = re.sub(r"\{load_s: ([0-9.]+)", files, text)
+    text = text.replace(
+        "host: {memory_gb: 60}", "host: {memory_gb: 60, page_cache_gb: 40, disk_read_gb_s: 0.5}"
+    )
+    on = str(prepare).lower()
+    old = "scheduler: {policy: cost, max_wait_s: 120}"
+    text = text.replace(old, f"scheduler: {{policy: cost, max_wait_s: 120, prepare: {on}}}")
+    return parse_config(text, "<sleepers with files>")
+
+
+def prepared(trace: Trace) -> dict[str, Any]:
+    """Section 3: mean latency per (sleep, prepare)."""
+    out: dict[str, Any] = {}
+    for sleep in (True, False):
+        text = SLEEP_CONFIG if sleep else re.sub(r",\s*sleep: \{[^}]*\}", "", SLEEP_CONFIG)
+        for prepare in (True, False):
+            s = simulated(with_files(text, prepare), trace)
+            key = f"{'sleep' if sleep else 'no sleep'}, prepare {'on' if prepare else 'off'}"
+            out[key] = {"loads": s["loads"], "latency_mean_s": s["latency_mean_s"]}
+            print(f"  {key}: {s['loads']} loads, mean latency {s['latency_mean_s']:.2f} s")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--speed", type=float, default=20.0)
@@ -178,6 +211,12 @@ def main() -> None:
             f"lru baseline {mean['sleep (lru baseline)']:.1f} s against "
             f"{mean['sleep (predicted)']:.1f} s"
         )
+
+    print("\nsleepers with the page cache modelled (simulated):")
+    results["sleepers_files"] = files = prepared(sc.trace)
+    on = {k: v["latency_mean_s"] for k, v in files.items()}
+    ratio = on["no sleep, prepare on"] / on["sleep, prepare on"]
+    print(f"  without sleep / with, prepare on: {ratio:.2f}x")
 
     sc = get_scenario("beside-batch")
     cfg = sc.config
