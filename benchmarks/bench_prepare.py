@@ -112,6 +112,25 @@ def disk_read_gb_s(path: Path) -> float:
     return path.stat().st_size / 1e9 / read_s(path)
 
 
+def role_files(roles: dict[str, str], size_gb: float) -> tuple[str, dict[str, Path]]:
+    """llama-server's path, and each role's zoo file (`roles`: role -> architecture) of
+    `size_gb` under out/, written if missing; exits with the fix if llama-server is not
+    installed."""
+    binary = find_llama_server()
+    if binary is None:
+        sys.exit("llama-server is not installed: `make .venv/.installed-embed`")
+    folder = Path("out") / f"zoo-{size_gb:g}GB"
+    folder.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    for role, arch in roles.items():
+        path = folder / file_name(arch, size_gb)
+        if not path.is_file():
+            print(f"writing {path} ...", file=sys.stderr, flush=True)
+            make(arch, folder, size_gb=size_gb)
+        files[role] = path
+    return binary, files
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gb", type=float, default=6.0)
@@ -125,18 +144,7 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    binary = find_llama_server()
-    if binary is None:
-        sys.exit("llama-server is not installed: `make .venv/.installed-embed`")
-    folder = Path("out") / f"zoo-{args.size_gb:g}GB"
-    folder.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {}
-    for role, arch in ROLES.items():
-        path = folder / file_name(arch, args.size_gb)
-        if not path.is_file():
-            print(f"writing {path} ...", file=sys.stderr, flush=True)
-            make(arch, folder, size_gb=args.size_gb)
-        files[role] = path
+    binary, files = role_files(ROLES, args.size_gb)
     trace = agent_trace(args.agents, args.steps, args.seed, tuple(args.words))
     sides = {}
     for prepare in (False, True):

@@ -30,15 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_prepare import role_files
 from corral.config import Config, parse_config
-from corral.modelfiles.folder import find_llama_server
 from corral.parity import at_engine_times, at_live_load_times
 from corral.policy_names import SimPolicyName
 from corral.replay import replay
 from corral.sim.engine import Run, simulate
 from corral.sim.metrics import summarize
 from corral.sim.trace import Trace, TraceLine
-from corral.zoo import file_name, make
 
 ROLES = {
     "orchestrator": "qwen3",
@@ -115,18 +114,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=51)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    binary = find_llama_server()
-    if binary is None:
-        sys.exit("llama-server is not installed: `make .venv/.installed-embed`")
-    folder = Path("out") / f"zoo-{args.size_gb:g}GB"
-    folder.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Path] = {}
-    for role, arch in ROLES.items():
-        path = folder / file_name(arch, args.size_gb)
-        if not path.is_file():
-            print(f"writing {path} ...", file=sys.stderr, flush=True)
-            make(arch, folder, size_gb=args.size_gb)
-        files[role] = path
+    binary, files = role_files(ROLES, args.size_gb)
     trace = agent_trace(args.steps, args.seed)
     configs = {linger: parse_config(config_text(files, binary, linger)) for linger in (True, False)}
     live: dict[bool, dict[str, Any]] = {}
