@@ -83,8 +83,11 @@ def at_engine_times(config: Config, run: Run, live: dict[str, Any]) -> tuple[Con
     (attention), which one speed does not model, so the simulator that prefills what the
     server did gets the live time exactly, and one that decides otherwise (restores, what a
     swap threw away) is off by that prefill. Prompt caches are not kept where the live run
-    found them not kept (`live["prompt_cache"]`). Lines without the server's figures keep the
-    trace's."""
+    found them not kept (`live["prompt_cache"]`). Each step of a closed loop thinks as long as
+    it did live (its previous step's answer to its own arrival): a client on a busy machine
+    sends late, and two loops' next steps that arrive a moment apart are served in the order
+    they arrived, which decides what a server's one slot holds next. Lines without the
+    server's figures keep the trace's."""
     engine: dict[Any, dict[str, float]] = live["engine"]
     by_line = {int(k): v for k, v in engine.items()}
     fastest: dict[str, float] = {}
@@ -94,7 +97,13 @@ def at_engine_times(config: Config, run: Run, live: dict[str, Any]) -> tuple[Con
             speed = e["prompt_n"] / (e["prompt_ms"] / 1000)
             fastest[x.model] = max(fastest.get(x.model, 0.0), speed)
     lines = []
+    answered: dict[str, float | None] = {}  # session -> its previous step's answer, live
     for x, r in zip(run.trace.lines, run.requests, strict=True):
+        if x.session is not None:
+            before = answered.get(x.session)
+            answered[x.session] = r.finished_at
+            if before is not None and x.t is None:
+                x = dataclasses.replace(x, think_s=max(0.0, r.arrived_at - before))
         e = by_line.get(x.line)
         if e is None or r.dispatched_at is None or r.finished_at is None:
             lines.append(x)
