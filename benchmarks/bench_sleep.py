@@ -50,8 +50,13 @@ from corral.sim.trace import Trace
 FIGURES = ("loads", "latency_mean_s", "wait_mean_s", "wait_p95_s", "wait_max_s")
 
 
+def without_sleep_text(text: str) -> str:
+    """A configuration's text with every model's `sleep:` taken out."""
+    return re.sub(r",\s*sleep: \{[^}]*\}", "", text)
+
+
 def without_sleep(text: str) -> Config:
-    return parse_config(re.sub(r",\s*sleep: \{[^}]*\}", "", text), "<no sleep>")
+    return parse_config(without_sleep_text(text), "<no sleep>")
 
 
 def with_sleepers(config: Config, sleepers: str) -> Config:
@@ -171,7 +176,7 @@ def prepared(trace: Trace) -> dict[str, Any]:
     """Section 3: mean latency per (sleep, prepare)."""
     out: dict[str, Any] = {}
     for sleep in (True, False):
-        text = SLEEP_CONFIG if sleep else re.sub(r",\s*sleep: \{[^}]*\}", "", SLEEP_CONFIG)
+        text = SLEEP_CONFIG if sleep else without_sleep_text(SLEEP_CONFIG)
         for prepare in (True, False):
             s = simulated(with_files(text, prepare), trace)
             key = f"{'sleep' if sleep else 'no sleep'}, prepare {'on' if prepare else 'off'}"
