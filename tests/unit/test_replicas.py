@@ -181,17 +181,20 @@ def test_on_eight_devices_cost_waits_least_with_fewer_loads(policy: SimPolicyNam
 @SLOW_SIMULATION
 @pytest.mark.timeout(900)  # five hour-long devices-8 simulations: 60 s alone, 3x on a busy CI
 def test_on_eight_devices_a_tighter_wait_bound_degrades_gracefully() -> None:
-    """Each bound against the next looser one and none: the mean and p95 no worse than noise
-    (one trace: 10%, 600 s against none: 59.7 s against 55.0 s; p95 5%); the maximum, one
-    sample, within 15% (203 s at 120 against 184 s at 240)."""
+    """Each bound against the next looser one and none: the mean no worse than what a bound
+    trades for its tail and one trace's noise (15%: 45.9 s at 60 against 40.6 s with none,
+    whose mean fell from 52.9 s once a lingering model yields to a backlog that outweighs its
+    hold); p95 5%; the maximum, one sample, within 20% (215 s at 120 against 183 s at 240),
+    and below no bound's (332 s)."""
     loose = summary("devices-8", "cost", None)
     looser = loose
     for bound in (600.0, 240.0, 120.0, 60.0):
         tight = summary("devices-8", "cost", bound)
         for other in (loose, looser):
-            assert tight["wait_mean_s"] <= 1.10 * other["wait_mean_s"], bound
+            assert tight["wait_mean_s"] <= 1.15 * other["wait_mean_s"], bound
             assert tight["wait_p95_s"] <= 1.05 * other["wait_p95_s"], bound
-            assert tight["wait_max_s"] <= 1.15 * other["wait_max_s"], bound
+            assert tight["wait_max_s"] <= 1.20 * other["wait_max_s"], bound
+        assert tight["wait_max_s"] <= loose["wait_max_s"], bound
         looser = tight
 
 
@@ -241,3 +244,39 @@ def test_an_overloaded_pair_of_devices_gives_no_copy_the_others_device() -> None
     copies = [d for d in sim.scheduler.decisions if d.reason == "replica"]  # type: ignore[union-attr]
     for d in copies:  # any copy came when the others' queues had drained
         assert d.at_s > 600, copies
+
+
+def test_a_batch_backlog_gets_no_copy_over_a_model_with_interactive_traffic() -> None:
+    """A copy for batch work alone takes free room or the room of models whose last work was
+    batch, never an idle interactive model's between its requests: seed 5219 of the `packed`
+    family (all eight models fit at once) made 44 loads where every simple policy made 10,
+    the batch model's copies evicting models people were using, and their waits 10x the simple
+    policies' (docs/benchmarks.md). Here: a person on `chat` from 0 s, every ~20 s; a 400-line
+    batch on `bulk` at 15 s; two devices, one model each. The copy used to evict chat at 25 s
+    (2 loads each; a chat request waited 18.7 s for the reload)."""
+    config = parse_config(
+        """
+models:
+  bulk: {load_s: 10, unload_s: 1, service_s: 2}
+  chat: {load_s: 10, unload_s: 1, service_s: 2}
+devices: [{name: g0}, {name: g1}]
+""",
+        "<test>",
+    )
+    batch = [TraceLine(0, "bulk", 2.0, 0, 15.0, background=True) for _ in range(400)]
+    first = TraceLine(0, "chat", 1.0, 0, 0.0)
+    lines = sorted([first, *batch, *poisson("chat", 0.05, 1, 600, 3)], key=lambda x: x.t or 0.0)
+    tr = Trace(
+        [
+            TraceLine(i, x.model, x.service_s, 0, x.t, background=x.background)
+            for i, x in enumerate(lines, 1)
+        ],
+        "<test>",
+    )
+    sim = Simulation(config, tr, check=True)
+    run = sim.run()
+    assert run.loads["chat"] == 1, run.loads  # never evicted for a copy of bulk
+    assert not [d for d in sim.scheduler.decisions if d.reason == "replica"]  # type: ignore[union-attr]
+    chat = [r.dispatched_at - r.arrived_at for r in run.requests if r.model == "chat"]  # type: ignore[operator]
+    assert max(chat[1:]) < 10.0, chat  # after its first load, never behind a reload
+    assert all(r.finished_at is not None for r in run.requests)

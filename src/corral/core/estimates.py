@@ -110,12 +110,16 @@ class Estimates:
             self.arrival_gap_dev_s += alpha * (abs(gap - est) - self.arrival_gap_dev_s)
         self.arrival_gap_s = gap if est is None else est + alpha * (gap - est)
 
-    def demand(self, now: float, concurrency: int) -> float:
+    def demand(
+        self, now: float, concurrency: int, min_arrivals: int = _DEMAND_MIN_ARRIVALS
+    ) -> float:
         """Copies its arrivals keep busy (arrival rate x service time / concurrency), from
         slow averages of the gaps between arrivals and of service times. A silence since the
-        last arrival of more than 8 mean gaps (0.03% of Poisson gaps) lowers the rate."""
+        last arrival of more than 8 mean gaps (0.03% of Poisson gaps) lowers the rate. Below
+        `min_arrivals` gaps seen it says 0: a few early gaps alone would make a cold model look
+        hot (a caller that must not under-count, such as the room others need, asks for 1)."""
         est = self.arrival_gap_s
-        if est is None or self.last_arrival_at is None or self.arrivals < _DEMAND_MIN_ARRIVALS:
+        if est is None or self.last_arrival_at is None or self.arrivals < min_arrivals:
             return 0.0
         gap = _gap(now, est, self.last_arrival_at)
         return self.service_avg_s / (concurrency * gap) if gap > 0 else math.inf

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corral.config import Config, PolicyName
-from corral.core.state import ModelRecord
+from corral.core.state import ModelRecord, priority_of
 from corral.core.stretch import WaitBound
 
 _NEVER = 1 << 62
@@ -213,20 +213,38 @@ class Cost(Policy):
             best = challenger.best()
             if best is not None and best.level > resident.last_level:
                 return True
-            return self._urgent(challenger, now)
+            if self._urgent(challenger, now):
+                return True
+            # Nor against waiting work that the hold costs more than the swap it saves: the
+            # request it lingers for (its last one's weight, due within its expected late gap,
+            # then served) priced like a queue. A closed loop's next step, against another
+            # loop's one waiting step, holds; against an overloaded Poisson stream's backlog
+            # the hold only idles the device (crowded family, docs/benchmarks.md).
+            e = resident.est
+            due_s = (e.idle_gap_s or 0.0) + e.idle_gap_dev_s
+            next_s = due_s + e.service_s / resident.concurrency
+            return self._serve_first(
+                challenger, resident, self.weight(priority_of(resident.last_level)), next_s
+            )
         # Among equals, exhaustive service (never leave a queue with work) is optimal and
         # stable; only strictly more important work may interrupt a visit.
         top_c, top_r = challenger.best(), resident.best()
         if top_c is None or top_r is None or top_c.level <= top_r.level:
             return False
+        return self._serve_first(challenger, resident, resident.w_top, self.work_s(resident))
+
+    def _serve_first(
+        self, challenger: ModelRecord, resident: ModelRecord, w_r: float, work_r_s: float
+    ) -> bool:
+        """The pairwise-interchange test: does serving `challenger` before the resident's work
+        (weight `w_r`, `work_r_s` of device time) lower weighted completion time, by more than
+        the hysteresis?"""
         # A model that sleeps leaves in its sleep time and comes back in its wake time; what
         # leaving now throws away of its conversations is paid again when it comes back
         # (core/conversations.py).
         swap_in = resident.leave_s + challenger.return_s
         swap_back = challenger.leave_s + resident.comeback_s + resident.est.refill_s
-        w_c = challenger.w_top
-        w_r = resident.w_top
-        return w_c * self.work_s(resident) > (1.0 + self.hysteresis) * w_r * (
+        return challenger.w_top * work_r_s > (1.0 + self.hysteresis) * w_r * (
             swap_in + self.work_s(challenger) + swap_back
         )
 

@@ -84,8 +84,14 @@ class Replicas:
         overload a copy takes a device the others need anyway and their backlog never drains
         (issue 51's `crowded` family: a hot model's copy held the only other device while two
         models queued, 1,812 s against fifo-plus's 727 s)."""
+        # A waiting model's demand counts from its first gap: with the usual 20, a model that
+        # had not yet seen 20 arrivals counted for nothing, and three copies of a hot model
+        # held three devices, idle between its requests, while two models waited 57 s
+        # (a hunt of the family properties, seed 5384953).
         others = sum(
-            o.est.demand(now, o.concurrency) for o in self._pending if o is not m and o.count
+            o.est.demand(now, o.concurrency, min_arrivals=1)
+            for o in self._pending
+            if o is not m and o.count
         )
         mine = min(m.est.demand(now, m.concurrency), float(copies))
         return others + mine <= len(self.devices)

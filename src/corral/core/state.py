@@ -18,6 +18,11 @@ _BATCH_HALF = _BATCH_SHIFT >> 1  # a level below minus this is a batch level
 BATCH_BELOW = -_BATCH_HALF  # `level < BATCH_BELOW`: a batch level (inline in hot paths)
 
 
+def priority_of(level: int) -> int:
+    """The request priority a queue level stands for, in either class."""
+    return level + _BATCH_SHIFT if level < BATCH_BELOW else level
+
+
 def first_pending(q: deque[Request]) -> Request | None:
     """The first pending request of a lazily pruned deque, dropping ended ones in front of it."""
     while q:
