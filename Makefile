@@ -187,6 +187,7 @@ bench-robust: $(STAMP)
 	$(BIN)/python benchmarks/bench_robust.py --json out/bench-robust.json
 	$(BIN)/python benchmarks/bench_robust.py --family crowded --json out/bench-robust-crowded.json
 	$(BIN)/python benchmarks/bench_robust.py --family packed --json out/bench-robust-packed.json
+	$(BIN)/python benchmarks/bench_robust.py --family conversations --json out/bench-robust-conversations.json
 
 bench-forward: $(STAMP)
 	$(BIN)/python benchmarks/bench_forward.py

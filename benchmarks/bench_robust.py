@@ -139,6 +139,21 @@ def ratio(row: dict[str, Any], metric: str, others: list[str]) -> float:
     return float(mine / best)
 
 
+# Issue 51's figure: a simple policy beats cost on mean, p95 and max at once by more than this.
+AT_ONCE = 1.10
+
+
+def beaten_at_once(row: dict[str, Any]) -> list[tuple[str, tuple[float, ...]]]:
+    """The simple policies that beat cost by more than AT_ONCE on every interactive metric at
+    once in this scenario, each with cost's three ratios to it."""
+    out: list[tuple[str, tuple[float, ...]]] = []
+    for p in OTHERS:
+        rs = tuple(ratio(row, m, [p]) for m in METRICS)
+        if min(rs) > AT_ONCE:
+            out.append((p, rs))
+    return out
+
+
 def _run(args: tuple[int, list[SimPolicyName], str]) -> dict[str, Any]:
     return figures(*args)
 
@@ -193,6 +208,11 @@ def main() -> None:
         worst[metric] = sorted(((x, r["seed"]) for x, r in zip(rs, rows, strict=True)))[-3:]
         if metric in METRICS and (q[0] > 1.0 or q[2] > 1.25):
             ok = False
+    at_once = [(r["seed"], b) for r in rows for b in beaten_at_once(r)]
+    print(f"\nscenarios where a simple policy beats cost by over {AT_ONCE - 1:.0%} on mean, p95")
+    print(f"and max at once: {len({seed for seed, _ in at_once})}")
+    for seed, (other, by) in at_once:
+        print(f"  seed {seed}: {other} (cost / it: " + " / ".join(f"{x:.2f}" for x in by) + ")")
     unserved = [(r["seed"], p, x["unserved"]) for r in rows for p, x in r["policies"].items()]
     unserved = [u for u in unserved if u[2]]
     print(f"\nscenarios with an unserved request: {unserved or 'none'}")
