@@ -50,7 +50,11 @@ def poisson(model: str, rate: float, start_s: float, end_s: float, seed: int) ->
 def trace(*parts: list[TraceLine]) -> Trace:
     lines = sorted((x for p in parts for x in p), key=lambda x: x.t or 0.0)
     return Trace(
-        [TraceLine(i, x.model, x.service_s, 0, x.t) for i, x in enumerate(lines, 1)], "<test>"
+        [
+            TraceLine(i, x.model, x.service_s, 0, x.t, background=x.background)
+            for i, x in enumerate(lines, 1)
+        ],
+        "<test>",
     )
 
 
@@ -265,15 +269,7 @@ devices: [{name: g0}, {name: g1}]
     )
     batch = [TraceLine(0, "bulk", 2.0, 0, 15.0, background=True) for _ in range(400)]
     first = TraceLine(0, "chat", 1.0, 0, 0.0)
-    lines = sorted([first, *batch, *poisson("chat", 0.05, 1, 600, 3)], key=lambda x: x.t or 0.0)
-    tr = Trace(
-        [
-            TraceLine(i, x.model, x.service_s, 0, x.t, background=x.background)
-            for i, x in enumerate(lines, 1)
-        ],
-        "<test>",
-    )
-    sim = Simulation(config, tr, check=True)
+    sim = Simulation(config, trace([first], batch, poisson("chat", 0.05, 1, 600, 3)), check=True)
     run = sim.run()
     assert run.loads["chat"] == 1, run.loads  # never evicted for a copy of bulk
     assert not [d for d in sim.scheduler.decisions if d.reason == "replica"]  # type: ignore[union-attr]

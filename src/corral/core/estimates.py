@@ -145,6 +145,13 @@ class Estimates:
             return 0.0
         return 1.0 / max(_gap(now, est, self.last_arrival_at), 1e-3)
 
+    @property
+    def late_gap_s(self) -> float | None:
+        """When its next request is due after it goes idle, allowing for a late one: the idle
+        gap plus its deviation (None: no idle gap seen yet)."""
+        g = self.idle_gap_s
+        return None if g is None else g + self.idle_gap_dev_s
+
     def observe_idle_gap(self, seconds: float) -> None:
         g = self.idle_gap_s
         if g is None:

@@ -221,8 +221,7 @@ class Cost(Policy):
             # loop's one waiting step, holds; against an overloaded Poisson stream's backlog
             # the hold only idles the device (crowded family, docs/benchmarks.md).
             e = resident.est
-            due_s = (e.idle_gap_s or 0.0) + e.idle_gap_dev_s
-            next_s = due_s + e.service_s / resident.concurrency
+            next_s = (e.late_gap_s or 0.0) + e.service_s / resident.concurrency
             return self._serve_first(
                 challenger, resident, self.weight(priority_of(resident.last_level)), next_s
             )
@@ -258,13 +257,13 @@ class Cost(Policy):
 
     def linger_s(self, m: ModelRecord, now: float) -> float:
         delay = m.spec.unload_delay_s
-        if self.linger and m.est.idle_gap_s is not None:
+        expected_late = m.est.late_gap_s
+        if self.linger and expected_late is not None:
             # Not counting what leaving throws away of its conversations: in agent loops over
             # several models a model's next step waits for the others' (docs/benchmarks.md).
             round_trip = m.leave_s + m.comeback_s
             # Rent-or-buy: wait only when the next request is reliably due sooner than a reload
             # would take (closed-loop think times are; Poisson gaps are not).
-            expected_late = m.est.idle_gap_s + m.est.idle_gap_dev_s
             if expected_late <= round_trip:
                 # The floor absorbs jitter in very short gaps (a client's thread not yet
                 # scheduled): waiting LINGER_FLOOR of a reload costs little when the loop has

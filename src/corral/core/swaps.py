@@ -392,12 +392,7 @@ class Swaps:
                 continue
             dev = next(d for d in self.devices if d.name == plan.device)
             victims = [dev.holding(n) for n in plan.evict]
-            if any(v.in_flight or v.yielding or self.replicas.has_work(v, now) for v in victims):
-                continue
-            if self._classes and not m.icount and any(v.last_level >= BATCH_BELOW for v in victims):
-                # A copy for batch work alone never evicts a model whose last work was a
-                # person's: it would be back for the next request, a reload later (`packed`
-                # seed 5219: 44 loads against the simple policies' 10, its waits 10x theirs).
+            if not all(self.replicas.may_evict_for_copy(m, v, now) for v in victims):
                 continue
             c = ModelRecord(m.name, m.spec, self._classes, primary=m)
             m.copies.append(c)
