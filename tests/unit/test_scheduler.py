@@ -414,6 +414,29 @@ def test_cost_lingers_against_one_waiting_request_but_not_a_backlog_that_outweig
     assert h.take() == [("load", "batch", ("chat",))]
 
 
+def test_cost_lingers_against_a_backlog_no_longer_than_a_round_trip() -> None:
+    """Rent-or-buy from the waiting side: each of chat's requests renews its linger, and two
+    waiting batch requests are too light to outweigh one hold (2 x 3.5 s against 1.5 x 18 s),
+    so the holds used to add up while the backlog waited. Once it has waited chat's round trip
+    (1 s out, 3 s back) it goes in. One waiting step of another loop, waiting as long, still
+    holds: only the time chat idled counts against it (0.3 s gaps: 2.1 s of its visit)."""
+    for n, holds in ((1, True), (2, False)):
+        h = Harness(CHAT)
+        t = closed_loop(h, 0.3)
+        for i in range(n):
+            h.at(t).arrive(f"batch{i}", "batch")
+        h.take()
+        h.finish("chat5")
+        assert h.take() == []
+        h.at(t + 0.3).arrive("chat6", "chat")
+        h.at(t + 3.3).finish("chat6")
+        assert h.take() == [("dispatch", "chat6")]  # waited 3.3 s: both hold
+        h.at(t + 3.6).arrive("chat7", "chat")
+        h.take()
+        h.at(t + 6.6).finish("chat7")
+        assert h.take() == ([] if holds else [("load", "batch", ("chat",))]), n
+
+
 def test_cost_lingers_through_jitter_in_very_short_gaps() -> None:
     """An agent loop whose next request comes ~10 ms after each answer; one late by 0.3 s (a
     client thread not scheduled) still finds its model: the linger lasts at least a quarter of
@@ -430,6 +453,43 @@ def test_cost_lingers_through_jitter_in_very_short_gaps() -> None:
     h.at(t + 3.3).finish("chat6")
     h.at(t + 5).timers_due()  # a quarter of the 4 s reload has passed: batch goes in
     assert h.take() == [("load", "batch", ("chat",))]
+
+
+SHARED = """
+models:
+  a: {load_s: 5, unload_s: 1, service_s: 10, memory_gb: 8}
+  b: {load_s: 5, unload_s: 1, service_s: 1, memory_gb: 8}
+  big: {load_s: 5, unload_s: 1, service_s: 1, memory_gb: 20}
+  s: {load_s: 2, unload_s: 1, service_s: %s, memory_gb: 8}
+devices: [{name: g0, memory_gb: 24}]
+scheduler: {policy: cost, max_wait_s: 600}
+"""
+
+
+@pytest.mark.parametrize("s_service_s", [60, 1])
+def test_a_worse_candidate_backfills_only_what_it_frees_before_the_better_one_gets_its_room(
+    s_service_s: float,
+) -> None:
+    """EASY backfilling. big (ten requests) ranks first and needs the whole device: idle b's
+    room and busy a's, whose queue holds 30 s of work. s (one request) fits the room free now.
+    With a minute of work s would still hold that room when a runs dry, so it waits: worse
+    candidates used to take it each time, and a model that needed the whole device waited
+    for their queues until its stretched bound (default family, seed 5216). With a second of
+    work it goes in: it is done before a is."""
+    h = Harness(SHARED % s_service_s)
+    h.arrive("a1")
+    h.loaded("a")
+    h.arrive("b1")
+    h.loaded("b")
+    h.finish("b1")
+    for i in range(2, 5):
+        h.arrive(f"a{i}")
+    h.take()
+    for i in range(10):
+        h.arrive(f"big{i}")
+    assert h.take() == []  # a has work: big waits for it
+    h.arrive("s1")
+    assert h.take() == ([] if s_service_s == 60 else [("load", "s", ())])
 
 
 def test_cost_prefers_the_queue_worth_most_per_second() -> None:

@@ -215,6 +215,21 @@ class Cost(Policy):
                 return True
             if self._urgent(challenger, now):
                 return True
+            # Nor, rent-or-buy, once the challenger has waited, while the resident idled,
+            # the round trip a hold saves: under Poisson overload each request renews the
+            # linger, and the holds added up (crowded family, docs/benchmarks.md).
+            oldest = challenger.oldest_top()
+            if oldest is not None:
+                waited_s = now - oldest.arrived_at
+                # A backlog (open-loop arrivals) has waited out the round trip whatever the
+                # resident did meanwhile; one closed loop's step counts only the idling.
+                if challenger.n_top == 1:
+                    idle_s = resident.lingered_s
+                    if resident.idle_since is not None:
+                        idle_s += now - resident.idle_since
+                    waited_s = min(waited_s, idle_s)
+                if waited_s >= resident.leave_s + resident.comeback_s:
+                    return True
             # Nor against waiting work that the hold costs more than the swap it saves: the
             # request it lingers for (its last one's weight, due within its expected late gap,
             # then served) priced like a queue. A closed loop's next step, against another

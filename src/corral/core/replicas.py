@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from corral.core.effects import Effects
 from corral.core.placement import ResidentView
 from corral.core.policies import Policy, lingering
-from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
+from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, backlog_s
 from corral.core.types import Lifecycle
 
 _READY = Lifecycle.READY
@@ -71,9 +71,8 @@ class Replicas:
             return False
         if m.copy_failed_at is not None and now < m.copy_failed_at + REPLICA_RETRY_S:
             return False
-        backlog_s = m.count * m.est.service_s / m.concurrency
         return (
-            backlog_s > REPLICA_LOADS * m.est.load_s
+            backlog_s(m) > REPLICA_LOADS * m.est.load_s
             and m.est.demand(now, m.concurrency) > REPLICA_BUSY * n
             and self._room_left(m, n + 1, now)
         )
@@ -94,7 +93,13 @@ class Replicas:
             if o is not m and o.count
         )
         mine = min(m.est.demand(now, m.concurrency), float(copies))
-        return others + mine <= len(self.devices)
+        # And the room the copies hold is not the others': they need theirs beside it, a
+        # device's worth at most (they take turns on it). Two devices, a model of demand 0.95
+        # with a copy on each: four models waited for twice their bound (default family,
+        # seed 5530).
+        n_dev = len(self.devices)
+        share = sum(min(1.0, d.size_of(m) / d.capacity) for d in self.devices) / n_dev
+        return others + mine <= n_dev and n_dev - copies * share >= min(others, 1.0)
 
     def copy_urgent(self, m: ModelRecord, now: float) -> bool:
         """Has `m`'s oldest request waited OUTRUN_WAIT_FRAC of the wait bound, capped at

@@ -148,11 +148,13 @@ class Scheduler:
         self.board.add(m, r)
         m.est.observe_arrival(now)
         batch = r.background and self._classes  # counted as batch work
+        state = m.state
         if m.idle_since is not None:
             m.est.observe_idle_gap(now - m.idle_since)
+            if state is _READY:
+                m.lingered_s += now - m.idle_since
             m.idle_since = None
         m.linger_until = None
-        state = m.state
         if state is _READY:
             if m.yielding:
                 self._need_decide = True  # new work may change the policy's mind
@@ -193,6 +195,7 @@ class Scheduler:
         rec.deep = False
         now = self._clock()
         rec.ready_at = now
+        rec.lingered_s = 0.0
         if memory_gb is not None and memory_gb != rec.spec.memory_gb:
             why = f"memory: {model} takes {memory_gb:g} GB"
             for v in self.swaps.refit(rec, memory_gb, now):
@@ -468,7 +471,7 @@ class Scheduler:
 
     def _went_idle(self, m: ModelRecord, now: float) -> None:
         if m.primary is not None:  # a replica leaves once its model runs dry
-            if self.replicas.spare(m, now):
+            if self.replicas.spare(m, now) and any(not p.resident for p in self.board.pending):
                 self.tiers.unload(m, now, "replica idle")
                 self._need_decide = True  # its room may go to waiting work
             return

@@ -23,6 +23,12 @@ def priority_of(level: int) -> int:
     return level + _BATCH_SHIFT if level < BATCH_BELOW else level
 
 
+def backlog_s(m: ModelRecord) -> float:
+    """Device seconds the queued work of `m`'s model takes (all classes, at its concurrency)."""
+    q = m.queue
+    return q.count * q.est.service_s / q.concurrency
+
+
 def first_pending(q: deque[Request]) -> Request | None:
     """The first pending request of a lazily pruned deque, dropping ended ones in front of it."""
     while q:
@@ -66,6 +72,7 @@ class ModelRecord:
         "last_level",
         "linger_timer_at",
         "linger_until",
+        "lingered_s",
         "load_reason",
         "load_started_at",
         "lost",
@@ -132,6 +139,7 @@ class ModelRecord:
         self.rent_timer_at: float | None = None  # a sleeper may load elsewhere from then
         self.ready_at = 0.0
         self.linger_until: float | None = None
+        self.lingered_s = 0.0  # idle while resident, this visit, up to its last arrival
         self.linger_timer_at: float | None = None
         self.idle_since: float | None = None
         # Idle time before it unloads, set by a request's `keep_alive` (Ollama's API): None

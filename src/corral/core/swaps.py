@@ -16,7 +16,7 @@ from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, overflow, plan_placement
 from corral.core.policies import Policy, lingering
 from corral.core.replicas import Replicas
-from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord
+from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, backlog_s
 from corral.core.stretch import WaitBound
 from corral.core.types import Lifecycle, Request
 
@@ -310,10 +310,17 @@ class Swaps:
         evicting = False
         # While interactive work waits, batch work takes only free room, never evicts.
         interactive_waits = self._classes and any(c.icount for c in order)
+        # Per device: the better candidate waiting for its room, and the residents it evicts.
+        claims: dict[str, tuple[ResidentView, frozenset[str]]] = {}
+        drains_s: dict[str, float] = {}  # per claimed device: when its victims run dry
         for c in order:
             if interactive_waits and not c.icount and c is not forced:
                 evicting = True
-            plan = plan_placement(self.views(c, now, c is forced and self._desperate(c, now)))
+            views = self.views(c, now, c is forced and self._desperate(c, now))
+            fits_s = c.return_s + backlog_s(c)
+            plan = plan_placement(
+                _beside(views, {d: x for d, x in claims.items() if fits_s > drains_s[d]})
+            )
             if plan is None:
                 evicting = evicting or c is forced  # nobody jumps an overdue model's queue
                 continue
@@ -330,6 +337,18 @@ class Swaps:
             else:
                 for v in victims:
                     self._arm_linger(v, now)
+                # Backfilling without delaying it (EASY backfilling): the room c waits for
+                # is c's; a worse candidate takes only what is left beside c there. Else
+                # the worse ones took that room each time a resident went idle, and a model
+                # that needed the whole device waited for their queues until its stretched
+                # bound (default family, seed 5216: 645 s for a burst of 50 requests).
+                view = next(v for v in views if v.name == dev.name)
+                shared = len(victims) > 1 or sum(r.size for r in view.residents) < view.capacity
+                if shared and dev.name not in claims:
+                    size = view.target_size
+                    me = ResidentView(c.name, size, 0, c.count, math.inf, held=True)
+                    claims[dev.name] = (me, frozenset(plan.evict))
+                    drains_s[dev.name] = max(backlog_s(v) for v in victims)
 
     def _desperate(self, c: ModelRecord, now: float) -> bool:
         """Overdue `c`'s oldest request of its top class has waited twice its class's bound."""
@@ -397,6 +416,26 @@ class Swaps:
             c = ModelRecord(m.name, m.spec, self._classes, primary=m)
             m.copies.append(c)
             self._start_load(c, dev, victims, now, "replica")
+
+
+def _beside(
+    views: list[DeviceView], claims: dict[str, tuple[ResidentView, frozenset[str]]]
+) -> list[DeviceView]:
+    """`views` where a better candidate waits for room: there, the residents it evicts are
+    its (held), and the rest of the room it takes is taken already (the free room left is
+    what is free now and also beside it)."""
+    out = []
+    for v in views:
+        if v.name in claims:
+            c, evicts = claims[v.name]
+            freed = sum(r.size for r in v.residents if r.name in evicts)
+            held = tuple(
+                dataclasses.replace(r, held=True) if r.name in evicts else r for r in v.residents
+            )
+            rest = dataclasses.replace(c, size=max(0.0, c.size - freed))
+            v = dataclasses.replace(v, residents=(*held, rest))
+        out.append(v)
+    return out
 
 
 def _held(view: ResidentView, m: ModelRecord, now: float) -> ResidentView:

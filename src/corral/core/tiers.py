@@ -20,6 +20,7 @@ _RESIDENCY = (
     "last_level",
     "linger_timer_at",
     "linger_until",
+    "lingered_s",
     "load_started_at",
     "lost",
     "quantum_timer_at",

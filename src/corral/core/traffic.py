@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.state import DeviceRecord, ModelRecord, backlog_s
 from corral.core.stretch import Demand
 
 
@@ -16,9 +16,9 @@ def demands(
     first device it may use, for `Stretch.update`."""
     first = devices[0]
     out = []
-    backlog_s = 0.0
+    queued_s = 0.0
     for m in models:
-        backlog_s += m.count * m.est.service_s / m.concurrency
+        queued_s += backlog_s(m)
         rate = m.est.rate_hz(now)
         if rate <= 0.0:
             continue
@@ -32,4 +32,4 @@ def demands(
                 allowed[0].size_of(m) / allowed[0].capacity,
             )
         )
-    return out, len(devices), backlog_s
+    return out, len(devices), queued_s
