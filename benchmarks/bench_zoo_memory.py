@@ -58,12 +58,32 @@ def command(found: FoundModel, server: str, context: int, extra: list[str]) -> s
     return " ".join([cmd, *extra])
 
 
-def loaded(argv: list[str]) -> tuple[EngineMemory | None, EngineMemory | None, int]:
+def gpu_bytes(pid: int) -> int | None:
+    """What NVML says process `pid` holds on the GPUs (its CUDA context included); None
+    without NVML or a GPU (issue 50: the figure Corral's packing is judged against there)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no nvidia-ml-py, no driver: a CPU machine
+        return None
+    total = 0
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if p.pid == pid and p.usedGpuMemory is not None:
+                total += int(p.usedGpuMemory)
+    return total
+
+
+def loaded(argv: list[str]) -> tuple[EngineMemory | None, EngineMemory | None, int, int | None]:
     """Start the server, ask it one question, stop it: what its load's buffer lines say it
-    allocated (what Corral packs by from then on), its breakdown at exit and peak RSS."""
+    allocated (what Corral packs by from then on), its breakdown at exit, peak RSS, and what
+    NVML says it held on the GPU (None without one)."""
     port = int(argv[argv.index("--port") + 1])
     proc = subprocess.Popen([*argv, *VERBOSE], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
+    gpu: int | None = None
     try:
         for _ in range(600):
             time.sleep(0.2)
@@ -77,12 +97,13 @@ def loaded(argv: list[str]) -> tuple[EngineMemory | None, EngineMemory | None, i
             urllib.request.Request(f"http://127.0.0.1:{port}/completion", body), timeout=600
         ).read()
         peak = psutil.Process(proc.pid).memory_info().rss
+        gpu = gpu_bytes(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     lines = err.decode(errors="replace").splitlines()
     found = breakdowns(lines)
-    return allocated(lines), (found[-1] if len(found) > 1 else None), peak
+    return allocated(lines), (found[-1] if len(found) > 1 else None), peak, gpu
 
 
 def measure(folder: Path, server: str) -> list[dict[str, Any]]:
@@ -99,7 +120,7 @@ def measure(folder: Path, server: str) -> list[dict[str, Any]]:
                 fit, ["-m", str(m.info.path), "-c", str(context), "--swa-full", *extra]
             )
             projected = server_projection(argv)
-            buffers, held, rss = loaded(argv)
+            buffers, held, rss, gpu = loaded(argv)
             row = {
                 "arch": m.info.architecture, "variant": label, "context": context,
                 "file_mb": round(m.info.path.stat().st_size / MIB),
@@ -112,6 +133,7 @@ def measure(folder: Path, server: str) -> list[dict[str, Any]]:
                 "packed_after_mib": device_mib(buffers) if buffers else None,
                 "buffers": _parts(buffers),
                 "rss_mib": round(rss / MIB),
+                "nvml_mib": round(gpu / MIB) if gpu is not None else None,
                 "projected": _parts(projected), "held": _parts(held), "fit_params": _parts(tool),
                 "command": shlex.join(argv),
             }  # fmt: skip
@@ -126,15 +148,19 @@ def _parts(e: EngineMemory | None) -> dict[str, list[int]] | None:
     return {k: [d.model_mib, d.context_mib, d.compute_mib] for k, d in e.devices.items()}
 
 
+def _n(mib: int | None) -> str:
+    return f"{mib:,}" if mib is not None else "-"
+
+
 def _line(r: dict[str, Any]) -> str:
     off = f"{r['estimate_mib'] / r['projected_mib'] - 1:+.0%}" if r["projected_mib"] else "-"
     before, after = r["packed_before_mib"], r["packed_after_mib"]
     moved = f"{after / before - 1:+.1%}" if before and after else "-"
     return (
         f"| {r['arch']} | {r['variant']} | {r['file_mb']:,} | {r['estimate_mib']:,} | "
-        f"{r['fit_params_mib'] or '-':,} | {r['projected_mib'] or '-':,} | "
-        f"{before or '-':,} | {after or '-':,} | {moved} | "
-        f"{r['held_mib'] or '-':,} | {r['rss_mib']:,} | {off} |"
+        f"{_n(r['fit_params_mib'])} | {_n(r['projected_mib'])} | "
+        f"{_n(before)} | {_n(after)} | {moved} | "
+        f"{_n(r['held_mib'])} | {r['rss_mib']:,} | {_n(r['nvml_mib'])} | {off} |"
     )
 
 
@@ -154,8 +180,8 @@ def main() -> int:
         make_zoo(folder, archs, size_gb=args.size_gb)
     print("| arch | variant | file MiB | estimate | llama-fit-params | server's projection | "
           "packed before the first load | packed after (its buffers) | after vs before | "
-          "server held at exit | peak RSS | estimate vs projection |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "server held at exit | peak RSS | GPU (NVML) | estimate vs projection |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     only = Path("out") / f"zoo-{args.size_gb:g}GB-only"
     only.mkdir(parents=True, exist_ok=True)
     for stale in only.iterdir():

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Issue 50 on a lent GPU machine: build llama.cpp's server for the GPU present, then measure;
+# every figure under $OUT (JSON, and the logs). Runs from the repository root.
+#
+#   here, once:     scripts/gpu_carry.sh                   (out/gpu/llama-src.tar.gz)
+#   on the device:  run(command="scripts/gpu_check.sh", carry=["out/gpu"], timeout_s=560)
+#   here, to test:  PY=/some/bare/venv/bin/python scripts/gpu_check.sh --cpu --sizes 0.25:qwen3
+#
+# Steps (each one's output in $OUT, a step that fails is logged and the next one runs):
+#   machine.json     nvidia-smi's view, and `corral devices` (NVML: name, memory, UUID,
+#                    CUDA_VISIBLE_DEVICES) -- item 1
+#   build.log        llama-server and llama-fit-params built for this GPU's architecture only
+#   memory-SIZE.json per zoo architecture at 4K and 32K: the file's estimate, llama-fit-params'
+#                    projection, the server's own, and what NVML says the process holds --
+#                    item 2 (benchmarks/bench_zoo_memory.py)
+# Not yet scripted (issue 50 items 3-6): several models packed on the GPU, load times cold
+# and warm per load mode, prefill and slot restore times, a swap through `corral serve`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu-check}
+mkdir -p "$OUT"
+cpu=0
+sizes="1:all 8:qwen3 30:qwen3"  # SIZE_GB:ARCHS (all, or a comma list), smallest first
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --cpu) cpu=1 ;;
+    --sizes) sizes="$2"; shift ;;
+    *) echo "usage: $0 [--cpu] [--sizes \"1:all 8:qwen3\"]" >&2; exit 2 ;;
+  esac
+  shift
+done
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/steps.log" >&2; }
+started=$(date +%s)
+
+# Python: the machine's own (the device has no package index); Corral from this tree.
+py=${PY:-$(command -v python3)}
+export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+log "python: $py ($($py --version 2>&1))"
+missing=$($py - <<'PY'
+import importlib.util
+need = ["pydantic", "yaml", "typer", "rich", "gguf", "psutil", "numpy", "httpx"]
+print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
+PY
+)
+if [[ -n "$missing" ]]; then
+  log "missing Python packages: $missing; installing the carried wheels into out/gpu-pylib"
+  $py -m pip install --quiet --no-index --no-deps --target out/gpu-pylib \
+    $($py - <<'PY'
+import glob, sys
+try:
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+except ImportError:  # pip's own copy
+    from pip._vendor.packaging.tags import sys_tags
+    from pip._vendor.packaging.utils import parse_wheel_filename
+ok = set(sys_tags())
+best = {}
+for f in sorted(glob.glob("out/gpu/wheels/*.whl")):
+    name, version, _, tags = parse_wheel_filename(f.rsplit("/", 1)[1])
+    if tags & ok and (name not in best or version > best[name][0]):
+        best[name] = (version, f)
+print(" ".join(f for _, f in best.values()))
+PY
+) >> "$OUT/steps.log" 2>&1 || log "installing the wheels failed"
+  export PYTHONPATH="$PYTHONPATH:$PWD/out/gpu-pylib"
+fi
+
+# 1. The machine.
+{
+  if [[ $cpu == 0 ]]; then
+    nvidia-smi --query-gpu=index,name,memory.total,memory.used,uuid,compute_cap,driver_version \
+      --format=csv
+  fi
+  $py -m corral devices
+} > "$OUT/machine.txt" 2>&1 || log "machine: failed (see machine.txt)"
+
+# 2. llama-server and llama-fit-params, for this GPU's architecture only, with every core.
+build=out/gpu-build
+if [[ ! -x $build/build/bin/llama-server ]]; then
+  rm -rf "$build" && mkdir -p "$build"
+  tar xzf out/gpu/llama-src.tar.gz -C "$build" || { log "no out/gpu/llama-src.tar.gz"; exit 1; }
+  flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+         -DLLAMA_CURL=OFF)
+  if [[ $cpu == 0 ]]; then
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')
+    flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$cap")
+  fi
+  log "building llama.cpp: ${flags[*]}"
+  { cmake -S "$build/llama.cpp" -B "$build/build" "${flags[@]}" &&
+    cmake --build "$build/build" --config Release -j"$(nproc)" \
+      --target llama-server llama-fit-params; } > "$OUT/build.log" 2>&1 ||
+    { log "build failed (see build.log)"; exit 1; }
+fi
+export PATH="$PWD/$build/build/bin:$PATH"
+log "built in $(( $(date +%s) - started )) s: $(command -v llama-server)"
+
+# 3. Memory per architecture and size: estimate, projections, what the GPU really holds.
+# Each size's figures are written as it ends: a run cut short by its time limit keeps them.
+for spec in $sizes; do
+  size=${spec%%:*}
+  archs=()
+  if [[ $spec == *:* && ${spec#*:} != all ]]; then
+    IFS=, read -ra names <<< "${spec#*:}"
+    for a in "${names[@]}"; do archs+=(--arch "$a"); done
+  fi
+  log "memory at ${size} GB: ${archs[*]:-every architecture}"
+  $py benchmarks/bench_zoo_memory.py --size-gb "$size" ${archs[@]+"${archs[@]}"} \
+    --json "$OUT/memory-${size}GB.json" > "$OUT/memory-${size}GB.md" 2>&1 ||
+    log "memory at ${size} GB: failed (see memory-${size}GB.md)"
+  if [[ $cpu == 0 ]]; then
+    rm -rf "out/zoo-${size}GB" "out/zoo-${size}GB-only"  # the device's disk holds 64 GB
+  fi
+done
+log "done in $(( $(date +%s) - started )) s"
