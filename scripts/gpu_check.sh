@@ -12,20 +12,34 @@
 #   build.log        llama-server and llama-fit-params built for this GPU's architecture only
 #   memory-SIZE.json per zoo architecture at 4K and 32K: the file's estimate, llama-fit-params'
 #                    projection, the server's own, and what NVML says the process holds --
-#                    item 2 (benchmarks/bench_zoo_memory.py)
-# Not yet scripted (issue 50 items 3-6): several models packed on the GPU, load times cold
-# and warm per load mode, prefill and slot restore times, a swap through `corral serve`.
+#                    item 2 (benchmarks/bench_zoo_memory.py; step `memory`)
+#   loads.json       each load mode's load time, cold and warm, against a plain read of the
+#                    file -- item 4 (benchmarks/bench_load_modes.py; step `loads`)
+#   restores.json    prefill, and a saved conversation restored after a restart, per
+#                    architecture -- item 5 (benchmarks/bench_zoo_restores.py; step `restores`)
+# `--steps "memory loads restores"` (the default) chooses; the machine and the build always run,
+# the build only once per machine (out/gpu-build stays while the machine is held), so a run cut
+# short by its limit goes on with `--steps` of the rest.
+# Not yet scripted (issue 50 items 3 and 6): several models packed on the GPU through `corral
+# serve --models`, and a swap's measured load against the scheduler's; NVML's time to hand
+# memory back after a stop.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
 mkdir -p "$OUT"
 cpu=0
+steps="memory loads restores"
+load_sizes=${LOAD_SIZES:-1 8}       # GB, for `loads`
+restore_gb=${RESTORE_GB:-1}         # GB, for `restores`
+restore_tokens=${RESTORE_TOKENS:-8000}
 sizes="1:all 8:qwen3 30:qwen3"  # SIZE_GB:ARCHS (all, or a comma list), smallest first
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu) cpu=1 ;;
     --sizes) sizes="$2"; shift ;;
-    *) echo "usage: $0 [--cpu] [--sizes \"1:all 8:qwen3\"]" >&2; exit 2 ;;
+    --steps) steps="$2"; shift ;;
+    *) echo "usage: $0 [--cpu] [--steps \"memory loads restores\"] [--sizes \"1:all 8:qwen3\"]" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -94,9 +108,11 @@ fi
 export PATH="$PWD/$build/build/bin:$PATH"
 log "built in $(( $(date +%s) - started )) s: $(command -v llama-server)"
 
+wants() { [[ " $steps " == *" $1 "* ]]; }
+
 # 3. Memory per architecture and size: estimate, projections, what the GPU really holds.
 # Each size's figures are written as it ends: a run cut short by its time limit keeps them.
-for spec in $sizes; do
+for spec in $(wants memory && echo "$sizes"); do
   size=${spec%%:*}
   archs=()
   if [[ $spec == *:* && ${spec#*:} != all ]]; then
@@ -111,4 +127,18 @@ for spec in $sizes; do
     rm -rf "out/zoo-${size}GB" "out/zoo-${size}GB-only"  # the device's disk holds 64 GB
   fi
 done
+# 4. Load time per load mode, cold (dropped from the page cache) and warm.
+if wants loads; then
+  log "load modes at ${load_sizes} GB"
+  # shellcheck disable=SC2086  # the sizes are words
+  $py benchmarks/bench_load_modes.py --sizes $load_sizes --rounds 2 --arch qwen3 \
+    --json "$OUT/loads.json" > "$OUT/loads.md" 2>&1 || log "loads: failed (see loads.md)"
+fi
+
+# 5. Prefill, and a saved conversation restored after a restart.
+if wants restores; then
+  log "restores at ${restore_gb} GB, ${restore_tokens} tokens"
+  $py benchmarks/bench_zoo_restores.py --size-gb "$restore_gb" --tokens "$restore_tokens" \
+    --json "$OUT/restores.json" > "$OUT/restores.md" 2>&1 || log "restores: failed (see restores.md)"
+fi
 log "done in $(( $(date +%s) - started )) s"
