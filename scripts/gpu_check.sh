@@ -13,22 +13,25 @@
 #   memory-SIZE.json per zoo architecture at 4K and 32K: the file's estimate, llama-fit-params'
 #                    projection, the server's own, and what NVML says the process holds --
 #                    item 2 (benchmarks/bench_zoo_memory.py; step `memory`)
+#   packing.json     three servers of one zoo file that Corral's figures fit together, then
+#                    one more: the layers each offloaded, Corral's figure, NVML's -- item 3
+#                    (benchmarks/bench_gpu_packing.py; step `packing`)
 #   loads.json       each load mode's load time, cold and warm, against a plain read of the
 #                    file -- item 4 (benchmarks/bench_load_modes.py; step `loads`)
 #   restores.json    prefill, and a saved conversation restored after a restart, per
 #                    architecture -- item 5 (benchmarks/bench_zoo_restores.py; step `restores`)
-# `--steps "memory loads restores"` (the default) chooses; the machine and the build always run,
+# `--steps "memory packing loads restores"` (the default) chooses; the machine and the build always run,
 # the build only once per machine (out/gpu-build stays while the machine is held), so a run cut
 # short by its limit goes on with `--steps` of the rest.
-# Not yet scripted (issue 50 items 3 and 6): several models packed on the GPU through `corral
-# serve --models`, and a swap's measured load against the scheduler's; NVML's time to hand
-# memory back after a stop.
+# Not yet scripted (issue 50 items 3 and 6): the same packing through `corral serve --models`
+# itself, and a swap's measured load against the scheduler's; NVML's time to hand memory back
+# after a stop.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu-check}
 mkdir -p "$OUT"
 cpu=0
-steps="memory loads restores"
+steps="memory packing loads restores"
 load_sizes=${LOAD_SIZES:-1 8}       # GB, for `loads`
 restore_gb=${RESTORE_GB:-1}         # GB, for `restores`
 restore_tokens=${RESTORE_TOKENS:-8000}
@@ -38,7 +41,7 @@ while [[ $# -gt 0 ]]; do
     --cpu) cpu=1 ;;
     --sizes) sizes="$2"; shift ;;
     --steps) steps="$2"; shift ;;
-    *) echo "usage: $0 [--cpu] [--steps \"memory loads restores\"] [--sizes \"1:all 8:qwen3\"]" >&2
+    *) echo "usage: $0 [--cpu] [--steps \"memory packing loads restores\"] [--sizes \"1:all\"]" >&2
        exit 2 ;;
   esac
   shift
@@ -127,6 +130,20 @@ for spec in $(wants memory && echo "$sizes"); do
     rm -rf "out/zoo-${size}GB" "out/zoo-${size}GB-only"  # the device's disk holds 64 GB
   fi
 done
+# 3b. Packing: a file a little under a quarter of the GPU (at most 38 GB: the disk holds 64),
+# served three times at once, then a fourth.
+if wants packing; then
+  if [[ -z "${PACK_GB:-}" ]]; then
+    total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    PACK_GB=$(( total_mib * 26 / 100 / 1024 ))
+    (( PACK_GB > 38 )) && PACK_GB=38
+  fi
+  log "packing: three servers of ${PACK_GB} GB, then one more"
+  $py benchmarks/bench_gpu_packing.py --size-gb "$PACK_GB" --count 3 --over 1 \
+    --json "$OUT/packing.json" > "$OUT/packing.md" 2>&1 || log "packing: failed (see packing.md)"
+  [[ $cpu == 0 ]] && rm -rf "out/zoo-${PACK_GB}GB-packing"
+fi
+
 # 4. Load time per load mode, cold (dropped from the page cache) and warm.
 if wants loads; then
   log "load modes at ${load_sizes} GB"
