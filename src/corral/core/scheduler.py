@@ -471,7 +471,7 @@ class Scheduler:
 
     def _went_idle(self, m: ModelRecord, now: float) -> None:
         if m.primary is not None:  # a replica leaves once its model runs dry
-            if self.replicas.spare(m, now) and any(not p.resident for p in self.board.pending):
+            if self.replicas.leaves_idle(m, now):
                 self.tiers.unload(m, now, "replica idle")
                 self._need_decide = True  # its room may go to waiting work
             return
