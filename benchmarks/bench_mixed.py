@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench_gateway import CORRAL, free_port
-from corral.gateway.demo import DEMO_MODELS
+from corral.gateway.servers.demo import DEMO_MODELS
 
 BATCH_MODEL, CHAT_OTHER, THIRD = "explorer-3b", "coder-7b", "orchestrator-14b"
 TOKENS = 16  # the sim servers' default answer length, chat and batch alike

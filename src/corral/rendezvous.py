@@ -1,7 +1,7 @@
 """Rendezvous (highest random weight) hashing: every node that knows the same members picks the
 same one for a key, and the pick moves only when that member leaves. Workers of one database use
 it to choose who loads a model (worker/affinity.py); gateways of a cluster, which node serves a
-model (gateway/cluster.py)."""
+model (gateway/pipeline/cluster.py)."""
 
 from __future__ import annotations
 

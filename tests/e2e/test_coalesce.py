@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from corral.gateway.coalesce import apportion, inputs_of, split_answer
+from corral.gateway.pipeline.coalesce import apportion, inputs_of, split_answer
 from tests.helpers import JsonHandler
 from tests.support.gateway import SIM, serve
 

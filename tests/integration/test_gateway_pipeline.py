@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from corral.config import parse_config
-from corral.gateway.app import create_app
+from corral.gateway.doors.app import create_app
 
 pytestmark = pytest.mark.integration
 

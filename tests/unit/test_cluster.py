@@ -1,4 +1,4 @@
-"""Which node a request goes to, and which node ends batches (gateway/cluster.py), over a
+"""Which node a request goes to, and which node ends batches (gateway/pipeline/cluster.py), over a
 memory store and a gateway whose scheduler is real but starts no process."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from corral.config import ServerConfig, parse_config
 from corral.core.types import Lifecycle
-from corral.gateway.cluster import UNREACHABLE_S, Cluster
-from corral.gateway.runtime import Gateway
-from corral.gateway.upstream import Upstream
+from corral.gateway.pipeline.cluster import UNREACHABLE_S, Cluster
+from corral.gateway.servers.runtime import Gateway
+from corral.gateway.pipeline.upstream import Upstream
 from corral.store import MemoryStore
 
 CONFIG = """

@@ -221,7 +221,7 @@ def test_a_name_without_a_tag_finds_its_latest_as_ollama_does() -> None:
 
 
 def test_a_skipped_model_is_told_under_the_names_resolve_takes() -> None:
-    from corral.gateway.calls import unknown_model
+    from corral.gateway.pipeline.calls import unknown_model
 
     config = parse_config("models:\n  served: {cmd: x}\n")
     config.skipped.update({"good:latest": "a.gguf: why one", "plain": "b.gguf: why two"})

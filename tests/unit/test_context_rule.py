@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from corral.config import Config, ModelsDir
 from corral.config.serve import with_contexts
 from corral.errors import CorralError
-from corral.gateway.ollama_shapes import BadRequest, asked_context
+from corral.gateway.doors.ollama_shapes import BadRequest, asked_context
 from corral.modelfiles.folder import Contexts, default_context
 from corral.modelfiles.gguf import GgufModel, estimate_memory
 

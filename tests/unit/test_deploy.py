@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from corral.gateway.epp import ProtocolMetrics
+from corral.gateway.servers.epp import ProtocolMetrics
 from tests.support.epp_router import (
     EPP_CONFIG,
     HostMetrics,

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from corral.gateway.epp import ProtocolMetrics, Residency, residency, slot_use
+from corral.gateway.servers.epp import ProtocolMetrics, Residency, residency, slot_use
 
 pytestmark = pytest.mark.unit
 

@@ -25,8 +25,8 @@ from corral.batch.jsonl import TooLong, bounded_lines, check
 from corral.batch.webhooks import WebhookRefused, check_url
 from corral.config import parse_config
 from corral.errors import ConfigError
-from corral.gateway.guard import Guard
-from corral.gateway.ollama_shapes import (
+from corral.gateway.pipeline.guard import Guard
+from corral.gateway.doors.ollama_shapes import (
     MAX_KEEP_ALIVE_S,
     BadRequest,
     chat_request,

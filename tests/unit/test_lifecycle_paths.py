@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.gateway.lifecycle import managed
+from corral.gateway.servers.lifecycle import managed
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from prometheus_client import generate_latest
 
-from corral.gateway.metrics import Metrics
+from corral.gateway.servers.metrics import Metrics
 from corral.machine import GpuWatch, Nvml, detect, gpus, watch
 from tests.support.gateway import CORRAL
 

@@ -11,7 +11,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 from starlette.types import Message
 
-from corral.gateway.streams import ModelStream
+from corral.gateway.pipeline.streams import ModelStream
 
 pytestmark = pytest.mark.unit
 

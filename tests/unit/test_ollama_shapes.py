@@ -1,4 +1,4 @@
-"""Ollama's requests and answers in OpenAI's terms (gateway/ollama_shapes.py): pure, table-tested,
+"""Ollama's requests and answers in OpenAI's terms (gateway/doors/ollama_shapes.py): pure, table-tested,
 with the answers a server cuts short or garbles."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from corral.gateway.ollama_answers import OllamaAnswer
-from corral.gateway.ollama_shapes import (
+from corral.gateway.doors.ollama_answers import OllamaAnswer
+from corral.gateway.doors.ollama_shapes import (
     BadRequest,
     chat_request,
     embed_request,

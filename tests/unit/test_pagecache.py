@@ -322,7 +322,7 @@ def test_the_load_mode_rule_keeps_what_was_measured(gb: int) -> None:
     to stay cached: mmap, within 10% of the fastest cold mode (two rounds' noise), and the
     file stays cached. Cold without room: direct I/O, within 10% of the fastest cold mode (it
     leaves nothing cached, which costs nothing when nothing could stay)."""
-    from corral.gateway.files import MARGIN_BYTES, load_mode_for
+    from corral.gateway.servers.files import MARGIN_BYTES, load_mode_for
 
     size = gb * 10**9
     plenty = 4 * size + MARGIN_BYTES
@@ -344,8 +344,8 @@ def test_a_models_own_load_flags_or_env_win(tmp_path: Path) -> None:
     from corral.backends.process import ProcessBackend
     from corral.config import ModelConfig
     from corral.core.pagecache import PageCache
-    from corral.gateway.files import Files
-    from corral.gateway.servers import process_spec
+    from corral.gateway.servers.files import Files
+    from corral.gateway.servers.fleet import process_spec
 
     f = written(tmp_path / "m.gguf", 1 << 20)
     cache = PageCache({}, lambda ms, now: ms)

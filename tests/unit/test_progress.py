@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.gateway import progress
+from corral.gateway.servers import progress
 
 
 def test_progress_lines_leave_assistant_turns_and_nothing_else() -> None:

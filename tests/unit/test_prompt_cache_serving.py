@@ -12,7 +12,7 @@ import pytest
 from corral.config import Config, ModelConfig, PromptCacheConfig, parse_config
 from corral.config.server import runs_llama_server
 from corral.errors import ConfigError
-from corral.gateway.activity import prefill
+from corral.gateway.servers.activity import prefill
 from corral.prompt_cache.caches import folder_of, serving
 from corral.prompt_cache.server import conversation_id, conversation_keys, model_file
 
@@ -220,7 +220,7 @@ def test_a_folder_that_cannot_be_made_leaves_the_servers_as_they_are(tmp_path: P
     """llama-server refuses to start with a --slot-save-path that is not a folder: a states'
     folder Corral cannot make must never stop a model from serving."""
     from corral.backends.process import ProcessBackend
-    from corral.gateway.servers import Servers
+    from corral.gateway.servers.fleet import Servers
     from corral.prompt_cache.caches import PromptCaches
 
     (tmp_path / "a-file").write_text("not a folder")

@@ -11,7 +11,7 @@ from corral.config import parse_config
 from corral.core import Lifecycle
 from corral.core.placement import DeviceView, ResidentView, plan_placement
 from corral.errors import ConfigError
-from corral.gateway.naps import host_memory_gb
+from corral.gateway.servers.naps import host_memory_gb
 from tests.helpers import Harness
 
 pytestmark = pytest.mark.unit

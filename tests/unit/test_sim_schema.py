@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, HttpUrl
 
 from corral.backends.sim_schema import MAX_ITEMS, fill
-from corral.gateway.ollama_shapes import BadRequest, context_of, turns_of
+from corral.gateway.doors.ollama_shapes import BadRequest, context_of, turns_of
 
 
 class Colour(enum.Enum):

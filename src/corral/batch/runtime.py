@@ -6,7 +6,7 @@ queued lines into it as requests of the batch class (priority `batch.priority` i
 one scheduler decides for both: interactive requests of any model first, batch lines fill every
 idle slot and idle device, and batches for other models are grouped like any other work. A
 dispatched line is sent to its model's server by `run_line`; the answer is the task's result.
-The routes over it are `gateway/batches.py`'s.
+The routes over it are `gateway/doors/batches.py`'s.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from corral.batch.jsonl import KIND
 from corral.batch.service import BatchService
 from corral.batch.webhooks import Deliverer
 from corral.config import Config
-from corral.gateway.calls import outgoing
-from corral.gateway.runtime import Gateway
-from corral.gateway.upstream import Upstream
+from corral.gateway.pipeline.calls import outgoing
+from corral.gateway.servers.runtime import Gateway
+from corral.gateway.pipeline.upstream import Upstream
 from corral.ratelog import Throttle
 from corral.store import Store, StoreBusy, StoreUnavailable
 from corral.worker.registry import ModelHooks, Registry, current_device, current_task
@@ -122,7 +122,7 @@ class BatchRuntime:
         self._tasks: list[asyncio.Task[Any]] = []
         self._live = 0
         # Whether this node ends batches (validation, finalizing, expiry, webhooks): in a
-        # cluster one node does (gateway/cluster.py), so a webhook is sent once.
+        # cluster one node does (gateway/pipeline/cluster.py), so a webhook is sent once.
         self.leads: Callable[[], bool] = lambda: True
 
     def upstream(self) -> Upstream:

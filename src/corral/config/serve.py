@@ -11,7 +11,7 @@ from pathlib import Path
 from corral.config import Config, ModelsDir
 from corral.config.schema import MIN_CONTEXT
 from corral.errors import CorralError
-from corral.gateway.demo import data_dir, demo_config
+from corral.gateway.servers.demo import data_dir, demo_config
 from corral.llamaswap import load_config_file
 from corral.modelfiles.capabilities import capabilities_of
 from corral.modelfiles.engine import EngineFigures

@@ -181,7 +181,7 @@ def _model_config(m: FoundModel, server: str, memory: Memory) -> ModelConfig:
             tools=m.takes_tools,
             context=m.context,
         ),
-        # What Ollama's /api/tags and /api/show report (gateway/ollama_routes.py).
+        # What Ollama's /api/tags and /api/show report (gateway/doors/ollama_routes.py).
         metadata={
             "file": shown(m.info.path),
             "architecture": m.info.architecture,

@@ -32,5 +32,5 @@ class WorkerSettings:
     # worker schedules its device as if it were alone.
     affinity: bool = True
     # A `corral serve` node's URL, said with its presence: the other nodes forward requests for
-    # the models it holds there (gateway/cluster.py). None: a plain worker.
+    # the models it holds there (gateway/pipeline/cluster.py). None: a plain worker.
     url: str | None = None

@@ -15,7 +15,7 @@ from starlette.formparsers import MultiPartParser
 
 from corral.backends.base import Backend
 from corral.config import Config, FiltersConfig
-from corral.gateway import progress
+from corral.gateway.servers import progress
 from corral.gateway.errors import BodyTooLarge, InvalidRequest, ModelNotFound
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 

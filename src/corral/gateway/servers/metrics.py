@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from corral.gateway.epp import ProtocolMetrics
+from corral.gateway.servers.epp import ProtocolMetrics
 from corral.gateway.errors import GatewayError
 from corral.machine import GpuWatch
 

@@ -24,10 +24,10 @@ from typing import Any
 import aiohttp
 from fastapi.responses import Response
 
-from corral.gateway.calls import Call
-from corral.gateway.runtime import Gateway
-from corral.gateway.streams import ModelStream
-from corral.gateway.upstream import DROP, DROP_BACK, Upstream, relay
+from corral.gateway.pipeline.calls import Call
+from corral.gateway.servers.runtime import Gateway
+from corral.gateway.pipeline.streams import ModelStream
+from corral.gateway.pipeline.upstream import DROP, DROP_BACK, Upstream, relay
 from corral.rendezvous import rendezvous
 from corral.store import Membership, StoreError
 

@@ -18,7 +18,7 @@ from corral.backends.process import BackendError
 from corral.backends.sleep import Napper
 from corral.backends.upstream import UpstreamBackend
 from corral.config import ModelConfig
-from corral.gateway.servers import napper
+from corral.gateway.servers.fleet import napper
 
 log = logging.getLogger("corral.gateway")
 

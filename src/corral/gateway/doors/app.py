@@ -29,12 +29,12 @@ from corral import __version__
 from corral.batch.runtime import BatchRuntime
 from corral.batch.service import BatchError
 from corral.config import Config
-from corral.gateway import openapi
-from corral.gateway.admin import admin_routes
-from corral.gateway.batches import refused as batch_refused
-from corral.gateway.batches import routes as batch_routes
-from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
-from corral.gateway.cluster import Cluster
+from corral.gateway.doors import openapi
+from corral.gateway.doors.admin import admin_routes
+from corral.gateway.doors.batches import refused as batch_refused
+from corral.gateway.doors.batches import routes as batch_routes
+from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
+from corral.gateway.pipeline.cluster import Cluster
 from corral.gateway.errors import (
     GatewayError,
     as_anthropic,
@@ -45,15 +45,15 @@ from corral.gateway.errors import (
     store_unavailable,
     validation_error,
 )
-from corral.gateway.guard import Guard
-from corral.gateway.llamaswap_routes import llamaswap_routes
-from corral.gateway.metrics import Metrics
-from corral.gateway.ollama_routes import OllamaDoor, ollama_routes
-from corral.gateway.openai_routes import openai_routes
-from corral.gateway.proxy import Proxy
-from corral.gateway.reload import Reloader
-from corral.gateway.runtime import Gateway
-from corral.gateway.upstream import Upstream
+from corral.gateway.pipeline.guard import Guard
+from corral.gateway.doors.llamaswap_routes import llamaswap_routes
+from corral.gateway.servers.metrics import Metrics
+from corral.gateway.doors.ollama_routes import OllamaDoor, ollama_routes
+from corral.gateway.doors.openai_routes import openai_routes
+from corral.gateway.pipeline.proxy import Proxy
+from corral.gateway.servers.reload import Reloader
+from corral.gateway.servers.runtime import Gateway
+from corral.gateway.pipeline.upstream import Upstream
 from corral.store import StoreBusy, StoreUnavailable
 
 

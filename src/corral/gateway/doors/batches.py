@@ -18,7 +18,7 @@ from corral.batch.files import FileStorage, TooLarge
 from corral.batch.runtime import BatchRuntime
 from corral.batch.service import BatchError, BatchService, expires_after_s
 from corral.gateway.errors import InvalidRequest, error, no_space_error
-from corral.gateway.openapi import (
+from corral.gateway.doors.openapi import (
     BatchList,
     BatchObject,
     CreateBatchRequest,

@@ -17,9 +17,9 @@ from fastapi import Request
 from corral import core
 from corral.config import Config
 from corral.gateway.errors import ClientLeft, ModelUnavailable, QueueFull, WaitTimeout
-from corral.gateway.intake import Intake, Rejected
-from corral.gateway.metrics import Metrics
-from corral.gateway.runtime import Gateway
+from corral.gateway.servers.intake import Intake, Rejected
+from corral.gateway.servers.metrics import Metrics
+from corral.gateway.servers.runtime import Gateway
 
 
 async def disconnected(request: Request) -> None:

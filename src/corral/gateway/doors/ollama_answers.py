@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from corral.gateway.ollama_shapes import Kind, context_of, logprobs_of, shorten
+from corral.gateway.doors.ollama_shapes import Kind, context_of, logprobs_of, shorten
 
 _DONE_REASON = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
 

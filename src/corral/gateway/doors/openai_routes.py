@@ -11,10 +11,10 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
-from corral.gateway.calls import FORM_ROUTES, GET_ROUTES, unknown_model
+from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, unknown_model
 from corral.gateway.errors import Forbidden, NotStored
-from corral.gateway.lifecycle import managed
-from corral.gateway.openapi import (
+from corral.gateway.servers.lifecycle import managed
+from corral.gateway.doors.openapi import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
@@ -23,8 +23,8 @@ from corral.gateway.openapi import (
     content,
     json_body,
 )
-from corral.gateway.proxy import Proxy
-from corral.gateway.runtime import Gateway
+from corral.gateway.pipeline.proxy import Proxy
+from corral.gateway.servers.runtime import Gateway
 
 
 async def _form(px: Proxy, path: str, request: Request) -> Response:

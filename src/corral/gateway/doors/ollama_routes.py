@@ -30,11 +30,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 
 from corral.config import Config, ModelConfig
-from corral.gateway.admission import disconnected
-from corral.gateway.calls import Call, json_object, priority_of, read_body, skipped_why
+from corral.gateway.pipeline.admission import disconnected
+from corral.gateway.pipeline.calls import Call, json_object, priority_of, read_body, skipped_why
 from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
-from corral.gateway.ollama_answers import OllamaAnswer, error_body
-from corral.gateway.ollama_shapes import (
+from corral.gateway.doors.ollama_answers import OllamaAnswer, error_body
+from corral.gateway.doors.ollama_shapes import (
     FILL_PATH,
     BadRequest,
     Kind,
@@ -46,8 +46,8 @@ from corral.gateway.ollama_shapes import (
     text_of,
     top_logprobs,
 )
-from corral.gateway.proxy import Proxy
-from corral.gateway.runtime import Gateway
+from corral.gateway.pipeline.proxy import Proxy
+from corral.gateway.servers.runtime import Gateway
 
 log = logging.getLogger("corral.gateway")
 _STORE_COMMANDS = ("/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}")

@@ -25,15 +25,15 @@ from corral.backends.process import BackendError, ProcessBackend, exit_reason
 from corral.config import Config, HostConfig, ModelConfig
 from corral.config.serve import engine_figures_path
 from corral.core import Request, Scheduler
-from corral.gateway.activity import Activity
-from corral.gateway.events import Events
-from corral.gateway.files import LOAD_MODE_ENV, Files
-from corral.gateway.intake import Intake
-from corral.gateway.metrics import Metrics
-from corral.gateway.naps import Naps, host_memory_gb
-from corral.gateway.servers import Servers
-from corral.gateway.status import StatusView, Tally
-from corral.gateway.swaps import Holder, Load, Swap
+from corral.gateway.servers.activity import Activity
+from corral.gateway.servers.events import Events
+from corral.gateway.servers.files import LOAD_MODE_ENV, Files
+from corral.gateway.servers.intake import Intake
+from corral.gateway.servers.metrics import Metrics
+from corral.gateway.servers.naps import Naps, host_memory_gb
+from corral.gateway.servers.fleet import Servers
+from corral.gateway.servers.status import StatusView, Tally
+from corral.gateway.servers.swaps import Holder, Load, Swap
 from corral.machine import watch
 from corral.modelfiles.engine import EngineFigures
 from corral.prompt_cache.caches import PromptCaches, folder_of
@@ -51,7 +51,7 @@ class Gateway:
         # Masks the config's secrets in what the HTTP side shows (status, /running, logs).
         self.redact = Redactor.of(config)
         self.log_dir = log_dir
-        # Which model server runs where (gateway/servers.py).
+        # Which model server runs where (gateway/servers/fleet.py).
         # The prompt caches kept across swaps (prompt_cache/), in a folder Corral owns.
         pc = config.prompt_cache
         self.prompt_caches = PromptCaches(pc, folder_of(pc, log_dir))
@@ -59,14 +59,14 @@ class Gateway:
         self.servers = Servers(log_dir, self._exited, self.prompt_caches, figures)
         self.backends = self.servers.backends  # each model's own server, by name (read only)
         self._devices = {d.name: d for d in config.devices}
-        self.naps = Naps()  # the servers asleep, and how each model sleeps (gateway/naps.py)
+        self.naps = Naps()  # the servers asleep, and how each model sleeps (gateway/servers/naps.py)
         self.lock = DirLock(log_dir / "gateway.lock")
         for name, m in config.models.items():
             self.add_backend(name, m)
         self.tally = Tally()  # what it did: requests started, crashes, swaps
         self.activity = Activity()  # the recent requests (the dashboard's activity view)
         self.gpus = watch()  # NVML's GPUs, for /metrics and the dashboard (None without)
-        # The models' files in the page cache, measured and prepared (gateway/files.py).
+        # The models' files in the page cache, measured and prepared (gateway/servers/files.py).
         self.files = Files(
             self.backends,
             lambda: self._sched().files,
@@ -85,19 +85,19 @@ class Gateway:
             self.files,
         )
         self.metrics = Metrics(self.status, self.gpus, config.server.vllm_metric_names)
-        self.events = Events()  # GET /api/events (gateway/events.py)
+        self.events = Events()  # GET /api/events (gateway/servers/events.py)
         self.publish = self.events.publish
         self.scheduler: Scheduler | None = None
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
-        # The clients' requests waiting for their turn (gateway/intake.py).
+        # The clients' requests waiting for their turn (gateway/servers/intake.py).
         self.intake = Intake(self._sched, self._loop_)
         self._busy: set[asyncio.Task[Any]] = set()
         self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
         self._loads: dict[tuple[str, str], Load] = {}  # the loads under way, to abort
         self._holder: Holder | None = None  # the batch worker: hears what this node holds
-        # This node's name in a cluster (gateway/cluster.py), and its batch worker's.
+        # This node's name in a cluster (gateway/pipeline/cluster.py), and its batch worker's.
         self.node_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
     # --- lifecycle ----------------------------------------------------------------------------
