@@ -29,10 +29,10 @@ from bench_page_cache import read_s
 from corral.config import parse_config
 from corral.modelfiles.folder import find_llama_server
 from corral.modelfiles.pagecache import cached, drop
-from corral.parity import at_engine_times, at_live_load_times
-from corral.replay import replay
 from corral.sim.engine import simulate
 from corral.sim.metrics import summarize
+from corral.sim.parity import at_engine_times, at_live_load_times
+from corral.sim.replay import replay
 from corral.sim.trace import Trace, TraceLine
 from corral.zoo import file_name, make
 
@@ -152,7 +152,7 @@ def main() -> int:
         sides[prepare] = side(files, binary, prepare, trace)
     rate = disk_read_gb_s(files["coder"])
     off, on = sides[False], sides[True]
-    # The simulator, given what the live run measured (corral.parity: each line's service as
+    # The simulator, given what the live run measured (corral.sim.parity: each line's service as
     # its server took it, each model's loads), with the page cache: each model's warm load,
     # the rate its cold loads read at (their extra time over the warm ones'), the files' sizes,
     # and the room the RAM leaves beside one resident model's own copy of its weights.

@@ -39,11 +39,11 @@ from rich.progress import track
 
 from corral.config import Config, parse_config
 from corral.core.aborts import Aborts
-from corral.parity import compare
-from corral.replay import replay
 from corral.sim.engine import simulate
 from corral.sim.families import random_sleep_scenario
 from corral.sim.metrics import summarize
+from corral.sim.parity import compare
+from corral.sim.replay import replay
 from corral.sim.scenarios import BESIDE_BATCH_CONFIG, SLEEP_CONFIG, Scenario, get_scenario
 from corral.sim.trace import Trace
 

@@ -8,7 +8,7 @@ idle model through its agent's learned think time when the next step is due soon
 swap away and back would take: `Cost.linger_s`), and the same with that hold switched off
 (`scheduler.cost.linger: false`: the model is swapped out as soon as nothing is in flight, as
 llama-swap's FIFO scheduler does, `internal/router/scheduler/fifo.go`). Then the simulator,
-given the live run's measured loads and services (`corral.parity`), over the same trace: both
+given the live run's measured loads and services (`corral.sim.parity`), over the same trace: both
 sides and the `llama-swap` baseline (corral/sim/baselines.py). Per side: loads, mean latency
 (arrival to the answer), the hold's verdicts.
 
@@ -32,11 +32,11 @@ from typing import Any
 
 from bench_prepare import role_files
 from corral.config import Config, parse_config
-from corral.parity import at_engine_times, at_live_load_times
 from corral.policy_names import SimPolicyName
-from corral.replay import replay
 from corral.sim.engine import Run, simulate
 from corral.sim.metrics import summarize
+from corral.sim.parity import at_engine_times, at_live_load_times
+from corral.sim.replay import replay
 from corral.sim.trace import Trace, TraceLine
 
 ROLES = {

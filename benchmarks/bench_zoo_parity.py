@@ -1,7 +1,7 @@
 """The simulator against real servers on the zoo's files (issue 47): the conversations scenario
 (`corral.zoo.scenario.conversations`: agent loops alternating over a kept and a not-kept
 architecture on one device) run live through `corral serve` on the `llama` extra's llama-server,
-then simulated given the figures the servers measured (`corral.parity.simulated_beside`): loads,
+then simulated given the figures the servers measured (`corral.sim.parity.simulated_beside`): loads,
 tokens prefilled, waits and latencies side by side, each parity figure against the range of
 eight simulations under the live run's noise.
 
@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from corral.parity import simulated_beside
-from corral.replay import replay
+from corral.sim.parity import simulated_beside
+from corral.sim.replay import replay
 from corral.zoo.scenario import KEPT, NOT_KEPT, conversations
 
 

@@ -198,7 +198,7 @@ def test_light_entry_points_do_not_load_the_heavy_parts() -> None:
     """`corral sim-backend` starts once per simulated swap: the CLI and the sim server must not
     import pydantic (the config), numpy (the simulator) or the worker until a command needs them."""
     probe = (
-        "import sys, corral.cli, corral.backends.sim_server; "
+        "import sys, corral.cli, corral.bundled.sim_server; "
         "print(sorted(m for m in ('pydantic', 'numpy', 'matplotlib', 'corral.config', "
         "'corral.worker', 'corral.queue') if m in sys.modules))"
     )

@@ -1,6 +1,6 @@
 """The simulator held to account: the built-in scenarios, shortened, run live through `corral serve`
 (`corral replay`) and in the simulator; loads and each class's p95 wait must agree. The simulator
-gets the times the live run had (`corral.parity.simulated_beside`): the load times it measured,
+gets the times the live run had (`corral.sim.parity.simulated_beside`): the load times it measured,
 the arrivals and the services of the requests served alone: on a busy machine a sim backend
 starts and answers later than the trace says, requests leave late, the live scheduler learns and
 decides on the longer times, and the waits behind them grow. A short trace's p95 wait is chaotic
@@ -12,7 +12,7 @@ decisions, not this machine's speed.
 Tolerances (issue 9): loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
 seconds, of the simulations' range. A divergence is a bug in the simulator or in the live
 system: fix it, do not widen these. Each scenario runs at a speed that keeps every scaled load
-above a sim backend's start-up (`corral.replay.STARTUP_FLOOR_S`) with room to spare, and every
+above a sim backend's start-up (`corral.sim.replay.STARTUP_FLOOR_S`) with room to spare, and every
 scaled service well above a request's few milliseconds of HTTP overhead (which the trace's clock
 multiplies by the speed).
 """
@@ -26,8 +26,8 @@ import sys
 
 import pytest
 
-from corral.parity import simulated_beside
-from corral.replay import ReplayError, replay, too_fast
+from corral.sim.parity import simulated_beside
+from corral.sim.replay import ReplayError, replay, too_fast
 from corral.sim.scenarios import Scenario, get_scenario
 from corral.sim.trace import Trace, TraceLine
 

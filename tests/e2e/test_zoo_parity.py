@@ -2,7 +2,7 @@
 architectures on real llama-servers through `corral serve`, one whose prompt caches are kept
 (qwen3: its restores are honoured) and one whose are not (qwen35, a Gated-DeltaNet hybrid: it
 takes the state and processes the prompt again), against the simulator given the figures the
-servers measured (`corral.parity.at_engine_times`). The loads, the tokens prefilled (what the
+servers measured (`corral.sim.parity.at_engine_times`). The loads, the tokens prefilled (what the
 swaps threw away, what the restores kept) and the p95 wait must agree: the same decisions."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corral.parity import simulated_beside
-from corral.replay import replay
+from corral.sim.parity import simulated_beside
+from corral.sim.replay import replay
 from corral.zoo.scenario import KEPT, NOT_KEPT, conversations
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]

@@ -19,8 +19,8 @@ import httpx
 import openai
 import pytest
 
-from corral.backends.embed_server import EmbedBackendError, check
 from corral.backends.process import free_port
+from corral.bundled.embed_server import EmbedBackendError, check
 from tests.helpers import wait_http_ok
 from tests.support.gateway import CORRAL, SIM, serve
 

@@ -13,8 +13,8 @@ import pytest
 from corral.config import ServerConfig, parse_config
 from corral.core.types import Lifecycle
 from corral.gateway.pipeline.cluster import UNREACHABLE_S, Cluster
-from corral.gateway.servers.runtime import Gateway
 from corral.gateway.pipeline.upstream import Upstream
+from corral.gateway.servers.runtime import Gateway
 from corral.store import MemoryStore
 
 CONFIG = """

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.compose import with_capabilities
 from corral.config import parse_config
-from corral.config.serve import with_capabilities
 from corral.modelfiles.capabilities import capabilities_of, takes_tools
 from corral.modelfiles.folder import builtin_template
 from corral.zoo import make

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from corral.compose import with_contexts
 from corral.config import Config, ModelsDir
-from corral.config.serve import with_contexts
 from corral.errors import CorralError
 from corral.gateway.doors.ollama_shapes import BadRequest, asked_context
 from corral.modelfiles.folder import Contexts, default_context

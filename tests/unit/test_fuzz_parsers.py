@@ -25,7 +25,6 @@ from corral.batch.jsonl import TooLong, bounded_lines, check
 from corral.batch.webhooks import WebhookRefused, check_url
 from corral.config import parse_config
 from corral.errors import ConfigError
-from corral.gateway.pipeline.guard import Guard
 from corral.gateway.doors.ollama_shapes import (
     MAX_KEEP_ALIVE_S,
     BadRequest,
@@ -34,6 +33,7 @@ from corral.gateway.doors.ollama_shapes import (
     generate_request,
     keep_alive_s,
 )
+from corral.gateway.pipeline.guard import Guard
 from corral.secrets import Redactor, flag_values, mask
 
 EXAMPLES = int(os.environ.get("CORRAL_EXAMPLES", "200"))

@@ -5,8 +5,8 @@ tools (the sim answers them)."""
 from __future__ import annotations
 
 from corral.config.models import CapabilitiesConfig, ModelConfig
-from corral.gateway.servers.demo import demo_config
 from corral.gateway.doors.ollama_routes import _capabilities, _entry
+from corral.gateway.servers.demo import demo_config
 
 
 def test_the_digest_changes_with_the_capabilities_and_only_then() -> None:

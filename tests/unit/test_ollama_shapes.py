@@ -1,5 +1,5 @@
-"""Ollama's requests and answers in OpenAI's terms (gateway/doors/ollama_shapes.py): pure, table-tested,
-with the answers a server cuts short or garbles."""
+"""Ollama's requests and answers in OpenAI's terms (gateway/doors/ollama_shapes.py): pure,
+table-tested, with the answers a server cuts short or garbles."""
 
 from __future__ import annotations
 

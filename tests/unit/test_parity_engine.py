@@ -1,4 +1,4 @@
-"""`corral.parity.at_engine_times`: what the simulator is given from a replay on real servers
+"""`corral.sim.parity.at_engine_times`: what the simulator is given from a replay on real servers
 (issue 47's parity, and issue 51's: a loaded clean-clone run found two loops' next steps
 served in the other order than live, the simulator having thought as long as the trace said
 while the busy client sent later)."""
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from corral.config import parse_config
-from corral.parity import at_engine_times
 from corral.sim.engine import simulate
+from corral.sim.parity import at_engine_times
 from corral.sim.trace import parse_trace
 
 pytestmark = pytest.mark.unit

@@ -138,7 +138,7 @@ def test_an_answers_prefill_is_read_from_its_usage_and_timings() -> None:
 def test_a_sim_backend_speaks_the_slot_api_with_a_prompt_cache(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from corral.backends.sim_server import SimSettings, build_app
+    from corral.bundled.sim_server import SimSettings, build_app
 
     settings = SimSettings(
         "m", load_s=0, tokens_per_s=1e6, parallel=2, prefill_tok_s=1e6,

@@ -7,8 +7,14 @@ import dataclasses
 import pytest
 
 from corral.config import parse_config
-from corral.parity import Divergence, at_live_load_times, at_live_times, slow_loads, slow_services
-from corral.replay import _run, _Swap, _Timing
+from corral.sim.parity import (
+    Divergence,
+    at_live_load_times,
+    at_live_times,
+    slow_loads,
+    slow_services,
+)
+from corral.sim.replay import _run, _Swap, _Timing
 from corral.sim.trace import parse_trace
 
 CONFIG = parse_config(

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, HttpUrl
 
-from corral.backends.sim_schema import MAX_ITEMS, fill
+from corral.bundled.sim_schema import MAX_ITEMS, fill
 from corral.gateway.doors.ollama_shapes import BadRequest, context_of, turns_of
 
 
@@ -198,7 +198,7 @@ def test_a_context_corral_did_not_give_is_refused(context: Any) -> None:
 def test_values_come_from_what_the_prompt_gives_in_turn() -> None:
     """A model asked for a tool's arguments takes them from the prompt: its numbers in turn
     (where they fit the schema), its quoted texts in turn, the keys it names for a JSON."""
-    from corral.backends.sim_schema import cues_of, keys_of
+    from corral.bundled.sim_schema import cues_of, keys_of
 
     cues = cues_of("add 2 and 3, name it '你好啊集团'; a JSON with 'setup' and 'punchline' keys")
     assert cues.numbers == (2.0, 3.0)
@@ -214,8 +214,8 @@ def test_values_come_from_what_the_prompt_gives_in_turn() -> None:
 def test_a_tool_the_user_asks_for_is_called_with_the_values_named_for_it() -> None:
     """OpenCode's `@explore` mention: "call the task tool with subagent: explore". A model
     calls the tool asked for, with the value named for its field (`subagent_type`)."""
-    from corral.backends.sim_schema import cues_of
-    from corral.backends.sim_turns import Choice, pick
+    from corral.bundled.sim_schema import cues_of
+    from corral.bundled.sim_turns import Choice, pick
 
     said = "@explore list the files. Call the task tool with subagent: explore"
     tools = ["bash", "read", "list", "task"]

@@ -26,8 +26,8 @@ from corral.batch.service import BatchService
 from corral.batch.webhooks import Deliverer
 from corral.config import Config
 from corral.gateway.pipeline.calls import outgoing
-from corral.gateway.servers.runtime import Gateway
 from corral.gateway.pipeline.upstream import Upstream
+from corral.gateway.servers.runtime import Gateway
 from corral.ratelog import Throttle
 from corral.store import Store, StoreBusy, StoreUnavailable
 from corral.worker.registry import ModelHooks, Registry, current_device, current_task

@@ -311,8 +311,8 @@ def replay_cmd(
     """Send a trace live through `corral serve` (sim backends with the configuration's times, or
     with --own-servers the models' own) and report the same figures as `corral simulate`, in the
     trace's seconds."""
-    from corral.parity import simulated_beside
-    from corral.replay import replay
+    from corral.sim.parity import simulated_beside
+    from corral.sim.replay import replay
     from corral.sim.report import per_class_table, per_model_table, results_table
 
     config, trace, title = _inputs(scenario, config_path, trace_path)
@@ -390,7 +390,7 @@ def serve_cmd(
     ] = False,
 ) -> None:
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
-    from corral.config.serve import ServeOptions, compose
+    from corral.compose import ServeOptions, compose
 
     options = ServeOptions(
         config_path, listen, policy, list(models or []), llama_server, list(context or [])
@@ -528,7 +528,7 @@ def sim_backend_cmd(
     """Run a simulated OpenAI-compatible model server (for demos, tests and benchmarks), with
     vLLM's sleep API (`POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`) and, with
     --prefill-tok-s, llama-server's prompt cache and slot API."""
-    from corral.backends.sim_server import SimSettings, serve
+    from corral.bundled.sim_server import SimSettings, serve
 
     err_console.print(
         f"corral sim-backend: {model} on http://{host}:{port} "
@@ -573,7 +573,7 @@ def embed_backend_cmd(
 ) -> None:
     """Run an OpenAI-compatible embeddings server over sentence-transformers (one forward pass
     per request; pair it with a `batch:` model in Corral's config to coalesce requests)."""
-    from corral.backends.embed_server import EmbedBackendError, EmbedSettings, check, serve
+    from corral.bundled.embed_server import EmbedBackendError, EmbedSettings, check, serve
 
     try:
         path = check(model_path)

@@ -104,8 +104,8 @@ def _scanned(
 ) -> tuple[list[tuple[FoundModel, str]], int]:
     """The models of `folders` that fit this machine's devices, each with the figure it is
     packed by, and how many files were skipped (each said on stderr, with why)."""
+    from corral.compose import with_contexts
     from corral.config import ModelsDir
-    from corral.config.serve import with_contexts
     from corral.errors import CorralError
     from corral.modelfiles.folder import Contexts, scan
     from corral.modelfiles.serving import budget_bytes, fitting, machine_devices, memory_of

@@ -11,9 +11,10 @@ counts as cached: its loads are priced by its measured loads alone, as before is
 Prepared: `wanted` says which files should be in the page cache next, most likely first: the
 models whose work waits for a device, in the order the policy would bring them in, then the
 models the learned transitions predict (agent loops alternate predictably: orchestrator,
-explorer, coder). The shell reads them in while the disk and memory are free (gateway/servers/files.py;
-the simulator alike); the decision is this part's, the same in both. A transition is one model's
-arrival after another's (the last arrival of a different model); each model's transitions decay
+explorer, coder). The shell reads them in while the disk and memory are free
+(gateway/servers/files.py; the simulator alike); the decision is this part's, the same in both.
+A transition is one model's arrival after another's (the last arrival of a different model);
+each model's transitions decay
 (`DECAY` per new one), so a changed pattern is learned in a few steps. The predictor's hits and
 misses are counted where a request finds its model out of the device.
 

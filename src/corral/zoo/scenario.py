@@ -3,8 +3,8 @@ real servers: agent loops alternating over two models of two architectures on on
 (every step a swap), each step's conversation with that model grown by a few hundred words.
 One architecture's prompt caches are kept across swaps (llama-server honours its restores), the
 other's are not (a hybrid: it takes the state and processes the prompt again), so the run holds
-both prices of a swap. `corral.replay.replay(..., own_backends=True)` runs it live on the
-`llama` extra's llama-server; `corral.parity.simulated_beside` gives the simulator the figures
+both prices of a swap. `corral.sim.replay.replay(..., own_backends=True)` runs it live on the
+`llama` extra's llama-server; `corral.sim.parity.simulated_beside` gives the simulator the figures
 the servers measured (`at_engine_times`)."""
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from corral.batch.runtime import BatchRuntime
 from corral.config import Config
+from corral.gateway.errors import Conflict, ModelUnavailable
 from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.pipeline.cluster import Cluster
-from corral.gateway.errors import Conflict, ModelUnavailable
 from corral.gateway.servers.runtime import Gateway
 from corral.store import StoreError
 

@@ -33,8 +33,9 @@ from corral.gateway.doors import openapi
 from corral.gateway.doors.admin import admin_routes
 from corral.gateway.doors.batches import refused as batch_refused
 from corral.gateway.doors.batches import routes as batch_routes
-from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
-from corral.gateway.pipeline.cluster import Cluster
+from corral.gateway.doors.llamaswap_routes import llamaswap_routes
+from corral.gateway.doors.ollama_routes import OllamaDoor, ollama_routes
+from corral.gateway.doors.openai_routes import openai_routes
 from corral.gateway.errors import (
     GatewayError,
     as_anthropic,
@@ -45,15 +46,14 @@ from corral.gateway.errors import (
     store_unavailable,
     validation_error,
 )
+from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
+from corral.gateway.pipeline.cluster import Cluster
 from corral.gateway.pipeline.guard import Guard
-from corral.gateway.doors.llamaswap_routes import llamaswap_routes
-from corral.gateway.servers.metrics import Metrics
-from corral.gateway.doors.ollama_routes import OllamaDoor, ollama_routes
-from corral.gateway.doors.openai_routes import openai_routes
 from corral.gateway.pipeline.proxy import Proxy
+from corral.gateway.pipeline.upstream import Upstream
+from corral.gateway.servers.metrics import Metrics
 from corral.gateway.servers.reload import Reloader
 from corral.gateway.servers.runtime import Gateway
-from corral.gateway.pipeline.upstream import Upstream
 from corral.store import StoreBusy, StoreUnavailable
 
 

@@ -17,7 +17,6 @@ from starlette.formparsers import MultiPartParser
 from corral.batch.files import FileStorage, TooLarge
 from corral.batch.runtime import BatchRuntime
 from corral.batch.service import BatchError, BatchService, expires_after_s
-from corral.gateway.errors import InvalidRequest, error, no_space_error
 from corral.gateway.doors.openapi import (
     BatchList,
     BatchObject,
@@ -30,6 +29,7 @@ from corral.gateway.doors.openapi import (
     form_body,
     json_body,
 )
+from corral.gateway.errors import InvalidRequest, error, no_space_error
 from corral.ratelog import Throttle, no_space
 
 log = logging.getLogger("corral.batch")

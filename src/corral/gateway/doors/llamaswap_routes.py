@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from corral import __version__
 from corral.config import Config
-from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.doors.ollama_shapes import OLLAMA_API_VERSION
+from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.servers.runtime import Gateway
 from corral.modelfiles.folder import shown
 

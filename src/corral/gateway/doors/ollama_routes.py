@@ -30,9 +30,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 
 from corral.config import Config, ModelConfig
-from corral.gateway.pipeline.admission import disconnected
-from corral.gateway.pipeline.calls import Call, json_object, priority_of, read_body, skipped_why
-from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from corral.gateway.doors.ollama_answers import OllamaAnswer, error_body
 from corral.gateway.doors.ollama_shapes import (
     FILL_PATH,
@@ -46,6 +43,9 @@ from corral.gateway.doors.ollama_shapes import (
     text_of,
     top_logprobs,
 )
+from corral.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from corral.gateway.pipeline.admission import disconnected
+from corral.gateway.pipeline.calls import Call, json_object, priority_of, read_body, skipped_why
 from corral.gateway.pipeline.proxy import Proxy
 from corral.gateway.servers.runtime import Gateway
 

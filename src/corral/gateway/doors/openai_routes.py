@@ -11,9 +11,6 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from corral.config import Config
-from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, unknown_model
-from corral.gateway.errors import Forbidden, NotStored
-from corral.gateway.servers.lifecycle import managed
 from corral.gateway.doors.openapi import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -23,7 +20,10 @@ from corral.gateway.doors.openapi import (
     content,
     json_body,
 )
+from corral.gateway.errors import Forbidden, NotStored
+from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, unknown_model
 from corral.gateway.pipeline.proxy import Proxy
+from corral.gateway.servers.lifecycle import managed
 from corral.gateway.servers.runtime import Gateway
 
 

@@ -15,8 +15,8 @@ from starlette.formparsers import MultiPartParser
 
 from corral.backends.base import Backend
 from corral.config import Config, FiltersConfig
-from corral.gateway.servers import progress
 from corral.gateway.errors import BodyTooLarge, InvalidRequest, ModelNotFound
+from corral.gateway.servers import progress
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 # The model-routed endpoints, as llama-swap routes them (internal/server/server.go): a JSON body

@@ -25,9 +25,9 @@ import aiohttp
 from fastapi.responses import Response
 
 from corral.gateway.pipeline.calls import Call
-from corral.gateway.servers.runtime import Gateway
 from corral.gateway.pipeline.streams import ModelStream
 from corral.gateway.pipeline.upstream import DROP, DROP_BACK, Upstream, relay
+from corral.gateway.servers.runtime import Gateway
 from corral.rendezvous import rendezvous
 from corral.store import Membership, StoreError
 

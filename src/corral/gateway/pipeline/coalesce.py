@@ -26,7 +26,6 @@ from fastapi.responses import JSONResponse, Response
 
 from corral.backends.base import Backend
 from corral.config import CoalesceConfig
-from corral.gateway.pipeline.admission import Turns, disconnected
 from corral.gateway.errors import (
     ClientLeft,
     GatewayError,
@@ -34,8 +33,9 @@ from corral.gateway.errors import (
     UpstreamFailed,
     upstream_body,
 )
-from corral.gateway.servers.runtime import Gateway
+from corral.gateway.pipeline.admission import Turns, disconnected
 from corral.gateway.pipeline.upstream import Upstream
+from corral.gateway.servers.runtime import Gateway
 
 _OURS = ("input", "priority")  # fields not part of a batch's key
 

@@ -23,11 +23,11 @@ from typing import Protocol
 from fastapi.responses import Response, StreamingResponse
 
 from corral.config import Config
-from corral.gateway.servers import progress
+from corral.gateway.errors import GatewayError, stream_error
 from corral.gateway.pipeline.admission import Slot, Turns
 from corral.gateway.pipeline.calls import Call
-from corral.gateway.errors import GatewayError, stream_error
 from corral.gateway.pipeline.streams import ModelStream
+from corral.gateway.servers import progress
 
 TICK_S = 0.25  # how often the wait is looked at; a line is told per whole second
 

@@ -21,12 +21,6 @@ from fastapi.responses import Response
 
 from corral.backends.base import Backend
 from corral.config import Config
-from corral.gateway.servers.activity import TAIL_BYTES, completion_tokens, pieces, prefill
-from corral.gateway.pipeline.admission import Slot, Turns, disconnected
-from corral.gateway.pipeline.calls import Call, Reader
-from corral.gateway.pipeline.cluster import Cluster, Unreachable
-from corral.gateway.pipeline.coalesce import Coalescer
-from corral.gateway.servers.demo import data_dir
 from corral.gateway.errors import (
     ClientLeft,
     GatewayError,
@@ -35,11 +29,17 @@ from corral.gateway.errors import (
     upstream_body,
     upstream_message,
 )
+from corral.gateway.pipeline.admission import Slot, Turns, disconnected
+from corral.gateway.pipeline.calls import Call, Reader
+from corral.gateway.pipeline.cluster import Cluster, Unreachable
+from corral.gateway.pipeline.coalesce import Coalescer
 from corral.gateway.pipeline.loading import LoadingStream
 from corral.gateway.pipeline.props import KeptProps
-from corral.gateway.servers.runtime import Gateway
 from corral.gateway.pipeline.streams import ModelStream
 from corral.gateway.pipeline.upstream import DROP_BACK, DROP_RAW, Upstream, relay
+from corral.gateway.servers.activity import TAIL_BYTES, completion_tokens, pieces, prefill
+from corral.gateway.servers.demo import data_dir
+from corral.gateway.servers.runtime import Gateway
 from corral.prompt_cache.server import conversation_id
 
 Here = Callable[[Call], Awaitable[Response]]

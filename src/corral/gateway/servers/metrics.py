@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from corral.gateway.servers.epp import ProtocolMetrics
 from corral.gateway.errors import GatewayError
+from corral.gateway.servers.epp import ProtocolMetrics
 from corral.machine import GpuWatch
 
 # Waits and latencies span milliseconds (a resident model) to minutes (behind a long swap).

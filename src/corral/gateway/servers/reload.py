@@ -29,8 +29,8 @@ import watchfiles
 
 from corral.config import Config, ModelConfig
 from corral.errors import CorralError
-from corral.gateway.servers.runtime import Gateway
 from corral.gateway.servers.fleet import process_spec
+from corral.gateway.servers.runtime import Gateway
 
 log = logging.getLogger("corral.gateway")
 SETTLE_S = 0.25  # how often models being restarted or removed are looked at again

@@ -22,16 +22,16 @@ from typing import Any
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
+from corral.compose import engine_figures_path
 from corral.config import Config, HostConfig, ModelConfig
-from corral.config.serve import engine_figures_path
 from corral.core import Request, Scheduler
 from corral.gateway.servers.activity import Activity
 from corral.gateway.servers.events import Events
 from corral.gateway.servers.files import LOAD_MODE_ENV, Files
+from corral.gateway.servers.fleet import Servers
 from corral.gateway.servers.intake import Intake
 from corral.gateway.servers.metrics import Metrics
 from corral.gateway.servers.naps import Naps, host_memory_gb
-from corral.gateway.servers.fleet import Servers
 from corral.gateway.servers.status import StatusView, Tally
 from corral.gateway.servers.swaps import Holder, Load, Swap
 from corral.machine import watch
@@ -59,7 +59,9 @@ class Gateway:
         self.servers = Servers(log_dir, self._exited, self.prompt_caches, figures)
         self.backends = self.servers.backends  # each model's own server, by name (read only)
         self._devices = {d.name: d for d in config.devices}
-        self.naps = Naps()  # the servers asleep, and how each model sleeps (gateway/servers/naps.py)
+        self.naps = (
+            Naps()
+        )  # the servers asleep, and how each model sleeps (gateway/servers/naps.py)
         self.lock = DirLock(log_dir / "gateway.lock")
         for name, m in config.models.items():
             self.add_backend(name, m)

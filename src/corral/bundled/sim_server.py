@@ -28,9 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from corral.backends import sim_chat, sim_messages, sim_responses, sim_turns
-from corral.backends.sim_sleep import SimSleep
-from corral.backends.sim_slots import SimSlots
+from corral.bundled import sim_chat, sim_messages, sim_responses, sim_turns
+from corral.bundled.sim_sleep import SimSleep
+from corral.bundled.sim_slots import SimSlots
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -100,7 +100,7 @@ class SimSettings:
     wake2_s: float | None = None
     memory_gb: float = 0.0
     sleep_api: bool = True  # False: no sleep endpoints (404), like a server without sleep mode
-    # A prompt cache per slot (backends/sim_slots.py): prompts processed at `prefill_tok_s` (a
+    # A prompt cache per slot (bundled/sim_slots.py): prompts processed at `prefill_tok_s` (a
     # word a token) where their slot does not hold them; None: prompts take no time, no /slots.
     prefill_tok_s: float | None = None
     state_tok_s: float = 200_000.0  # a slot saved or restored (`slot_save_path`) at this speed
@@ -175,7 +175,7 @@ class SimServer:
         self.started_epoch = time.time() - age_s
         self.ready_at = time.monotonic() - age_s + settings.load_s
         self.ready_epoch = self.started_epoch + settings.load_s
-        # vLLM's sleep API and SGLang's memory release (backends/sim_sleep.py).
+        # vLLM's sleep API and SGLang's memory release (bundled/sim_sleep.py).
         self.nap = SimSleep(
             settings.load_s, settings.sleep_s, settings.wake_s, settings.wake2_s, settings.memory_gb
         )

@@ -9,8 +9,8 @@ import time
 import uuid
 from typing import Any
 
-from corral.backends import sim_turns
-from corral.backends.sim_schema import Cues, cues_of, fill, keys_of
+from corral.bundled import sim_turns
+from corral.bundled.sim_schema import Cues, cues_of, fill, keys_of
 
 
 def tool_call(body: dict[str, Any]) -> dict[str, Any] | None:

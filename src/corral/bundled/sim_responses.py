@@ -14,8 +14,8 @@ import time
 import uuid
 from typing import Any
 
-from corral.backends import sim_turns
-from corral.backends.sim_schema import fill
+from corral.bundled import sim_turns
+from corral.bundled.sim_schema import fill
 
 Event = tuple[dict[str, Any], bool]  # an event, and whether a token's time passes before it
 
