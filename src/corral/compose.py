@@ -11,10 +11,10 @@ from pathlib import Path
 from corral.config import Config, ModelsDir
 from corral.config.schema import MIN_CONTEXT
 from corral.errors import CorralError
-from corral.gateway.servers.demo import data_dir, demo_config
+from corral.gateway.servers.demo import demo_config
 from corral.llamaswap import load_config_file
 from corral.modelfiles.capabilities import capabilities_of
-from corral.modelfiles.engine import EngineFigures
+from corral.modelfiles.engine import EngineFigures, engine_figures_path
 from corral.modelfiles.serving import with_folders
 from corral.policy_names import POLICY_NAMES
 from corral.secrets import warn_if_exposed
@@ -118,11 +118,6 @@ def with_contexts(dirs: list[ModelsDir], given: Sequence[str]) -> list[ModelsDir
         )
         for d in dirs
     ]
-
-
-def engine_figures_path(config: Config) -> Path:
-    """Where llama-server's memory figures per model are kept (`modelfiles/engine.py`)."""
-    return Path(config.server.data_dir or data_dir()) / "engine-memory.json"
 
 
 def _served(config: Config, title: str) -> list[str]:

@@ -81,3 +81,54 @@ def test_the_figures_see_what_they_measure(tmp_path: Path) -> None:
     assert [x.split(":")[0].endswith("corral/long.py") for x in figs.long_modules] == [True]
     assert [x.split()[1] for x in figs.long_functions] == ["long:"]
     assert [x.split()[1] for x in figs.big_classes] == ["Big:"]
+
+
+def _room(module: str) -> str:
+    """The room a module lives in: its folder under `corral` (the gateway's sub-packages are
+    rooms of their own), or `corral` for a top-level module."""
+    parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "gateway":
+        return f"gateway.{parts[2]}"
+    return parts[1] if len(parts) > 1 else "corral"
+
+
+def room_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(room, room it imports) for every import that crosses rooms."""
+    return {(_room(m), _room(d)) for m, deps in graph.items() for d in deps if _room(m) != _room(d)}
+
+
+def test_no_two_rooms_import_each_other() -> None:
+    edges = room_edges(import_graph())
+    assert ("gateway.doors", "gateway.pipeline") in edges  # the rooms were told apart
+    assert sorted((a, b) for a, b in edges if (b, a) in edges) == []
+
+
+def test_the_gateway_layers_import_only_downward() -> None:
+    """doors -> pipeline -> servers: a door parses and answers, the pipeline carries a call,
+    the server side runs the model servers; none reaches up a layer."""
+    order = {"gateway.doors": 0, "gateway.pipeline": 1, "gateway.servers": 2}
+    upward = [
+        (a, b)
+        for a, b in room_edges(import_graph())
+        if a in order and b in order and order[b] < order[a]
+    ]
+    assert upward == []
+
+
+def test_config_and_backends_stay_leaves_of_what_they_describe() -> None:
+    """The configuration imports none of the parts it configures, and `backends/` (what starts
+    and talks to a model server) imports neither the servers Corral ships nor the prompt cache."""
+    edges = room_edges(import_graph())
+    config_out = sorted(b for a, b in edges if a == "config")
+    assert not {"gateway.doors", "gateway.pipeline", "gateway.servers", "modelfiles", "store",
+                "llamaswap", "compose"} & set(config_out), config_out  # fmt: skip
+    backends_out = sorted(b for a, b in edges if a == "backends")
+    assert "bundled" not in backends_out, backends_out
+    assert "prompt_cache" not in backends_out, backends_out
+
+
+def test_room_edges_see_a_pair_of_rooms_importing_each_other() -> None:
+    graph = {"corral.a.x": {"corral.b.y"}, "corral.b.y": {"corral.a.z"}, "corral.a.z": set()}
+    edges = room_edges(graph)
+    assert ("a", "b") in edges
+    assert ("b", "a") in edges

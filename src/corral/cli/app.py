@@ -422,9 +422,9 @@ def _serve(
     signal; `watched`: the paths `--watch` watches and how to compose the config again."""
     import logging
 
+    from corral.config import data_dir
     from corral.gateway.doors.app import create_app
     from corral.gateway.pipeline.connections import run_server, with_header_timeout
-    from corral.gateway.servers.demo import data_dir
 
     log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
     host, _, port = config.server.listen.rpartition(":")

@@ -182,7 +182,7 @@ def launch_cmd(
     and output limit, the right provider), then the tool itself."""
     import httpx
 
-    from corral.gateway.servers.demo import data_dir
+    from corral.config import data_dir
 
     if tool not in TOOLS:
         raise fail(f"no tool {tool!r}; corral launch knows: {', '.join(TOOLS)}")

@@ -45,8 +45,7 @@ def models_cmd(
     memory estimate, whether their prompt caches are kept across swaps, and the command that
     serves each; and, one line each, the files that `corral serve --models` would skip
     (unreadable, implausible, or too big for every device)."""
-    from corral.config import ModelConfig, PromptCacheConfig
-    from corral.gateway.servers.demo import data_dir
+    from corral.config import ModelConfig, PromptCacheConfig, data_dir
     from corral.modelfiles.engine import EngineFigures
     from corral.modelfiles.folder import find_llama_server, shown
     from corral.modelfiles.serving import figures_key

@@ -22,7 +22,7 @@ from corral.config.models import (
     SleepConfig,
 )
 from corral.config.schema import Config, ModelsDir
-from corral.config.server import BatchConfig, PromptCacheConfig, ServerConfig
+from corral.config.server import BatchConfig, PromptCacheConfig, ServerConfig, data_dir
 from corral.policy_names import POLICY_NAMES, PolicyName
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "SchedulerConfig",
     "ServerConfig",
     "SleepConfig",
+    "data_dir",
     "load_config",
     "node_lines",
     "parse_config",

@@ -3,8 +3,9 @@ limits): the schema."""
 
 from __future__ import annotations
 
+import os
 import shlex
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Annotated
 
 from pydantic import Field, field_validator
@@ -239,3 +240,9 @@ def prompt_cache_why_not(m: ModelConfig, settings: PromptCacheConfig) -> str | N
 
 def keeps_prompt_cache(m: ModelConfig, settings: PromptCacheConfig) -> bool:
     return prompt_cache_why_not(m, settings) is None
+
+
+def data_dir() -> Path:
+    """Where Corral keeps its files: $XDG_DATA_HOME/corral or ~/.local/share/corral."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "corral"

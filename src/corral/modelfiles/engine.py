@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.config import Config, data_dir
+
 MIB = 1 << 20
 # `self = model + context + compute`, in MiB, as common_memory_breakdown_print writes a row (a
 # GPU's row wraps it: `total = free + (self = model + context + compute) + unaccounted`).
@@ -340,3 +342,8 @@ def _mib(value: object) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40
         else None
     )
+
+
+def engine_figures_path(config: Config) -> Path:
+    """Where llama-server's memory figures per model are kept (`EngineFigures`)."""
+    return Path(config.server.data_dir or data_dir()) / "engine-memory.json"

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from corral.backends.base import Backend
-from corral.config import Config
+from corral.config import Config, data_dir
 from corral.gateway.errors import (
     ClientLeft,
     GatewayError,
@@ -38,7 +38,6 @@ from corral.gateway.pipeline.props import KeptProps
 from corral.gateway.pipeline.streams import ModelStream
 from corral.gateway.pipeline.upstream import DROP_BACK, DROP_RAW, Upstream, relay
 from corral.gateway.servers.activity import TAIL_BYTES, completion_tokens, pieces, prefill
-from corral.gateway.servers.demo import data_dir
 from corral.gateway.servers.runtime import Gateway
 from corral.prompt_cache.server import conversation_id
 

@@ -4,10 +4,8 @@ with realistic load times, like an agent framework's orchestrator, explorer and 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-from pathlib import Path
 
 from corral.config import Config, parse_config
 
@@ -44,9 +42,3 @@ def demo_config(listen: str = "127.0.0.1:8080") -> Config:
     return parse_config(
         json.dumps({"models": models, "server": {"listen": listen}}), "<built-in demo>"
     )
-
-
-def data_dir() -> Path:
-    """Where Corral keeps its files: $XDG_DATA_HOME/corral or ~/.local/share/corral."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "corral"

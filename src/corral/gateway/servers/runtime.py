@@ -22,7 +22,6 @@ from typing import Any
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
-from corral.compose import engine_figures_path
 from corral.config import Config, HostConfig, ModelConfig
 from corral.core import Request, Scheduler
 from corral.gateway.servers.activity import Activity
@@ -35,7 +34,7 @@ from corral.gateway.servers.naps import Naps, host_memory_gb
 from corral.gateway.servers.status import StatusView, Tally
 from corral.gateway.servers.swaps import Holder, Load, Swap
 from corral.machine import watch
-from corral.modelfiles.engine import EngineFigures
+from corral.modelfiles.engine import EngineFigures, engine_figures_path
 from corral.prompt_cache.caches import PromptCaches, folder_of
 from corral.secrets import Redactor
 
