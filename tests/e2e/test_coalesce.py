@@ -121,11 +121,13 @@ server:
 def test_a_refused_batch_is_retried_request_by_request_so_one_bad_input_fails_alone(
     tmp_path: Path, upstream: str
 ) -> None:
+    # The batch goes when full (three inputs): the three share it however slowly a busy
+    # machine sends them; the long window only bounds how long the first one waits.
     config = f"""
 models:
   emb:
     upstream: {upstream}
-    batch: {{max_size: 64, max_wait_ms: 200}}
+    batch: {{max_size: 3, max_wait_ms: 10000}}
 server:
   log_dir: LOG_DIR
 """
