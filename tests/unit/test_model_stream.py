@@ -73,3 +73,68 @@ def test_a_stream_that_ends_does_not_call_closed() -> None:
     asyncio.run(stream(scope, never, send))
     assert freed == ["body"]
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def test_a_send_that_never_completes_is_dropped_by_the_watchdog_and_frees_the_stream() -> None:
+    """One watchdog per stream: a send stuck for the whole bound cancels the stream (logged as
+    a stall, not raised), closes the body and runs `closed`; sends that do complete, however
+    many, never trip it."""
+    freed: list[str] = []
+    sent: list[bytes] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            for i in range(50):
+                yield b"data: %d\n\n" % i
+        finally:
+            freed.append("body")
+
+    async def send(message: Message) -> None:
+        sent.append(message.get("body", b""))
+        if len(sent) > 20:  # the client stops reading after 20 messages
+            await asyncio.Event().wait()
+        await asyncio.sleep(0.001)
+
+    async def receive() -> Message:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def run() -> tuple[float, ModelStream]:
+        stream = ModelStream(body(), 0.2, "model m", lambda: freed.append("closed"))
+        t0 = asyncio.get_running_loop().time()
+        await stream({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return asyncio.get_running_loop().time() - t0, stream
+
+    took_s, stream = asyncio.run(run())
+    assert len(sent) == 21  # the start and 20 chunks went; the 21st send hung
+    assert freed == ["body", "closed"]
+    assert stream.cut
+    assert took_s >= 0.2  # never before the whole bound
+
+
+def test_a_cancellation_from_outside_still_propagates_through_the_watchdog() -> None:
+    """Only the watchdog's own cancellation is a stall: a shutdown's cancels the stream."""
+
+    async def body() -> AsyncIterator[bytes]:
+        while True:
+            yield b"data: x\n\n"
+            await asyncio.sleep(0.01)
+
+    async def send(message: Message) -> None:
+        await asyncio.sleep(0)
+
+    async def receive() -> Message:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def run() -> None:
+        stream = ModelStream(body(), 30.0, "model m")
+        task = asyncio.ensure_future(
+            stream({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        )
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())

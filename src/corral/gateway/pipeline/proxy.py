@@ -271,14 +271,12 @@ class Proxy:
         events = (call.openai or call.dialect is not None) and sse
         first_byte: float | None = None
         texts = 0  # pieces of text: tokens, for a server that sends no usage
-        tail = b""  # the stream's last bytes, where its usage is
 
         def seen(chunk: bytes) -> None:
-            nonlocal first_byte, texts, tail
+            nonlocal first_byte, texts
             if first_byte is None:
                 first_byte = time.monotonic()
             texts += pieces(chunk)
-            tail = (tail + chunk)[-TAIL_BYTES:]
 
         async def cut_short(exc: BaseException) -> str:
             died = await backend.exited(timeout_s=1.0)
@@ -289,7 +287,7 @@ class Proxy:
 
         done = False
 
-        def ended(whole: bool) -> None:  # finished, failed, or the client left: free the slot
+        def ended(whole: bool, tail: bytes) -> None:  # finished, failed, or the client left
             nonlocal done
             if not done:
                 done = True
@@ -312,7 +310,7 @@ class Proxy:
 
         def closed() -> None:  # the relay may never have started: its `finally` never ran
             resp.close()
-            ended(False)
+            ended(False, b"")
 
         stream = ModelStream(
             body_iterator,

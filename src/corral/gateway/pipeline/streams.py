@@ -18,10 +18,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Send
 
 log = logging.getLogger("corral.gateway")
-
-
-class _Stalled(Exception):
-    pass
+WATCH_TICKS = 4  # looks per `send_timeout_s`: a stall is dropped within 1.25x the bound
 
 
 class _Gone(Exception):
@@ -62,23 +59,51 @@ class ModelStream(StreamingResponse):
         self.cut = True  # before the cancellation reaches the body, whose `finally` reads it
 
     async def stream_response(self, send: Send) -> None:
+        # One watchdog per stream, not a timeout per send: a send only marks itself in progress
+        # and counts itself done; the watchdog looks every quarter of the bound and cancels the
+        # stream once one send has been in progress, with none done, for the whole bound.
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        sending = False
+        sent = 0
+        stalled = False
+        period_s = self.send_timeout_s / WATCH_TICKS
+        # At the last look: sends done, whether one was in progress, and for how many looks in
+        # a row that same send had been in progress already.
+        looked = (-1, False, 0)
+        handle: asyncio.TimerHandle | None = None
+
+        def watch() -> None:
+            nonlocal looked, stalled, handle
+            same = sending and looked[1] and looked[0] == sent
+            looked = (sent, sending, looked[2] + 1 if same else 0)
+            if looked[2] >= WATCH_TICKS:  # in progress at WATCH_TICKS + 1 looks: a whole bound
+                stalled = True
+                task.cancel()
+                return
+            handle = loop.call_later(period_s, watch)
+
         async def timed(message: Message) -> None:
+            nonlocal sending, sent
             if self._gone:
                 raise _Gone
-            # asyncio.timeout rather than wait_for: no task made per send.
-            try:
-                async with asyncio.timeout(self.send_timeout_s):
-                    await send(message)
-            except TimeoutError:
-                raise _Stalled from None
+            sending = True
+            await send(message)
+            sending = False
+            sent += 1
 
+        handle = loop.call_later(period_s, watch)
         ended = False
         try:
             await super().stream_response(timed)
             ended = True
         except _Gone:
             pass  # the client left; the body is closed below
-        except _Stalled:
+        except asyncio.CancelledError:
+            if not stalled:
+                raise
+            task.uncancel()  # the watchdog's own cancellation: a stall, not a shutdown
             log.warning(
                 "%s: the client read nothing for %g s (server.stream_send_timeout_s); "
                 "dropped it and freed its slot",
@@ -86,6 +111,8 @@ class ModelStream(StreamingResponse):
                 self.send_timeout_s,
             )
         finally:
+            if handle is not None:
+                handle.cancel()
             if not ended:
                 # Stalled, left or cancelled: close the body now, so its `finally` frees the
                 # slot, rather than whenever the garbage collector finalizes it.

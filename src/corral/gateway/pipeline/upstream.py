@@ -13,6 +13,7 @@ import aiohttp
 
 from corral.backends.base import Backend
 from corral.gateway.errors import UpstreamFailed, stream_error
+from corral.gateway.servers.activity import TAIL_BYTES
 
 # Hop-by-hop headers and those the client library/uvicorn set themselves.
 DROP = {
@@ -124,6 +125,17 @@ async def down(backend: Backend, model: str, exc: BaseException) -> UpstreamFail
 # The last event of an answer, by API: OpenAI's chat and completions, Anthropic's Messages, the
 # Responses API. A client may close as soon as it reads one, before the server's end arrives.
 END_MARKS = (b"data: [DONE]", b"event: message_stop", b"event: response.completed")
+_TRIM_AT = 64  # chunks kept before the list is cut back to its last TAIL_BYTES
+
+
+def _keep_tail(recent: list[bytes]) -> None:
+    """Drop the oldest chunks of `recent` that the last `TAIL_BYTES` do not reach."""
+    size = 0
+    for i in range(len(recent) - 1, -1, -1):
+        size += len(recent[i])
+        if size >= TAIL_BYTES:
+            del recent[:i]
+            return
 
 
 async def relay(
@@ -131,7 +143,7 @@ async def relay(
     events: bool,
     cut_short: Callable[[BaseException], Awaitable[str]],
     seen: Callable[[bytes], None] | None = None,
-    ended: Callable[[bool], None] | None = None,
+    ended: Callable[[bool, bytes], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """An answer's body, chunk by chunk as it comes. `events` (server-sent events): chunks are
     cut at line ends, so an error event added after a failure stays parsable, and a failure
@@ -140,24 +152,31 @@ async def relay(
     left. `seen` gets each chunk; `ended` runs however it ends (finished, failed, or the client
     left, which drops the connection so the server stops generating), told whether the server's
     answer was relayed whole (to its end, or to its last event: a client that closes once it
-    has read `data: [DONE]` did not cut the answer short)."""
+    has read `data: [DONE]` did not cut the answer short) and the last `TAIL_BYTES` (at least)
+    of what was relayed of it, where its usage is.
+
+    Per chunk it does no more than a bare proxy does, but for `seen` and keeping the chunk
+    in a short list: the end marks and the usage are read once, from that tail, at the end."""
     whole = False
-    answered = False  # events: the answer's last event was relayed
     partial = b""  # events: a line not yet ended
+    recent: list[bytes] = []  # the last chunks relayed, at least TAIL_BYTES of them
     try:
         async for chunk in resp.content.iter_any():
             if seen is not None:
                 seen(chunk)
-            if events:
+            if events and (partial or not chunk.endswith(b"\n")):
                 chunk = partial + chunk
                 cut = chunk.rfind(b"\n") + 1
                 chunk, partial = chunk[:cut], chunk[cut:]
                 if not chunk:
                     continue
             yield chunk
-            answered = answered or (events and any(m in chunk for m in END_MARKS))
+            recent.append(chunk)
+            if len(recent) >= _TRIM_AT:
+                _keep_tail(recent)
         if partial:
             yield partial
+            recent.append(partial)
         whole = True
     except (aiohttp.ClientError, TimeoutError) as exc:
         why = await cut_short(exc)
@@ -171,4 +190,7 @@ async def relay(
         else:
             resp.close()
         if ended is not None:
-            ended(whole or answered)
+            _keep_tail(recent)
+            tail = b"".join(recent)[-TAIL_BYTES:]
+            answered = events and any(m in tail for m in END_MARKS)
+            ended(whole or answered, tail)

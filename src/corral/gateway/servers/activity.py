@@ -18,7 +18,7 @@ from typing import Any
 
 SIZE = 200  # entries kept; the dashboard shows the newest
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PIECE = re.compile(rb'"content"\s*:\s*"[^"]')  # a non-empty piece of text in an event
+_EMPTY = tuple(b'"content"' + sep + v for sep in (b":", b": ") for v in (b'""', b"null"))
 TAIL_BYTES = 2048  # of a stream, kept to find its usage (the last events)
 _CONTEXT = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d+)')
 _PREFILLED = re.compile(rb'"prompt_n"\s*:\s*(\d+)')  # llama-server's timings
@@ -26,8 +26,13 @@ _PREFILL_MS = re.compile(rb'"prompt_ms"\s*:\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)')
 
 
 def pieces(chunk: bytes) -> int:
-    """Pieces of text in a chunk of server-sent events."""
-    return len(_PIECE.findall(chunk))
+    """Pieces of text in a chunk of server-sent events: its `"content"` keys less the empty
+    ones, counted by `bytes.count` (a stream's every chunk passes here: no regex)."""
+    n = chunk.count(b'"content"')
+    if n:
+        for empty in _EMPTY:
+            n -= chunk.count(empty)
+    return n
 
 
 def completion_tokens(data: bytes) -> int | None:
