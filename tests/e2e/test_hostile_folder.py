@@ -216,3 +216,35 @@ def test_a_folder_with_nothing_servable_names_every_file_and_why(tmp_path: Path)
         assert "can be served" in out.stderr
         for name in HOSTILE:
             assert f"[bold]{name}.gguf" in out.stderr, (argv[1], name)
+
+
+def test_a_gguf_landing_in_a_watched_folder_is_read_and_projected_off_the_event_loop(
+    folder: Path, tmp_path: Path
+) -> None:
+    """The reload reads the folder, the new file's header and llama-server's memory projection
+    for it (a new path: a new projection) in a thread: the gateway's own loop watch logs no
+    stall inside that code, while it demonstrably watches (its lag histogram counts). Read
+    from what ran on the loop, not from how long anything took, so it holds on a busy machine."""
+    mine = tmp_path / "watched"
+    mine.mkdir()
+    os.link(folder / f"{SPACES}.gguf", mine / "first.gguf")
+    gen = serving(["--models", str(mine), "--watch"], tmp_path)
+    g, logged = next(gen)
+    try:
+        assert model_ids(g.url) == ["first"]
+        os.link(folder / f"{SPACES}.gguf", mine / "second.gguf")
+        wait_for_ids(g.url, ["first", "second"], timeout_s=120)
+        status = g.status()["models"]["second"]
+        metrics = httpx.get(f"{g.url}/metrics").text
+    finally:
+        for _ in gen:
+            pass
+    assert "corral_event_loop_lag_seconds_count" in metrics
+    lags = [
+        ln for ln in metrics.splitlines() if ln.startswith("corral_event_loop_lag_seconds_count")
+    ]
+    assert float(lags[0].split()[-1]) > 0
+    assert status is not None
+    stalls = [line for line in logged if "event loop has not run" in line]
+    blamed = [s for s in stalls if "modelfiles" in s or "compose.py" in s or "reload.py" in s]
+    assert blamed == [], blamed

@@ -14,8 +14,9 @@
   it and why; the other models are applied (issue 36), and an error no check foresaw is logged
   without stopping the watch.
 
-The live `Config` object is changed in place (its `models`), so every part that holds it sees
-the same models.
+The configuration is read again off the event loop (in a thread: a models folder's new files
+are projected by llama-server, which takes seconds); the live `Config` object is then changed in
+place on the loop (its `models`), so every part that holds it sees the same models.
 """
 
 from __future__ import annotations
@@ -57,14 +58,18 @@ class Reloader:
         settle = asyncio.ensure_future(self._settle())
         try:
             async for _ in watchfiles.awatch(*self.paths, debounce=300, step=50):
-                self.reload()  # never raises: a watcher that died would stop reloading silently
+                await self.reload()  # never raises: a dead watcher would stop reloading silently
         finally:
             settle.cancel()
 
-    def reload(self) -> list[str]:
-        """Read the configuration again and apply it; returns what changed (also logged)."""
+    async def reload(self) -> list[str]:
+        """Read the configuration again and apply it; returns what changed (also logged).
+        Reading it (files, GGUF headers, the engine's memory projections: seconds for a folder
+        of new models) runs in a thread, so no request or stream waits for it; applying it to
+        the live configuration and the scheduler is quick and runs on the loop, which owns
+        them. Changes made meanwhile are seen by the next reload."""
         try:
-            new = self.load()
+            new = await asyncio.to_thread(self.load)
         except (CorralError, ValueError) as exc:
             log.error("config not reloaded, the previous one stays: %s", exc)
             return []

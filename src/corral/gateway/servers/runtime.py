@@ -29,6 +29,7 @@ from corral.gateway.servers.events import Events
 from corral.gateway.servers.files import LOAD_MODE_ENV, Files
 from corral.gateway.servers.fleet import Servers
 from corral.gateway.servers.intake import Intake
+from corral.gateway.servers.loopwatch import LoopWatch
 from corral.gateway.servers.metrics import Metrics
 from corral.gateway.servers.naps import Naps, host_memory_gb
 from corral.gateway.servers.status import StatusView, Tally
@@ -91,6 +92,7 @@ class Gateway:
         self.scheduler: Scheduler | None = None
         self._stretch_seen: float | None = None  # the stretch last logged (its start)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.loopwatch: LoopWatch | None = None  # from start(): the loop it watches runs
         # The clients' requests waiting for their turn (gateway/servers/intake.py).
         self.intake = Intake(self._sched, self._loop_)
         self._busy: set[asyncio.Task[Any]] = set()
@@ -117,6 +119,8 @@ class Gateway:
                 ", ".join(map(str, reaped)),
             )
         self._loop = asyncio.get_running_loop()
+        self.loopwatch = LoopWatch(self._loop, self.metrics.loop_lag)
+        self.loopwatch.start()
         config = self.config
         if config.host.memory_gb is None and any(m.sleep for m in config.models.values()):
             # Sleeping models hold host memory: bounded by the machine's, less a margin.
@@ -131,6 +135,8 @@ class Gateway:
         self._spawn(self.files.run())
 
     async def close(self) -> None:
+        if self.loopwatch is not None:
+            self.loopwatch.stop()
         for t in list(self._busy):
             t.cancel()
         every = [*self.servers.every(), *self.naps.servers()]

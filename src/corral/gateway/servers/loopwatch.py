@@ -1,0 +1,82 @@
+"""The gateway's event loop, watched from a thread of its own: `LoopWatch`.
+
+Every stream Corral relays and every request it admits waits on one event loop; anything that
+blocks it (a subprocess waited for, a file or database call, a big parse) stalls all of them.
+The watch posts a callback to the loop every `EVERY_S` and measures how late it runs: each lag
+goes to `corral_event_loop_lag_seconds`, and a loop that has not run the callback for `STALL_S`
+is logged once per stall with the loop thread's stack at that moment, so the log names the code
+that blocked it. Blocking calls belong in a thread (`asyncio.to_thread`) or another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+
+from prometheus_client import Histogram
+
+log = logging.getLogger("corral.gateway")
+EVERY_S = 0.05  # how often the loop is asked to run the watch's callback
+STALL_S = 0.25  # a loop late by this much is stalled: logged, with what it runs
+STALLS_KEPT = 32  # the last stalls, for tests and `/api/status` readers
+
+
+class LoopWatch:
+    """Watches `loop` until `stop()`; `stalls` holds the last stalls seen, each (seconds it had
+    stalled when seen, the innermost frames of the loop's thread then)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, lag: Histogram | None = None) -> None:
+        self.loop = loop
+        self.lag = lag
+        self.stalls: deque[tuple[float, list[str]]] = deque(maxlen=STALLS_KEPT)
+        self._loop_thread = threading.get_ident()  # made on the loop's own thread
+        self._posted = 0.0  # when the pending callback was posted; 0: none pending
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="corral-loopwatch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _main(self) -> None:
+        seen_stall = False
+        while not self._stop.wait(EVERY_S):
+            posted = self._posted
+            if posted:  # the last callback has not run yet
+                late_s = time.monotonic() - posted
+                if late_s >= STALL_S and not seen_stall:
+                    seen_stall = True
+                    self._stalled(late_s)
+                continue
+            seen_stall = False
+            self._posted = time.monotonic()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to watch
+                self.loop.call_soon_threadsafe(self._ran, self._posted)
+
+    def _ran(self, posted: float) -> None:
+        """On the loop: the callback ran, `lag` after it was posted."""
+        lag_s = time.monotonic() - posted
+        self._posted = 0.0
+        if self.lag is not None:
+            self.lag.observe(lag_s)
+
+    def _stalled(self, late_s: float) -> None:
+        frame = sys._current_frames().get(self._loop_thread)
+        stack = traceback.format_stack(frame, limit=12) if frame is not None else []
+        where = [line.strip().splitlines()[0] for line in stack]
+        self.stalls.append((late_s, where))
+        log.warning(
+            "the gateway's event loop has not run for %.2f s: every stream and request waits "
+            "meanwhile. It is running (innermost first): %s",
+            late_s,
+            " <- ".join(reversed(where)) or "unknown",
+        )

@@ -1,0 +1,61 @@
+"""`LoopWatch` sees a blocked event loop and names what blocked it: the function running on the
+loop's thread at the time is in the stall it records and logs; a loop that keeps running
+records none and feeds every lag to the histogram."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from corral.gateway.servers.loopwatch import STALL_S, LoopWatch
+
+pytestmark = pytest.mark.unit
+
+
+def block_the_loop_here(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _histogram() -> Histogram:
+    return Histogram("lag", "lag", registry=CollectorRegistry())
+
+
+def test_a_blocked_loop_is_logged_once_with_the_function_that_blocked_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lag = _histogram()
+
+    async def run() -> LoopWatch:
+        watch = LoopWatch(asyncio.get_running_loop(), lag)
+        watch.start()
+        await asyncio.sleep(0.2)
+        block_the_loop_here(STALL_S * 4)
+        await asyncio.sleep(0.2)
+        watch.stop()
+        return watch
+
+    with caplog.at_level(logging.WARNING, "corral.gateway"):
+        watch = asyncio.run(run())
+    assert len(watch.stalls) == 1  # once per stall, however long
+    late_s, where = watch.stalls[0]
+    assert late_s >= STALL_S
+    assert any("block_the_loop_here" in frame for frame in where)
+    assert [r for r in caplog.records if "block_the_loop_here" in r.getMessage()]
+    counts = [s.value for m in lag.collect() for s in m.samples if s.name == "lag_count"]
+    assert counts[0] >= 5  # every lag was observed, the stalled one too
+
+
+def test_a_loop_that_keeps_running_records_no_stall() -> None:
+    async def run() -> LoopWatch:
+        watch = LoopWatch(asyncio.get_running_loop(), _histogram())
+        watch.start()
+        for _ in range(40):
+            await asyncio.sleep(0.01)
+        watch.stop()
+        return watch
+
+    assert list(asyncio.run(run()).stalls) == []
