@@ -1,4 +1,4 @@
-"""The devices of this machine (issue 27): NVIDIA GPUs through NVML (`nvidia-ml-py`), else the
+"""The devices of this machine: NVIDIA GPUs through NVML (`nvidia-ml-py`), else the
 host's memory as one CPU device (`psutil`).
 
 NVML is reached through `Nvml`, a thin adapter with one method per NVML call used, so that the

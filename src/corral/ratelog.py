@@ -1,4 +1,4 @@
-"""Log lines that a fault repeats every tick, written once per cause per minute (issue 25: a full
+"""Log lines that a fault repeats every tick, written once per cause per minute (a full
 disk wrote 1,091 lines and 33 tracebacks in 10 s)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secrets a configuration holds, and text with them masked (issue 25): what `corral config
+"""Secrets a configuration holds, and text with them masked: what `corral config
 check`, the start-up line, `/running`, `/logs` and the model servers' log files show.
 
 A secret is an API key (`server.api_keys`, a model's `upstream_api_key`), the webhook secret,

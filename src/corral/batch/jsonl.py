@@ -57,7 +57,7 @@ class TooLong:
 def bounded_lines(f: BinaryIO, max_bytes: int) -> Iterator[bytes | TooLong]:
     """The lines of `f`, each whole if it holds at most `max_bytes` (its newline aside), else a
     `TooLong` in its place: a longer line is read through in 1 MB pieces and dropped, so a
-    190 MB line costs 1 MB of memory, not 190 (issue 25)."""
+    190 MB line costs 1 MB of memory, not 190."""
     limit = max_bytes + 2  # the cap, and room for "\r\n"
     while True:
         raw = f.readline(limit)

@@ -215,7 +215,7 @@ class BatchRuntime:
                     throttle.warning("store", "batch tick skipped: %s", exc)
                 except Exception as exc:  # keep ending batches whatever one tick hit
                     # Once per cause per minute: a fault that repeats every tick wrote
-                    # thousands of lines (issue 25).
+                    # thousands of lines.
                     throttle.warning(type(exc).__name__, "batch tick failed", exc_info=True)
                 await asyncio.sleep(every_s)
         finally:

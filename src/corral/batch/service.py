@@ -440,7 +440,7 @@ class BatchService:
             if b.status in _ENDED and _hook_pending(b):
                 self._hooks.add(b.id)
                 # A batch that ended in this tick is read again from `_hooks` (it was live
-                # when the tick began): one webhook per batch per tick (issue 25).
+                # when the tick began): one webhook per batch per tick.
                 if now >= (b.data.get("webhook") or {}).get("next_at", 0) and b.id not in seen:
                     seen.add(b.id)
                     due.append(Webhook(b.id, b.data["webhook_url"], self.object(b)))

@@ -1,4 +1,4 @@
-"""Webhook delivery as the careful services do it (issue 25): only to public addresses unless
+"""Webhook delivery as the careful services do it: only to public addresses unless
 `batch.webhook_hosts` names the target, to the very address that was checked, without
 redirects, once per batch, from a bounded pool of its own, with a capped read of the answer and
 a deadline, signed the Standard Webhooks way.

@@ -1,4 +1,4 @@
-"""OpenAI's chat and completions answers for the simulated server (issue 39): pure functions
+"""OpenAI's chat and completions answers for the simulated server: pure functions
 from a request and the sim model's words to the parts of its answer: a tool call, structured
 output, shown reasoning, log probabilities, and the streamed chunks."""
 

@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (`POST /v1/messages`) for the simulated server (issue 39): pure
+"""Anthropic's Messages API (`POST /v1/messages`) for the simulated server: pure
 functions from a request and the sim model's words to the answer, whole or as the stream of
 events the anthropic SDK reads (message_start, content blocks with their deltas, message_delta,
 message_stop). Tools (`tool_use` blocks) and extended thinking (`thinking` blocks) included.

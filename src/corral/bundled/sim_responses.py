@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (`POST /v1/responses`) for the simulated server (issue 39): pure
+"""OpenAI's Responses API (`POST /v1/responses`) for the simulated server: pure
 functions from a request and the words the sim model says to the answer, whole or as its
 stream of events. What openai-python reads: `output` items (`message` with `output_text`
 parts, `function_call`), `usage`, and the streamed events each with its `sequence_number`.

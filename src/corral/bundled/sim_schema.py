@@ -1,4 +1,4 @@
-"""A value that fits a JSON schema, for the simulated server's structured output (issue 39):
+"""A value that fits a JSON schema, for the simulated server's structured output:
 what a model constrained by the schema would answer, deterministic in the schema and the words
 it is given.
 

@@ -92,7 +92,7 @@ class SimSettings:
     answer_tokens: int = 0
     embedding_dim: int = 16
     unload_s: float = 0.0  # a stop (SIGTERM) takes this long, like freeing the device
-    # vLLM's sleep mode (issue 28): going to sleep takes `sleep_s`; a wake from level 1 (the
+    # vLLM's sleep mode: going to sleep takes `sleep_s`; a wake from level 1 (the
     # weights in host memory) `wake_s`, from level 2 (the weights discarded) `wake2_s`; both
     # default to the load time. `memory_gb`: the weights, reported where they are.
     sleep_s: float = 0.0

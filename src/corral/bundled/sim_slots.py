@@ -1,4 +1,4 @@
-"""llama-server's prompt cache and slot API, simulated (issue 38), for `corral replay` and tests:
+"""llama-server's prompt cache and slot API, simulated, for `corral replay` and tests:
 each slot holds the words of the last prompt it processed; a request processes the words its
 slot does not hold (the longest common beginning is reused) at `prefill_tok_s`, a word a token,
 before its answer. `GET /slots` lists them; with a save folder, `POST /slots/{id}?action=save`

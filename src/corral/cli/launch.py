@@ -1,4 +1,4 @@
-"""`corral launch TOOL`: an agent tool wired to a running Corral in one command (issue 48), as
+"""`corral launch TOOL`: an agent tool wired to a running Corral in one command, as
 `ollama launch` does for Ollama: the tool's configuration made from Corral's model listing (its
 models by role, each one's context and a sane output limit, the provider that speaks Corral's
 API), then the tool started with it, unchanged. `--print` shows what it would run instead.

@@ -1,5 +1,5 @@
 """`corral models DIR...`: the models a folder of GGUF files holds, what each is, how much memory
-serving it takes, and the command that serves it (issue 27)."""
+serving it takes, and the command that serves it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`corral zoo DIR`: the model zoo's GGUF files written on this machine (issue 47)."""
+"""`corral zoo DIR`: the model zoo's GGUF files written on this machine."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ class Config(Strict):
 
     def resolve(self, name: str) -> str | None:
         """The model a client's name refers to (a model name or an alias), or None. A name
-        without a tag also finds its `:latest`, as Ollama resolves `llama3` (issue 39)."""
+        without a tag also finds its `:latest`, as Ollama resolves `llama3`."""
         found = self._resolve(name)
         if found is None and ":" not in name.rsplit("/", 1)[-1]:
             found = self._resolve(f"{name}:latest")

@@ -172,7 +172,7 @@ class BatchConfig(Strict):
 
 
 class PromptCacheConfig(Strict):
-    """`prompt_cache:` (issue 38): the conversations a llama-server holds, saved before Corral
+    """`prompt_cache:`, the conversations a llama-server holds, saved before Corral
     stops it and restored after it starts again. `prompt_cache: false` turns it off; `true`, or
     a section, turns it on with these settings (the default is on)."""
 

@@ -4,7 +4,7 @@ model copy's server holds in its prompt cache, as the requests that ended say (t
 requests' own prefill (`prefill_tokens`, `prefill_s`) or configured (`prefill_tok_s`).
 
 A copy that leaves its device loses what its server holds, unless its prompt caches are kept
-(issue 38: saved before it stops, restored when its conversations come back). The price of
+(saved before it stops, restored when its conversations come back). The price of
 leaving is then the prefill of every held conversation again, or only their save and restore;
 `refill_s` keeps it on the copy's estimates (`Estimates.refill_s`). It is the price of
 leaving now, and the rule that weighs leaving now against more important work counts it

@@ -2,7 +2,7 @@
 and requests take, how often requests arrive, and how long it stays idle between them. Each is
 measured as the scheduler sees events, starting from the configured figures.
 
-A load is priced by where its file is (issue 51): a warm load (its file in the host's page
+A load is priced by where its file is: a warm load (its file in the host's page
 cache) and a cold one (read from the disk) are learned apart, and a load costs the warm figure
 plus the uncached share of the difference, at the fraction cached as last measured
 (`core/pagecache.py`). A model whose file was never measured counts as cached: its loads are

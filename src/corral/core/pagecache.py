@@ -1,12 +1,12 @@
 """The host's page cache as the scheduler sees it, and what it prepares there (`PageCache`, a
-part the scheduler owns; issue 51).
+part the scheduler owns).
 
 Measured: per model, the fraction of its weights file the page cache holds, as the shell last
 measured it (`corral serve`: `mincore` over the file, modelfiles/pagecache.py; the simulator:
 its model of the host's page cache, sim/pagecache.py). Each model's load is priced at that
 fraction, between its warm and cold load figures (`Estimates.load_s`), and each measured load is
 read at the fraction its load began with (`Estimates.load_begins`). A model never measured
-counts as cached: its loads are priced by its measured loads alone, as before issue 51.
+counts as cached: its loads are priced by its measured loads alone.
 
 Prepared: `wanted` says which files should be in the page cache next, most likely first: the
 models whose work waits for a device, in the order the policy would bring them in, then the

@@ -74,7 +74,7 @@ def plan_placement(devices: Sequence[DeviceView]) -> Plan | None:
             sum(1 for v in victims if v.in_flight),
             not d.home,
             # A lingering victim usually refuses to go (the policy's should_yield), so a plan
-            # over one blocked every challenger while idle devices stood by (issue 24).
+            # over one blocked every challenger while idle devices stood by.
             sum(1 for v in victims if v.lingering),
             len(victims),
             sum(v.keep for v in victims),

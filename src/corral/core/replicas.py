@@ -81,7 +81,7 @@ class Replicas:
         """Do `copies` of `m` leave room for the other models waiting now: their demand and
         what the copies serve of `m`'s (at most its own demand) within the devices? Under
         overload a copy takes a device the others need anyway and their backlog never drains
-        (issue 51's `crowded` family: a hot model's copy held the only other device while two
+        (the `crowded` family: a hot model's copy held the only other device while two
         models queued, 1,812 s against fifo-plus's 727 s)."""
         # A waiting model's demand counts from its first gap: with the usual 20, a model that
         # had not yet seen 20 arrivals counted for nothing, and three copies of a hot model
@@ -167,7 +167,7 @@ class Replicas:
         if m.count == 0:
             # Idle, kept only by its arrival rate, which decays while nothing arrives: decide
             # again when it has decayed, or a model waiting for this room waits for the next
-            # arrival, which may never come (issue 24).
+            # arrival, which may never come.
             at = m.est.demand_below_at(level, m.concurrency)
             if at is not None and at > now and m.demand_timer_at != at:
                 m.demand_timer_at = at

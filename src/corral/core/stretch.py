@@ -5,8 +5,8 @@ work once per bound B spends, per second, Σᵢ sᵢ·min(1, λᵢB)/B on swaps 
 i, λᵢ its arrival rate: a model that gets a request less than once per B needs a swap per
 request). That must fit in what the work leaves, D - Σρᵢ over D devices. Below that bound every
 forced switch spends capacity the queues need, so they grow without end and even the oldest
-request waits longer than with no bound at all (issue 24's measurements). So `max_wait_s` is
-kept while Σᵢ sᵢ·min(1, λᵢB)/B ≤ HEADROOM·(D - Σρᵢ), and otherwise stretched to the
+request waits longer than with no bound at all (measured over the random families). So
+`max_wait_s` is kept while Σᵢ sᵢ·min(1, λᵢB)/B ≤ HEADROOM·(D - Σρᵢ), and otherwise stretched to the
 smallest B that satisfies it. Without room (Σρᵢ ≥ D, overload), the bound stretches to
 MAX_STRETCH times its configured value: forced switches become rare, never absent.
 
@@ -124,7 +124,7 @@ class Stretch:
             # No further than the queues need: at most REACH times the queued work per device
             # (twice the bound at which stretching begins), growing with the backlog. Without
             # this cap a tight bound stretched at once to what the load needs, past a looser
-            # bound that never stretched, and waited longer than it (issue 24).
+            # bound that never stretched, and waited longer than it.
             reach_s = REACH * backlog_s / devices
             feasible = feasible_bound_s(demands, devices, self.configured_s)
             self.bound_s = max(self.configured_s, min(feasible, reach_s))

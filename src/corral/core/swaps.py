@@ -224,7 +224,7 @@ class Swaps:
             # mean wait 404 s against 109 s without a bound; now 89 s (docs/design/scheduler.md).
             # Past twice its bound, it takes a copy of a model that keeps another copy: a model
             # with copies on every device never runs dry, and overdue models waited for it
-            # forever (issue 24). Sooner, it cost devices-8 a fifth more loads.
+            # forever. Sooner, it cost devices-8 a fifth more loads.
             return False
         if c is forced:
             # Quantum: max_wait_s may end a visit only after it has served for min_visit_swaps

@@ -1,1 +1,1 @@
-"""Model files on disk: what they are and what serving them takes (issue 27)."""
+"""Model files on disk: what they are and what serving them takes."""

@@ -1,5 +1,5 @@
 """What a `cmd:` model's server takes, read from its command when the configuration does not
-say (issue 48): clients offer tools only to a model listed as taking them (`/api/show`,
+say: clients offer tools only to a model listed as taking them (`/api/show`,
 `/api/tags`, `/v1/models`), and the gateway refuses `tools` to one listed as not.
 
 - `corral sim-backend`: it answers tools.

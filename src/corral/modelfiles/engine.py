@@ -1,4 +1,4 @@
-"""What llama.cpp itself says a model takes (issue 47), read from its own tables instead of
+"""What llama.cpp itself says a model takes, read from its own tables instead of
 estimated from the file.
 
 llama-server, at verbosity 4, prints a memory breakdown per device twice: the projection it
@@ -255,7 +255,7 @@ def on_host(device: str) -> bool:
 def device_mib(e: EngineMemory) -> int:
     """What a breakdown puts on the device a model is placed on: its GPUs' rows where it has
     any (the host's rows hold what stays in RAM: the embeddings), else every row (a CPU) and
-    the process itself. (A GPU's own CUDA context is not in its rows either: issue 50.)"""
+    the process itself. (A GPU's own CUDA context is not in its rows either.)"""
     gpus = [d for name, d in e.devices.items() if not on_host(name)]
     return sum(d.total_mib for d in gpus) if gpus else e.total_mib + RUNTIME_MIB
 

@@ -1,8 +1,8 @@
-"""A folder of GGUF files as models (issue 27): each model named by its file, split files
+"""A folder of GGUF files as models: each model named by its file, split files
 (`-00001-of-00003`) as one model, projector files (`mmproj-*`) paired with the model beside
 them, and the llama-server command that serves each.
 
-A folder is served model by model (issue 36): a file that cannot be read or is implausible is
+A folder is served model by model: a file that cannot be read or is implausible is
 an `Unreadable` with the name it would have had and why, and the rest are served. Names and
 paths taken from files are data: `model_name` maps any file name to a usable model name, and
 `FoundModel.command` escapes them (`escape_macros`) so no `${...}` in them is expanded.
@@ -35,7 +35,7 @@ LARGE_DEVICE_BYTES = 48 << 30
 # architecture (ChatML for the rest, as llama-server falls back to): each renders the family's
 # turns and offers tools as Hermes' <tool_call> JSON, which llama-server parses back into tool
 # calls. llama.cpp's own built-in templates (`--no-jinja --chat-template NAME`) take no tools:
-# a 500 for every agent's request (issue 48).
+# a 500 for every agent's request.
 BUILTIN_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml",
                      "qwen3": "chatml", "phi3": "phi3"}  # fmt: skip
 TEMPLATES = Path(__file__).parent / "templates"

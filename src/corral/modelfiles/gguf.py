@@ -1,5 +1,5 @@
-"""What a GGUF file says about its model, and how much memory llama-server will take to serve it
-(issue 27): read with the `gguf` package (llama.cpp's own reader), never by loading the model.
+"""What a GGUF file says about its model, and how much memory llama-server will take to serve it:
+read with the `gguf` package (llama.cpp's own reader), never by loading the model.
 
 The header is walked with `gguf`'s constants (see `_header` for why not its reader).
 
@@ -53,7 +53,7 @@ class GgufModel:
     sliding_window: int | None
     chat_template: str | None
     weights_bytes: int
-    # Hybrid and recurrent models (issue 47): layers that keep a KV cache, and the rest's
+    # Hybrid and recurrent models: layers that keep a KV cache, and the rest's
     # fixed state per sequence (elements, F32: convolution and SSM state, as llama.cpp's
     # n_embd_r + n_embd_s); MLA models cache one latent per token (keys only, the values a view
     # of it); an output tied to the embeddings is a second copy where llama.cpp repacks it.

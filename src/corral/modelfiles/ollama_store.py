@@ -1,4 +1,4 @@
-"""Ollama's model store as models (issue 27): what `ollama pull` left in `~/.ollama/models` (or
+"""Ollama's model store as models: what `ollama pull` left in `~/.ollama/models` (or
 `OLLAMA_MODELS`), under the names Ollama users know (`llama3.2:3b`).
 
 The layout: `manifests/<registry>/<namespace>/<model>/<tag>` is a JSON manifest whose layers
@@ -6,7 +6,7 @@ name blobs by digest; the blob `blobs/sha256-<hex>` of the layer with media type
 `application/vnd.ollama.image.model` is the GGUF file, and one of type
 `application/vnd.ollama.image.projector` its vision projector.
 
-A manifest is data from outside (issue 36): a digest must be `sha256:` or `sha256-` and 64 hex
+A manifest is data from outside: a digest must be `sha256:` or `sha256-` and 64 hex
 digits and its blob must resolve inside `blobs/` once links are followed; anything else, and a
 manifest that is not the JSON it should be, is skipped with why.
 """

@@ -1,4 +1,4 @@
-"""How much of a model's files the host's page cache holds (issue 51), and making a file cold.
+"""How much of a model's files the host's page cache holds, and making a file cold.
 
 `cached` maps each file read-only and asks `mincore(2)` which of its pages are in memory, a
 window of `WINDOW_BYTES` at a time (a vector of one byte per page: 256 KiB per GiB of file),

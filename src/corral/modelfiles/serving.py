@@ -1,9 +1,9 @@
-"""Folders of GGUF files as models of a configuration (issue 27): `corral serve --models DIR`
+"""Folders of GGUF files as models of a configuration: `corral serve --models DIR`
 and `models_dir:` in the config. Models written by hand win over found ones of the same name;
 without devices written by hand, the machine's own are used, sized, so that models whose
 estimates fit together stay resident together.
 
-Model by model (issue 36): a file that cannot be read, or whose estimate fits no device, is
+Model by model: a file that cannot be read, or whose estimate fits no device, is
 skipped with one line naming it and why; the rest are served, and `Config.skipped` keeps the
 why for a client that asks for a skipped model."""
 

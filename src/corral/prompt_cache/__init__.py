@@ -1,4 +1,4 @@
-"""Prompt caches kept across swaps (issue 38): the conversations a model's server holds, saved
+"""Prompt caches kept across swaps: the conversations a model's server holds, saved
 to a folder Corral owns before the server stops and restored after it starts again.
 
 - `keys`: what a conversation is, as cumulative digests, so that two requests' shared prefix

@@ -9,7 +9,7 @@ throughput linearly, as continuous batching does below saturation; requests that
 swap queue; ties in time go by line order, and at one instant finishes come before load
 completions, then arrivals, then timers.
 
-Conversations (a trace's `context_tokens`, issue 38): a model copy's server holds the
+Conversations (a trace's `context_tokens`): a model copy's server holds the
 conversations of its last `concurrency` sessions (one per slot); a request whose conversation
 it holds processes only its new tokens, others their whole context, at the model's
 `prefill_tok_s`, on top of `service_s`. A copy that leaves its device loses them; where the
@@ -18,7 +18,7 @@ model keeps its prompt caches (`Config.keeps_prompt_cache`), each of at least
 the unload), kept within `prompt_cache.max_gb` (at the model's `kv_bytes_per_token`, least
 recently used dropped first), and restored at the same speed when its session comes back.
 
-The page cache (`host.page_cache_gb`, issue 51): a load reads its file's uncached share at
+The page cache (`host.page_cache_gb`): a load reads its file's uncached share at
 `host.disk_read_gb_s` on top of `load_s` (sim/pagecache.py).
 """
 

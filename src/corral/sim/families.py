@@ -1,4 +1,4 @@
-"""Wide random scenario families, for robustness checks nobody tuned the scheduler to (issue 24).
+"""Wide random scenario families, for robustness checks nobody tuned the scheduler to.
 
 `random_scenario(seed)` draws one scenario from the family below; the same seed gives the same
 scenario. `make bench-robust` runs every policy over many seeds; the property tests draw from the
@@ -18,7 +18,7 @@ same ranges. Ranges (each drawn independently per scenario unless said):
 
 The configuration uses Corral's defaults (`max_wait_s` 120, `batch.max_wait_s` 3600).
 
-`random_sleep_scenario(seed)` is the same scenario with every model able to sleep (issue 28):
+`random_sleep_scenario(seed)` is the same scenario with every model able to sleep:
 level 1, wakes 2-10% of the load and falling asleep in half that, each model holding its
 `memory_gb` (or 4-40 GB) of host memory asleep, and host memory for 20-100% of them.
 """
@@ -56,7 +56,7 @@ class Shape:
     max_wait_s: float | None = None  # else Corral's default
 
 
-# Shapes the wide family reaches too seldom to judge (issue 51, item 5): `crowded`, two devices
+# Shapes the wide family reaches too seldom to judge: `crowded`, two devices
 # and three models that each fill one, overloaded, a long bound; `packed`, four 80 GB devices
 # and eight models of 10-80 GB packed by memory (several fit together).
 SHAPES = {
@@ -202,7 +202,7 @@ def random_sleep_scenario(seed: int, max_requests: int = MAX_REQUESTS) -> Scenar
 
 
 def random_conversation_scenario(seed: int, max_requests: int = MAX_REQUESTS) -> Scenario:
-    """Agents' conversations (issue 38): closed-loop sessions whose context grows each step, so
+    """Agents' conversations: closed-loop sessions whose context grows each step, so
     that a swap throws away what a server holds of them. Ranges:
 
     - devices: 1-3, one model each at a time; models: 2-6, load 2-30 s (log-uniform), unload a

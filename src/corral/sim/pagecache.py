@@ -1,4 +1,4 @@
-"""The host's page cache in the simulator (`SimPageCache`, issue 51): `host.page_cache_gb` of
+"""The host's page cache in the simulator (`SimPageCache`): `host.page_cache_gb` of
 the models' files (`file_gb`). A load that is not a wake reads its file's uncached share at
 `host.disk_read_gb_s` on top of its `load_s`, and leaves the file cached; room is made by
 dropping the least recently read files first, never a resident model's (its server maps or

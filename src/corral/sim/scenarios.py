@@ -99,7 +99,7 @@ scheduler: {policy: cost, max_wait_s: 60}
 def conversations() -> Scenario:
     """Two agent loops over an orchestrator, an explorer and a coder model on one device, each
     step going to the next model with the loop's conversation with it, grown by 600-1,200
-    tokens (issue 38): every step a swap, and what a swap throws away is that model's
+    tokens: every step a swap, and what a swap throws away is that model's
     conversation, unless its prompt caches are kept (they are: `prompt_cache: true`)."""
     cfg = parse_config(
         """
@@ -263,7 +263,7 @@ def _devices(n_devices: int, n_models: int, seed: int) -> Scenario:
 
 def devices_4() -> Scenario:
     """Four devices, 16 models, each filling a device; skewed popularity, Poisson for an hour
-    at load 0.67 per device, 4-30 s swaps (the multi-device case of issue 10)."""
+    at load 0.67 per device, 4-30 s swaps (the multi-device case)."""
     sc = _devices(4, 16, seed=10)
     return Scenario(sc.name, devices_4.__doc__ or "", sc.config, sc.trace)
 
@@ -294,7 +294,7 @@ scheduler: {policy: cost, max_wait_s: 120}
 def sleepers() -> Scenario:
     """Four models that each fill the device, three of which fit asleep in host memory
     (level-1 sleep, 1-3 s wakes against 40-60 s loads): an agent loop (orchestrator, explorer,
-    coder in turn) beside Poisson chat to a fourth model, for an hour (issue 28)."""
+    coder in turn) beside Poisson chat to a fourth model, for an hour."""
     cfg = parse_config(SLEEP_CONFIG, "<scenario sleepers>")
     rng = random.Random(28)
     lines: list[dict[str, object]] = []
@@ -333,7 +333,7 @@ scheduler: {policy: cost, max_wait_s: 120}
 def beside_batch() -> Scenario:
     """A person chats (Poisson, every 90 s on average) with one model while an 800-line batch
     runs on another, one device, both models able to sleep (level-1 wakes of 2 s against 45-50 s
-    loads), for an hour (issue 28): each chat waits for a wake, or, without `sleep:`, a load."""
+    loads), for an hour: each chat waits for a wake, or, without `sleep:`, a load."""
     cfg = parse_config(BESIDE_BATCH_CONFIG, "<scenario beside-batch>")
     rng = random.Random(281)
     lines: list[dict[str, object]] = [

@@ -1,6 +1,6 @@
 """The store in memory: SQLite's `:memory:` database, for unit tests and users' own tests.
 
-It runs the SQL adapter's statements, so every rule of the store exists once (issue 26: an
+It runs the SQL adapter's statements, so every rule of the store exists once (an
 in-memory copy of each rule in Python drifted from the SQL one); nothing survives the process.
 """
 

@@ -1,4 +1,4 @@
-"""The model zoo (issue 47): GGUF files of the architectures people run locally in 2026 (dense,
+"""The model zoo: GGUF files of the architectures people run locally in 2026 (dense,
 MoE, sliding-window, MLA, Gated-DeltaNet and Mamba-2 hybrids), with random weights, a working
 tokenizer and a chat template, made on the machine: no download, deterministic from a seed.
 Their answers are noise; their memory, load and prefill costs are a real model's of that shape.

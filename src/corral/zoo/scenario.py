@@ -1,4 +1,4 @@
-"""The conversations scenario on the zoo's files (issue 47), for the simulator's live parity on
+"""The conversations scenario on the zoo's files, for the simulator's live parity on
 real servers: agent loops alternating over two models of two architectures on one device
 (every step a swap), each step's conversation with that model grown by a few hundred words.
 One architecture's prompt caches are kept across swaps (llama-server honours its restores), the

@@ -95,7 +95,7 @@ class ApiKeys:
 
 class RequestIds:
     """Pure ASGI middleware: every answer carries an `x-request-id` (OpenAI's clients read it
-    as `request_id`, issue 39): the model server's when it sent one, else the client's own when
+    as `request_id`): the model server's when it sent one, else the client's own when
     it sent a plain one, else a new `req_<hex>`."""
 
     def __init__(self, app: ASGIApp) -> None:

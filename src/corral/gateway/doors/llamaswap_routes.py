@@ -91,7 +91,7 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
     @router.api_route("/api/version", methods=["GET", "HEAD"])  # Ollama's clients ask too
     async def version() -> Response:
         """Ollama's clients compare `version` with the least one they need (0.1.0, Corral's
-        own, was refused, issue 39): it is the Ollama release whose API Corral's door speaks;
+        own, was refused): it is the Ollama release whose API Corral's door speaks;
         llama-swap's `commit` names Corral's own version."""
         return JSONResponse(
             {"version": OLLAMA_API_VERSION, "commit": f"corral {__version__}", "build_date": ""}

@@ -1,4 +1,4 @@
-"""OpenAI answers in Ollama's shape (issue 27): `OllamaAnswer` turns a model server's answer
+"""OpenAI answers in Ollama's shape: `OllamaAnswer` turns a model server's answer
 (JSON, or server-sent events) into Ollama's (JSON, or NDJSON: one object per line, the last with
 `done: true`, durations in nanoseconds). No I/O beyond the stream it is given.
 

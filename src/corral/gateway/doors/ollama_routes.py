@@ -1,4 +1,4 @@
-"""Ollama's API as a front door (issue 27), on the same scheduler and request pipeline as the
+"""Ollama's API as a front door, on the same scheduler and request pipeline as the
 OpenAI routes: `/`, `/api/tags`, `/api/ps`, `/api/show`, `/api/chat`, `/api/generate`,
 `/api/embed`, `/api/embeddings`, and clear refusals for the model-store commands (`pull` of a
 model Corral serves succeeds, as Ollama's does for one already pulled).
@@ -395,7 +395,7 @@ def _capabilities(m: ModelConfig) -> list[str]:
 
 def _tag(name: str, m: ModelConfig, state: str | None) -> dict[str, Any]:
     """A model as `/api/tags` lists it: Ollama's fields, and what agents ask of a listing
-    without loading the model (issue 48): its context, capabilities and state (Corral's
+    without loading the model: its context, capabilities and state (Corral's
     fields; Ollama's clients ignore fields they do not know)."""
     entry = _entry(name, m)
     context = _context(m)

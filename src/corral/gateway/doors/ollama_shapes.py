@@ -1,4 +1,4 @@
-"""Ollama's requests in OpenAI's terms (issue 27): pure functions, no I/O. The model servers
+"""Ollama's requests in OpenAI's terms: pure functions, no I/O. The model servers
 behind Corral speak OpenAI's API; the Ollama routes (`ollama_routes.py`) turn an Ollama request
 into the OpenAI request a server takes here, and `ollama_answers.OllamaAnswer` turns the
 server's answer back into Ollama's.

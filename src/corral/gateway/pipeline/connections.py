@@ -1,4 +1,4 @@
-"""Connection hygiene for `corral serve` (issue 25): uvicorn's HTTP protocol with a deadline for
+"""Connection hygiene for `corral serve`: uvicorn's HTTP protocol with a deadline for
 a request's headers, so neither a client that trickles its headers a byte at a time nor one
 that connects and sends nothing holds a connection for ever; with `limit_concurrency`, a cap on
 open connections, and uvicorn's keep-alive timeout for idle ones between requests.

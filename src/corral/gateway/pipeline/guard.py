@@ -1,4 +1,4 @@
-"""The front door's first check, before keys and routes (issue 25): which Host a request may
+"""The front door's first check, before keys and routes: which Host a request may
 name (DNS rebinding), and which cross-site requests may change anything (CSRF).
 
 Without API keys (the default), anything a browser can be made to send is a request from

@@ -1,4 +1,4 @@
-"""Probes that never load a model (issue 48): agents and their plugins ask llama-server's
+"""Probes that never load a model: agents and their plugins ask llama-server's
 `/props` (context size, chat template, its capabilities) of every model they list, through
 `/props?model=M` or `/upstream/M/props`; asked of a model that is not loaded, that request
 would load it, and a plugin probing each model loads every model in turn (llama-swap's users

@@ -325,7 +325,7 @@ class Proxy:
     def _headers(self, model: str, resp: ClientResponse, slot: Slot) -> dict[str, str]:
         """The server's answer headers, less the hop-by-hop ones, and Corral's own."""
         out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
-        # The window it was served in (issue 48). `get`: a model removed by a reload (--watch)
+        # The window it was served in. `get`: a model removed by a reload (--watch)
         # finishes the answers it holds, and is no longer in the configuration.
         m = self.config.models.get(model)
         if m is not None and m.capabilities is not None and m.capabilities.context:

@@ -1,4 +1,4 @@
-"""Streamed answers that cannot be held hostage (issue 25): a client that stops reading is
+"""Streamed answers that cannot be held hostage: a client that stops reading is
 dropped after `server.stream_send_timeout_s`, and its model's slot freed.
 
 uvicorn's `send` waits while the connection's write buffer is full, that is while the client

@@ -30,7 +30,7 @@ DROP = {
 }
 DROP_RAW = frozenset(h.encode() for h in DROP)  # the same, as ASGI's raw names
 # Never passed back: framing, and the headers Corral's own server writes once (uvicorn's
-# `date` and `server`: a model server's beside them made two of each, issue 39).
+# `date` and `server`: a model server's beside them made two of each).
 DROP_BACK = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 
 

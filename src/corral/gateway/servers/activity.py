@@ -1,4 +1,4 @@
-"""The recent requests, for the dashboard's activity view (issue 27): model, route, status, how
+"""The recent requests, for the dashboard's activity view: model, route, status, how
 long each waited and for how many swaps, its time to first byte, its tokens and tokens/s.
 Kept in memory, bounded (`SIZE` entries); the gateway owns it, the proxy records into it.
 

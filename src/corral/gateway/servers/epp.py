@@ -1,5 +1,5 @@
 """What llm-d's endpoint picker (the Gateway API Inference Extension's EPP) reads of a model
-server, in the shape of its model server protocol (issue 49): the queued and running requests,
+server, in the shape of its model server protocol: the queued and running requests,
 a cache-use gauge, and which models the server holds in `lora_requests_info`'s shape, so that
 its stock LoRA-affinity scorer prefers the host holding a request's model (1.0 where it is
 resident, 0.8 where there is room, 0.6 where it is waiting to load, 0 where it is full).

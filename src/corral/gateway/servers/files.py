@@ -1,4 +1,4 @@
-"""Each model's file in the host's page cache (issue 51): `Files`, the one owner in `corral
+"""Each model's file in the host's page cache: `Files`, the one owner in `corral
 serve` of those measures and of the reads that prepare them.
 
 Measured: every `EVERY_S`, and after each swap, the fraction of each model's files cached

@@ -1,5 +1,5 @@
 """The model servers' own lifecycle endpoints, which `/upstream/<model>/...` does not pass
-(issue 36, docs/security.md): Corral starts, stops, sleeps and wakes the servers it manages,
+(docs/security.md): Corral starts, stops, sleeps and wakes the servers it manages,
 and its scheduler's view of a server (ready, asleep, what its memory holds) is true only while
 nothing else does that behind its back. Any client could otherwise put a server to sleep
 (Corral would still call it ready, and every request to it would fail until it was evicted),

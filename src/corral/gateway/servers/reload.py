@@ -1,4 +1,4 @@
-"""`corral serve --watch` (issue 27): the config file and the models folders are watched
+"""`corral serve --watch`: the config file and the models folders are watched
 (`watchfiles`), and what changed takes effect without a restart and without dropping a request.
 
 - A model added is served at once (its server starts on its first request, as any).
@@ -11,7 +11,7 @@
 - A bad edit changes nothing: the error (with its line, from the config's own checks) is
   logged and the previous configuration stays. Changes outside `models:` need a restart and
   say so. A file in a models folder that cannot be served is skipped with a logged line naming
-  it and why; the other models are applied (issue 36), and an error no check foresaw is logged
+  it and why; the other models are applied, and an error no check foresaw is logged
   without stopping the watch.
 
 The configuration is read again off the event loop (in a thread: a models folder's new files

@@ -131,7 +131,7 @@ class Gateway:
         self.scheduler = Scheduler(config, self, self._loop.time, replicas=replicas)
         # A model whose restores prove useless is priced as its whole prefill from then on.
         self.prompt_caches.on_lost = self.scheduler.conversations.lost
-        # Each load is priced by how much of its file the page cache holds (issue 51).
+        # Each load is priced by how much of its file the page cache holds.
         self._spawn(self.files.run())
 
     async def close(self) -> None:

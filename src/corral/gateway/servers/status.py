@@ -144,7 +144,7 @@ class StatusView:
                 for i, r in enumerate(m.pending(limit=20), 1)
             ],
             "load_s_estimate": round(m.est.load_s, 3),  # now, at the fraction cached
-            # Its file in the page cache (issue 51): the fraction as last measured, and its
+            # Its file in the page cache: the fraction as last measured, and its
             # loads learned apart (warm: cached; cold: read from the disk; None: not yet).
             "file_cached": m.est.cached,
             "warm_load_s_estimate": round(m.est.warm_load_s, 3),
