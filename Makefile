@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -219,3 +219,9 @@ bench-batching: $(EMBED_STAMP)
 
 bench-gateway: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/bench_gateway.py
+
+# What relaying a stream costs: a GPU-paced upstream (256 streams) straight, through a bare
+# uvicorn + aiohttp proxy and through Corral, at 10,000-160,000 offered tokens/s and unpaced
+# (about 10 minutes).
+bench-relay: $(STAMP)
+	$(BIN)/python benchmarks/bench_relay.py --json out/bench-relay.json

@@ -9,7 +9,9 @@ Targets, in blocks that take turns within one run:
 - `direct`: the upstream itself;
 - `bare`: uvicorn + aiohttp passing the bytes through (no scheduler, no accounting): the floor
   of any Python proxy;
-- `corral`: `corral serve` with the upstream as its model.
+- `corral`: `corral serve` with the upstream as its model;
+- `before` (with `--before-src DIR`): the same, run from another checkout's `src/` (a commit
+  to compare against, in the same run).
 
 Per block: chunks/s at the client, the proxy's CPU per chunk (user + system, its process and
 children, from psutil), time to first chunk p50/p99, and the largest gap a stream saw between
@@ -104,9 +106,9 @@ url, model = sys.argv[1], sys.argv[2]
 streams, tokens, seconds = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 body = json.dumps({"model": model, "stream": True, "max_tokens": tokens,
                    "messages": [{"role": "user", "content": "go"}]}).encode()
-chunks = 0; ttfc = []; gaps = []; errors = 0; done = 0
+chunks = 0; reads = 0; ttfc = []; gaps = []; errors = 0; done = 0
 async def one(session, stop):
-    global chunks, errors, done
+    global chunks, reads, errors, done
     while time.monotonic() < stop:
         t0 = time.monotonic(); first = None; last = None; gap = 0.0
         try:
@@ -122,6 +124,7 @@ async def one(session, stop):
                         gap = now - last
                     last = now
                     chunks += data.count(b"data: {")
+                    reads += 1
             done += 1; gaps.append(gap)
         except aiohttp.ClientError:
             errors += 1
@@ -134,7 +137,8 @@ async def main():
         took = time.monotonic() - start
     ttfc.sort(); gaps.sort()
     pick = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
-    print(json.dumps({"chunks": chunks, "seconds": took, "requests": done, "errors": errors,
+    print(json.dumps({"chunks": chunks, "reads": reads, "seconds": took, "requests": done,
+                      "errors": errors,
                       "ttfc_p50_s": pick(ttfc, 0.5), "ttfc_p99_s": pick(ttfc, 0.99),
                       "gap_max_s": gaps[-1] if gaps else None, "gap_p99_s": pick(gaps, 0.99)}))
 asyncio.run(main())
@@ -202,6 +206,7 @@ def block(url: str, proxy: psutil.Process | None, args: argparse.Namespace) -> d
     out: dict[str, Any] = json.loads(run.stdout)
     used = cpu_s(proxy) - before
     out["chunks_per_s"] = out["chunks"] / out["seconds"]
+    out["events_per_read"] = out["chunks"] / max(out["reads"], 1)
     counted = proxy is not None and out["chunks"]
     out["cpu_us_per_chunk"] = used / out["chunks"] * 1e6 if counted else None
     return out
@@ -235,6 +240,16 @@ def run_rate(rate: float, args: argparse.Namespace, folder: Path) -> dict[str, A
                 process([CORRAL, "serve", "--config", str(config)], f"{url}/health")
             )
             procs["corral"] = (url, cp)
+        if "before" in args.targets:
+            port = free_port()
+            other = folder / f"before-{int(rate)}.yaml"
+            text = config.read_text().replace(f":{corral_port}", f":{port}")
+            other.write_text(text.replace(str(folder / "logs"), str(folder / "logs-before")))
+            url = f"http://127.0.0.1:{port}"
+            argv = ["env", f"PYTHONPATH={args.before_src}", sys.executable, "-m", "corral",
+                    "serve", "--config", str(other)]  # fmt: skip
+            bp2 = stack.enter_context(process(argv, f"{url}/health"))
+            procs["before"] = (url, bp2)
         for _ in range(args.rounds):  # blocks take turns, so drift hits every target alike
             for t in args.targets:
                 url, p = procs[t]
@@ -249,6 +264,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "chunks_per_s": med("chunks_per_s"),
+        "events_per_read": med("events_per_read"),
         "cpu_us_per_chunk": med("cpu_us_per_chunk"),
         "ttfc_p50_ms": (med("ttfc_p50_s") or 0) * 1000,
         "ttfc_p99_ms": (med("ttfc_p99_s") or 0) * 1000,
@@ -260,9 +276,9 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| offered tok/s | target | chunks/s | x direct | CPU µs/chunk | x bare "
+        "| offered tok/s | target | chunks/s | x direct | events/read | CPU µs/chunk | x bare "
         "| TTFC p50 / p99 ms | largest gap ms | errors |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         ts = row["targets"]
@@ -275,10 +291,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             rate = int(row["offered_tokens_per_s"]) or "max"
             lines.append(
                 f"| {rate} | {t} | {s['chunks_per_s']:,.0f} | {vs_direct} | "
-                f"{cpu:.1f} | {vs_bare} | {s['ttfc_p50_ms']:.0f} / {s['ttfc_p99_ms']:.0f} | "
+                f"{s['events_per_read']:.2f} | {cpu:.1f} | {vs_bare} | "
+                f"{s['ttfc_p50_ms']:.0f} / {s['ttfc_p99_ms']:.0f} | "
                 f"{s['gap_max_ms']:.0f} | {s['errors']} |"
                 if cpu is not None
-                else f"| {rate} | {t} | {s['chunks_per_s']:,.0f} | {vs_direct} | - | - | "
+                else f"| {rate} | {t} | {s['chunks_per_s']:,.0f} | {vs_direct} | "
+                f"{s['events_per_read']:.2f} | - | - | "
                 f"{s['ttfc_p50_ms']:.0f} / {s['ttfc_p99_ms']:.0f} | {s['gap_max_ms']:.0f} | "
                 f"{s['errors']} |"
             )
@@ -294,9 +312,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="per block")
     ap.add_argument("--rounds", type=int, default=2, help="blocks per target per rate")
     ap.add_argument("--targets", default="direct,bare,corral")
+    ap.add_argument("--before-src", type=Path, help="another checkout's src/: target `before`")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.targets = args.targets.split(",")
+    if args.before_src is not None and "before" not in args.targets:
+        args.targets.append("before")
     folder = Path(tempfile.mkdtemp(prefix="corral-bench-relay-"))
     rows = []
     try:

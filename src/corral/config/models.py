@@ -25,7 +25,7 @@ class Strict(BaseModel):
 class DeviceConfig(Strict):
     """A device (GPU, or the CPU box) that holds resident models."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="The device's name, which models' `devices:` use.")
     memory_gb: PosGB | None = Field(
         default=None, description="Memory for models; without it the device holds one model."
     )
@@ -56,7 +56,9 @@ class CoalesceConfig(Strict):
 class HookConfig(Strict):
     """An HTTP call to an upstream server when the scheduler loads or evicts its model."""
 
-    method: Literal["GET", "POST", "PUT", "DELETE"] = "POST"
+    method: Literal["GET", "POST", "PUT", "DELETE"] = Field(
+        default="POST", description="The HTTP method of the call."
+    )
     path: str = Field(pattern=r"^/", description="Path on the upstream server, like /wake_up.")
     json_body: Any = Field(default=None, alias="json", description="JSON body to send.")
 
@@ -381,7 +383,11 @@ class CostConfig(Strict):
 class SchedulerConfig(Strict):
     """Which policy decides, and the bound on every wait."""
 
-    policy: PolicyName = "cost"
+    policy: PolicyName = Field(
+        default="cost",
+        description="The policy that picks the next model: `cost` (the default), or a baseline "
+        "to compare against (`corral simulate --policy all` lists them).",
+    )
     max_wait_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
         default=120.0, description="Anti-starvation bound on waits; null disables it."
     )
@@ -390,7 +396,7 @@ class SchedulerConfig(Strict):
         description="A model swapped in serves at least this many times its swap time before "
         "max_wait_s can force it out: swapping never takes more than 1/(1+x) of the device.",
     )
-    cost: CostConfig = CostConfig()
+    cost: CostConfig = Field(default=CostConfig(), description="The `cost` policy's own settings.")
     sleepers: Literal["predicted", "lru"] = Field(
         default="predicted",
         description="Which models sleep when host memory is short: `predicted` keeps those "

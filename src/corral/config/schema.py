@@ -59,18 +59,35 @@ class Config(Strict):
         served by `corral serve`."""
         return [n for n, m in self.models.items() if m.cmd is None and m.upstream is None]
 
-    devices: list[DeviceConfig] = Field(default_factory=_default_devices, min_length=1)
-    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    devices: list[DeviceConfig] = Field(
+        default_factory=_default_devices,
+        min_length=1,
+        description="The devices that hold models (GPUs, or the machine itself); without it "
+        "one device, `device0`, that holds one model at a time.",
+    )
+    models: dict[str, ModelConfig] = Field(
+        default_factory=dict,
+        description="The models, by the name clients ask for: each a command Corral starts "
+        "(`cmd`) or an upstream server (`upstream`).",
+    )
     models_dir: list[ModelsDir] = Field(
         default_factory=list,
         description="Folders of GGUF files: each file a model served by llama-server, named by "
         "its file (`corral models DIR` lists them). Models written under `models:` win. Each "
         "a path, or `{path, context, contexts}` to set the context of its models.",
     )
-    scheduler: SchedulerConfig = SchedulerConfig()
-    host: HostConfig = HostConfig()
-    server: ServerConfig = ServerConfig()
-    batch: BatchConfig = BatchConfig()
+    scheduler: SchedulerConfig = Field(
+        default=SchedulerConfig(), description="How the next model is chosen, and wait bounds."
+    )
+    host: HostConfig = Field(
+        default=HostConfig(), description="The machine's own memory, beyond its devices."
+    )
+    server: ServerConfig = Field(
+        default=ServerConfig(), description="`corral serve`: where it listens, keys, limits."
+    )
+    batch: BatchConfig = Field(
+        default=BatchConfig(), description="The Batch API's limits and defaults."
+    )
     prompt_cache: PromptCacheConfig = Field(
         default=PromptCacheConfig(),
         description="Prompt caches kept across swaps (llama-server): false turns it off; "

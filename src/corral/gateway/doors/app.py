@@ -108,13 +108,15 @@ class RequestIds:
         asked = dict(scope["headers"]).get(b"x-request-id", b"")
         given = asked if 0 < len(asked) <= 128 and _PLAIN_ID.fullmatch(asked) else None
 
-        async def with_id(message: Message) -> None:
+        # A plain function handing back `send`'s awaitable: a streamed answer's every chunk
+        # passes here, and a coroutine of its own would cost a frame per chunk.
+        def with_id(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"x-request-id" for k, _ in headers):
                     rid = given or b"req_" + uuid.uuid4().hex.encode()
                     message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
-            await send(message)
+            return send(message)
 
         await self.app(scope, receive, with_id)
 

@@ -35,9 +35,9 @@ from corral.gateway.pipeline.cluster import Cluster, Unreachable
 from corral.gateway.pipeline.coalesce import Coalescer
 from corral.gateway.pipeline.loading import LoadingStream
 from corral.gateway.pipeline.props import KeptProps
-from corral.gateway.pipeline.streams import ModelStream
+from corral.gateway.pipeline.streams import ModelStream, Progress
 from corral.gateway.pipeline.upstream import DROP_BACK, DROP_RAW, Upstream, relay
-from corral.gateway.servers.activity import TAIL_BYTES, completion_tokens, pieces, prefill
+from corral.gateway.servers.activity import TAIL_BYTES, completion_tokens, prefill
 from corral.gateway.servers.runtime import Gateway
 from corral.prompt_cache.server import conversation_id
 
@@ -269,14 +269,7 @@ class Proxy:
         already on its way. `after` runs once it has ended, however."""
         model = call.model
         events = (call.openai or call.dialect is not None) and sse
-        first_byte: float | None = None
-        texts = 0  # pieces of text: tokens, for a server that sends no usage
-
-        def seen(chunk: bytes) -> None:
-            nonlocal first_byte, texts
-            if first_byte is None:
-                first_byte = time.monotonic()
-            texts += pieces(chunk)
+        progress = Progress()  # the relay writes it; the stream's watchdog reads it
 
         async def cut_short(exc: BaseException) -> str:
             died = await backend.exited(timeout_s=1.0)
@@ -293,16 +286,16 @@ class Proxy:
                 done = True
                 if after is not None:
                     after(tail)
-                tokens = completion_tokens(tail) or (texts or None)
+                tokens = completion_tokens(tail) or (progress.pieces or None)
                 # Left mid-answer. A client that closes as soon as it has read the last chunk
                 # is seen leaving before the relay's `finally` runs: the answer was whole.
                 left = stream.cut and not whole
                 status = ClientLeft.status if left else resp.status
-                self._observe(call, slot, status, first_byte, tokens, tail)
+                self._observe(call, slot, status, progress.first_at, tokens, tail)
 
         slot.keep()
         out_headers = self._headers(call.model, resp, slot)
-        body_iterator = relay(resp, events, cut_short, seen, ended)
+        body_iterator = relay(resp, events, cut_short, progress, ended)
         if call.dialect is not None:
             body_iterator = call.dialect.stream(body_iterator, slot.wait_s)
             out_headers = {k: v for k, v in out_headers.items() if k.lower() != "content-type"}
@@ -317,6 +310,7 @@ class Proxy:
             self.config.server.stream_send_timeout_s,
             f"model {model}",
             closed,
+            progress,
             status_code=resp.status,
             headers=out_headers,
         )

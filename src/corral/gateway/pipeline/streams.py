@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -21,8 +22,21 @@ log = logging.getLogger("corral.gateway")
 WATCH_TICKS = 4  # looks per `send_timeout_s`: a stall is dropped within 1.25x the bound
 
 
-class _Gone(Exception):
-    pass
+class ClientGone(Exception):
+    """The client left: raised where the stream next sends, or next resumes its body."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """What a stream has done, for its watchdog and its accounting. The body that relays it
+    writes it as it goes (`pipeline/upstream.py` `relay`: no wrapper around every send);
+    `ModelStream` writes it for a body that does not (`own`), and sets `gone`."""
+
+    first_at: float | None = None  # monotonic time of the first chunk from the server
+    pieces: int = 0  # pieces of text seen: tokens, for a server that sends no usage
+    sent: int = 0  # chunks the client has taken
+    sending: bool = False  # a chunk is handed to the client and not taken yet
+    gone: bool = False  # the client left: the body stops where it next resumes
 
 
 class ModelStream(StreamingResponse):
@@ -37,16 +51,20 @@ class ModelStream(StreamingResponse):
         send_timeout_s: float,
         what: str,
         closed: Callable[[], None] | None = None,
+        progress: Progress | None = None,
         **kw: Any,
     ) -> None:
         """`closed`: run when the stream did not end (stalled, left, cancelled), after the body
         is closed: the body's own `finally` never runs if it never started (a client that left
-        before the first byte), and whatever it would free must be freed anyway."""
+        before the first byte), and whatever it would free must be freed anyway. `progress`:
+        the body's own record of its sends (a relay's); without it every send is wrapped to
+        keep one."""
         super().__init__(content, **kw)
+        self.progress = progress if progress is not None else Progress()
+        self._own = progress is None
         self.send_timeout_s = send_timeout_s
         self.what = what
         self._closed = closed
-        self._gone = False
         self.cut = False  # it ended early: the client left, stalled or the task was cancelled
 
     async def listen_for_disconnect(self, receive: Receive) -> None:
@@ -55,18 +73,18 @@ class ModelStream(StreamingResponse):
         # waits: uvicorn's send returns at once for a client that left, and a body with
         # buffered data to read never waits, so the stream ran on to its end (and held the
         # model's slot). The next send stops it instead.
-        self._gone = True
+        self.progress.gone = True
         self.cut = True  # before the cancellation reaches the body, whose `finally` reads it
 
     async def stream_response(self, send: Send) -> None:
-        # One watchdog per stream, not a timeout per send: a send only marks itself in progress
-        # and counts itself done; the watchdog looks every quarter of the bound and cancels the
-        # stream once one send has been in progress, with none done, for the whole bound.
+        # One watchdog per stream, not a timeout per send: the watchdog looks every quarter of
+        # the bound and cancels the stream once one send has been in progress, with none done,
+        # for the whole bound. A relay records its sends itself (`Progress`), so its chunks go
+        # to uvicorn's `send` with nothing in between.
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        sending = False
-        sent = 0
+        progress = self.progress
         stalled = False
         period_s = self.send_timeout_s / WATCH_TICKS
         # At the last look: sends done, whether one was in progress, and for how many looks in
@@ -76,6 +94,7 @@ class ModelStream(StreamingResponse):
 
         def watch() -> None:
             nonlocal looked, stalled, handle
+            sending, sent = progress.sending, progress.sent
             same = sending and looked[1] and looked[0] == sent
             looked = (sent, sending, looked[2] + 1 if same else 0)
             if looked[2] >= WATCH_TICKS:  # in progress at WATCH_TICKS + 1 looks: a whole bound
@@ -85,20 +104,19 @@ class ModelStream(StreamingResponse):
             handle = loop.call_later(period_s, watch)
 
         async def timed(message: Message) -> None:
-            nonlocal sending, sent
-            if self._gone:
-                raise _Gone
-            sending = True
+            if progress.gone:
+                raise ClientGone
+            progress.sending = True
             await send(message)
-            sending = False
-            sent += 1
+            progress.sending = False
+            progress.sent += 1
 
         handle = loop.call_later(period_s, watch)
         ended = False
         try:
-            await super().stream_response(timed)
+            await super().stream_response(timed if self._own else send)
             ended = True
-        except _Gone:
+        except ClientGone:
             pass  # the client left; the body is closed below
         except asyncio.CancelledError:
             if not stalled:

@@ -6,6 +6,7 @@ proxy, the coalescer, the cluster hop and the Batch API's lines all send through
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import aiohttp
 
 from corral.backends.base import Backend
 from corral.gateway.errors import UpstreamFailed, stream_error
-from corral.gateway.servers.activity import TAIL_BYTES
+from corral.gateway.pipeline.streams import ClientGone, Progress
+from corral.gateway.servers.activity import TAIL_BYTES, pieces
 
 # Hop-by-hop headers and those the client library/uvicorn set themselves.
 DROP = {
@@ -142,35 +144,44 @@ async def relay(
     resp: aiohttp.ClientResponse,
     events: bool,
     cut_short: Callable[[BaseException], Awaitable[str]],
-    seen: Callable[[bytes], None] | None = None,
+    progress: Progress | None = None,
     ended: Callable[[bool, bytes], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """An answer's body, chunk by chunk as it comes. `events` (server-sent events): chunks are
     cut at line ends, so an error event added after a failure stays parsable, and a failure
     mid-answer becomes that error event (`cut_short` says why), since the 200 is already on its
     way; otherwise the failure is raised and the client sees a cut connection, the only signal
-    left. `seen` gets each chunk; `ended` runs however it ends (finished, failed, or the client
-    left, which drops the connection so the server stops generating), told whether the server's
-    answer was relayed whole (to its end, or to its last event: a client that closes once it
-    has read `data: [DONE]` did not cut the answer short) and the last `TAIL_BYTES` (at least)
-    of what was relayed of it, where its usage is.
+    left. `progress` is written as it goes (the first chunk's time, the pieces of text, each
+    chunk handed to the client and taken: `ModelStream`'s watchdog reads it), and the relay
+    stops with `ClientGone` where it resumes after the client left. `ended` runs however it
+    ends (finished, failed, or the client left, which drops the connection so the server stops
+    generating), told whether the server's answer was relayed whole (to its end, or to its
+    last event: a client that closes once it has read `data: [DONE]` did not cut the answer
+    short) and the last `TAIL_BYTES` (at least) of what was relayed of it, where its usage is.
 
-    Per chunk it does no more than a bare proxy does, but for `seen` and keeping the chunk
-    in a short list: the end marks and the usage are read once, from that tail, at the end."""
+    Per chunk it does no more than a bare proxy does, but for counting it and keeping it in a
+    short list: the end marks and the usage are read once, from that tail, at the end."""
+    p = progress if progress is not None else Progress()
     whole = False
     partial = b""  # events: a line not yet ended
     recent: list[bytes] = []  # the last chunks relayed, at least TAIL_BYTES of them
     try:
         async for chunk in resp.content.iter_any():
-            if seen is not None:
-                seen(chunk)
+            if p.first_at is None:
+                p.first_at = time.monotonic()
+            p.pieces += pieces(chunk)
             if events and (partial or not chunk.endswith(b"\n")):
                 chunk = partial + chunk
                 cut = chunk.rfind(b"\n") + 1
                 chunk, partial = chunk[:cut], chunk[cut:]
                 if not chunk:
                     continue
+            p.sending = True
             yield chunk
+            p.sending = False
+            p.sent += 1
+            if p.gone:
+                raise ClientGone
             recent.append(chunk)
             if len(recent) >= _TRIM_AT:
                 _keep_tail(recent)
