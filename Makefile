@@ -69,7 +69,7 @@ $(BROWSER_STAMP): | $(STAMP)
 	  (echo "make test needs chromium and chromium-driver: apt-get install chromium chromium-driver" && false)
 	touch $@
 
-# The agent frameworks people run (issue 48), each unchanged, in a venv of their own (their pins
+# The agent frameworks people run, each unchanged, in a venv of their own (their pins
 # never enter the project's): pinned as tested, from the package registry.
 COMPAT_VENV_STAMP := .compat/venv/.installed
 $(COMPAT_VENV_STAMP): compat/requirements.txt
@@ -91,7 +91,7 @@ test: lint typecheck $(LLAMA_STAMP) $(EMBED_STAMP) $(BROWSER_STAMP) $(COMPAT_VEN
 	$(BIN)/python -m pytest -n auto
 	$(BIN)/python -m pytest -p no:cacheprovider -m "not make_compat" compat/test_tools.py
 
-# The agent tools themselves, unchanged, through `corral launch` (issue 48): OpenCode from the
+# The agent tools themselves, unchanged, through `corral launch`: OpenCode from the
 # npm registry (pinned), run headless against the demo and a models folder on llama-server.
 COMPAT_STAMP := .compat/.installed
 $(COMPAT_STAMP):
@@ -120,15 +120,15 @@ $(BENCH_VENV)/.installed: pyproject.toml
 bench-cluster: $(STAMP)
 	$(BIN)/python benchmarks/bench_cluster.py
 
-# Three hosts behind llm-d's endpoint picker's scoring against round-robin (issue 49; root: netns).
+# Three hosts behind llm-d's endpoint picker's scoring against round-robin (root: netns).
 bench-epp: $(STAMP)
 	$(BIN)/python benchmarks/bench_epp.py
 
-# From a folder holding the gemma GGUF to its first answer through the ollama client (issue 27).
+# From a folder holding the gemma GGUF to its first answer through the ollama client.
 bench-first-answer: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_first_answer.py
 
-# What a swap costs a conversation with saved prompt caches and without (issue 38): real
+# What a swap costs a conversation with saved prompt caches and without: real
 # llama-server with the gemma GGUF behind corral serve, prompt_cache: false beside it (~15 min).
 bench-prompt-cache: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_prompt_cache.py --json out/bench-prompt-cache.json
@@ -143,12 +143,12 @@ bench-zoo-memory: $(LLAMA_STAMP)
 bench-zoo-restores: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_restores.py --size-gb 1 --tokens 8000 --json out/bench-zoo-restores.json
 
-# llama-server's load modes on 1, 4 and 8 GB zoo files, cold and warm (issue 51; ~10 min).
+# llama-server's load modes on 1, 4 and 8 GB zoo files, cold and warm (~10 min).
 bench-load-modes: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_load_modes.py --sizes 1 4 8 --rounds 2 --json out/bench-load-modes.json
 
 # The next model's file prepared in the page cache, live on three 6 GB zoo files, on against
-# off, and the simulator's prediction of each (issue 51; ~10 min with the files written).
+# off, and the simulator's prediction of each (~10 min with the files written).
 bench-prepare: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_prepare.py --size-gb 6 --steps 12 --json out/bench-prepare.json
 
@@ -156,18 +156,18 @@ bench-prepare: $(LLAMA_STAMP)
 bench-think: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_think.py --size-gb 2 --steps 10 --json out/bench-think.json
 
-# The simulator against real llama-servers on the zoo's files (issue 47): a kept and a not-kept
+# The simulator against real llama-servers on the zoo's files: a kept and a not-kept
 # architecture's conversations, live and simulated given the servers' figures (~1 minute).
 bench-zoo-parity: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_zoo_parity.py --size-gb 0.25 --words 300 600 --grow 100 200 \
 	  --json out/bench-zoo-parity.json
 
-# llama-server's start with the gemma GGUF in the page cache and dropped from it (issue 28).
+# llama-server's start with the gemma GGUF in the page cache and dropped from it.
 bench-page-cache: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_page_cache.py
 
-# A 5,000-file folder and 1 GB hostile GGUF headers: time and peak memory, the walker before
-# issue 36 in the same run (~2 min).
+# A 5,000-file folder and 1 GB hostile GGUF headers: time and peak memory, against an older
+# walker in the same run (~2 min).
 bench-folder-scan: $(STAMP)
 	$(BIN)/python benchmarks/bench_folder_scan.py
 

@@ -26,18 +26,17 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
+
+from bench_gateway import free_port, wait_ok
 
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")
 
@@ -154,22 +153,6 @@ server:
   log_dir: LOG_DIR
   max_connections: 4096
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ok(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise SystemExit(f"{url} did not come up within {timeout_s:g} s")
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
-"""The README's examples, run as written: the Python blocks (the task queue; the Batch API
-against `make run`'s demo gateway, with the README's own input lines), and the configuration
-error it shows, produced by `corral config check` on the file it describes."""
+"""The README's and the guides' examples, run as written: the Python blocks (the task queue;
+the Batch API against `make run`'s demo gateway, with the README's own input lines), and the
+configuration error shown, produced by `corral config check` on the file it describes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ from tests.support.gateway import CORRAL
 
 pytestmark = pytest.mark.e2e
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+ROOT = Path(__file__).parents[2]
+# The README and the guides it leads to: their examples are run as written.
+README = "".join(
+    p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]
+)
 
 
 def blocks(language: str) -> list[str]:

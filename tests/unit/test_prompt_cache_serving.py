@@ -181,10 +181,10 @@ def test_a_conversation_is_named_by_its_beginning() -> None:
     assert conversation_id({"prompt": ""}) is None
 
 
-def test_the_readmes_prompt_cache_example_is_a_valid_configuration() -> None:
+def test_the_configuration_guides_prompt_cache_example_is_a_valid_configuration() -> None:
     import re
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "guides" / "configuration.md").read_text()
     (text,) = [
         b for b in re.findall(r"^```yaml\n(.*?)^```$", readme, flags=re.S | re.M)
         if "prompt_cache:" in b

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from corral.batch.files import FileStorage
 from corral.batch.finalize import Finalizer
@@ -134,32 +134,22 @@ class BatchService:
         self, purpose: str | None, after: str | None, limit: int, order: str
     ) -> tuple[list[StoredFile], bool]:
         """A page of files (unexpired) and whether more follow; 400 for an unknown `after`."""
-        if after is not None:
-            try:
-                self.store.files.get(after)
-            except FileNotFound:
-                raise BatchError(
-                    400, f"after: no file with id {after!r}", "invalid_value", "after"
-                ) from None
-        page = self.store.files.list(
-            purpose, after, limit + 1, order="asc" if order == "asc" else "desc"
-        )
         now = self.clock()
-        live = [f for f in page if f.expires_at is None or f.expires_at > now]
-        return live[:limit], len(page) > limit
+        return _page(
+            after, limit, self.store.files.get, FileNotFound, "file",
+            lambda n: self.store.files.list(
+                purpose, after, n, order="asc" if order == "asc" else "desc"
+            ),
+            lambda f: f.expires_at is None or f.expires_at > now,
+        )  # fmt: skip
 
     def list_batches(self, after: str | None, limit: int) -> tuple[list[Batch], bool]:
         """A page of batches, newest first, and whether more follow; 400 for an unknown
         `after`."""
-        if after is not None:
-            try:
-                self.store.batches.get(after)
-            except BatchNotFound:
-                raise BatchError(
-                    400, f"after: no batch with id {after!r}", "invalid_value", "after"
-                ) from None
-        page = self.store.batches.list(after, limit + 1)
-        return page[:limit], len(page) > limit
+        return _page(
+            after, limit, self.store.batches.get, BatchNotFound, "batch",
+            lambda n: self.store.batches.list(after, n),
+        )  # fmt: skip
 
     def _forget(self, f: StoredFile) -> None:
         with contextlib.suppress(FileNotFound):
@@ -172,13 +162,10 @@ class BatchService:
         self.files.sweep_parts()
         now = self.clock()
         gone = 0
-        after = None
-        while page := self.store.files.list(after=after, limit=500, order="asc"):
-            for f in page:
-                if f.expires_at is not None and f.expires_at <= now:
-                    self._forget(f)
-                    gone += 1
-            after = page[-1].id
+        for f in _every(lambda after: self.store.files.list(after=after, limit=PAGE, order="asc")):
+            if f.expires_at is not None and f.expires_at <= now:
+                self._forget(f)
+                gone += 1
         return gone
 
     def delete_file(self, file_id: str) -> StoredFile:
@@ -477,12 +464,7 @@ class BatchService:
                 self._hooks.discard(batch_id)
 
     def _pages(self, status: Sequence[str] | None) -> Iterator[Batch]:
-        after = None
-        while page := self.store.batches.list(after=after, limit=500, status=status):
-            yield from page
-            after = page[-1].id
-            if len(page) < 500:
-                return
+        return _every(lambda after: self.store.batches.list(after=after, limit=PAGE, status=status))
 
 
 def _hook_pending(b: Batch) -> bool:
@@ -564,3 +546,48 @@ def _metadata(metadata: Any) -> dict[str, str] | None:
             "metadata",
         )
     return metadata
+
+
+PAGE = 500  # items per store call when every one is walked
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+T = TypeVar("T")
+Item = TypeVar("Item", bound=_Identified)
+
+
+def _page(
+    after: str | None,
+    limit: int,
+    known: Callable[[str], object],
+    missing: type[Exception],
+    what: str,
+    fetch: Callable[[int], list[T]],
+    keep: Callable[[T], bool] | None = None,
+) -> tuple[list[T], bool]:
+    """Up to `limit` items that `fetch` gives after `after`, those `keep` keeps, and whether more
+    follow; `after` must name a `what` that `known` finds (else 400 naming it)."""
+    if after is not None:
+        try:
+            known(after)
+        except missing:
+            raise BatchError(
+                400, f"after: no {what} with id {after!r}", "invalid_value", "after"
+            ) from None
+    page = fetch(limit + 1)
+    kept = page if keep is None else [x for x in page if keep(x)]
+    return kept[:limit], len(page) > limit
+
+
+def _every(fetch: Callable[[str | None], list[Item]]) -> Iterator[Item]:
+    """Every item `fetch` pages through, `PAGE` at a time, each page after the last's id."""
+    after = None
+    while page := fetch(after):
+        yield from page
+        after = page[-1].id
+        if len(page) < PAGE:
+            return

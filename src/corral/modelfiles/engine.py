@@ -7,7 +7,7 @@ acts on), and what it held, when it stops. `llama-fit-params --fit-print on` pri
 too, but configures the context as a batch tool does, not as the server: it reserves logits for
 every token of a micro-batch (`n_outputs`), which the server never does, so its compute figure is
 the vocabulary times 512 tokens larger (527 MiB against the server's 28 for gemma-3-270m: see
-docs/benchmarks.md, "The engine's memory figures"). Corral reads the server's."""
+docs/benchmarks.md, "Memory against the engine's own figures"). Corral reads the server's."""
 
 from __future__ import annotations
 

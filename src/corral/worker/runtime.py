@@ -27,8 +27,10 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
 
+from corral.background import Background
 from corral.config import Config
 from corral.core import Request, Scheduler
 from corral.errors import CorralError
@@ -118,7 +120,7 @@ class Worker:
         )
         self._running: dict[str, asyncio.Task[None]] = {}
         self._cooldown_until: dict[str, float] = {}
-        self._busy: set[asyncio.Task[None]] = set()
+        self._busy = Background("worker", log)  # claims, commits, swaps: held until they end
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler | None = None
         self._attached = False
@@ -313,7 +315,7 @@ class Worker:
             and not self._running
             and not any(self._unclaimed.values())
             and self._buffer.empty()
-            and not (any(not t.done() for t in self._busy))
+            and not self._busy.running()
         )
 
     async def _drained(self) -> bool:
@@ -417,17 +419,13 @@ class Worker:
                 t.cancel()
         for model in self._buffer.models():  # after the running ones: their commits start these
             await self._claims.release_ahead(model)
-        busy = [t for t in self._busy if not t.done()]
+        busy = self._busy.running()
         if busy:
             await asyncio.wait(busy, timeout=5)
 
     # --- helpers ------------------------------------------------------------------------------
-    def _spawn(self, coro: object) -> asyncio.Task[None]:
-        t: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[call-overload]
-        self._busy.add(t)
-        t.add_done_callback(self._busy.discard)
-        t.add_done_callback(_log_failure)
-        return t
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        return self._busy.spawn(coro)
 
     def _loop_(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "the worker is not running"
@@ -436,10 +434,3 @@ class Worker:
     def _sched(self) -> Scheduler:
         assert self.scheduler is not None, "the worker is not running"
         return self.scheduler
-
-
-def _log_failure(t: asyncio.Task[object]) -> None:
-    """A background operation that raised: a bug in Corral, said at once (not when the task
-    is collected, or never)."""
-    if not t.cancelled() and t.exception() is not None:
-        log.error("worker: a background operation failed", exc_info=t.exception())

@@ -246,7 +246,7 @@ class Files:
 def load_mode_for(cached: float, file_bytes: int, available_bytes: int) -> str | None:
     """The load mode for a file `cached` (0-1) in the page cache, of `file_bytes`, with
     `available_bytes` of memory the kernel calls available; None: the server's default, mmap.
-    From docs/benchmarks.md, "Load modes" (the 2-core VM, 1-8 GB zoo files): mmap loads a
+    From docs/benchmarks.md, "Swaps and loads" (the 2-core machine, 1-8 GB zoo files): mmap loads a
     cached file fastest (a plain read 1.4-2.2x slower, direct I/O reads the disk again), and a
     cold one as fast as any mode while leaving it cached for the next load; direct I/O reads a
     cold file as fast (8 GB: 14.8 s against 15.4) with half the memory and pushes no other file

@@ -22,6 +22,7 @@ from typing import Any
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
+from corral.background import Background
 from corral.config import Config, HostConfig, ModelConfig
 from corral.core import Request, Scheduler
 from corral.gateway.servers.activity import Activity
@@ -95,7 +96,7 @@ class Gateway:
         self.loopwatch: LoopWatch | None = None  # from start(): the loop it watches runs
         # The clients' requests waiting for their turn (gateway/servers/intake.py).
         self.intake = Intake(self._sched, self._loop_)
-        self._busy: set[asyncio.Task[Any]] = set()
+        self._busy = Background("gateway", log)  # swaps, stops, timers: held until they end
         self._device_lock: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._ops: dict[str, asyncio.Task[Any]] = {}  # the latest load or unload per model
         self._loads: dict[tuple[str, str], Load] = {}  # the loads under way, to abort
@@ -137,8 +138,7 @@ class Gateway:
     async def close(self) -> None:
         if self.loopwatch is not None:
             self.loopwatch.stop()
-        for t in list(self._busy):
-            t.cancel()
+        self._busy.cancel()
         every = [*self.servers.every(), *self.naps.servers()]
         for b in dict.fromkeys(every):  # a server whose model changed runs until it unloads
             with contextlib.suppress(BackendError):
@@ -395,11 +395,7 @@ class Gateway:
 
     # --- helpers ------------------------------------------------------------------------------
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        t = asyncio.ensure_future(coro)
-        self._busy.add(t)
-        t.add_done_callback(self._busy.discard)
-        t.add_done_callback(_log_failure)
-        return t
+        return self._busy.spawn(coro)
 
     def _loop_(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "the gateway is not started"
@@ -418,13 +414,6 @@ class Gateway:
             return None
         state = sched.models[name].state.value
         return "loaded" if state == "ready" else state
-
-
-def _log_failure(t: asyncio.Task[Any]) -> None:
-    """A background operation that raised: a bug in Corral, said at once (not when the task
-    is collected, or never)."""
-    if not t.cancelled() and t.exception() is not None:
-        log.error("gateway: a background operation failed", exc_info=t.exception())
 
 
 async def _after(first: asyncio.Future[None], op: Coroutine[Any, Any, None]) -> None:
