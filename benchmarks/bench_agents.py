@@ -1,4 +1,4 @@
-"""The agent pattern over real HTTP (issue 4): swaps under `fifo` and `cost`, quiet and under CPU
+"""The agent pattern over real HTTP: swaps under `fifo` and `cost`, quiet and under CPU
 load.
 
 An orchestrator, two explorers on one model and a coder run as closed-loop `openai` clients

@@ -1,4 +1,4 @@
-"""The Batch API at scale (issue 5).
+"""The Batch API at scale.
 
 1. Intake: upload a 200,000-line JSONL file (about 100 MB) to `corral serve`, create the batch
    (check every line, store the batch and its lines as tasks); wall time of each step and the

@@ -1,4 +1,4 @@
-"""The static-batching lab's sweep (issue 13), live: real all-MiniLM-L6-v2 embeddings
+"""The static-batching lab's sweep, live: real all-MiniLM-L6-v2 embeddings
 (`corral embed-backend`) behind `corral serve`, each `max_batch` x `max_wait_ms` point a model
 with that `batch:` config, against the unbatched baseline (the same server, no `batch:`), loaded
 by `corral bench`'s load generator at the lab's concurrency 50, 500 requests per point.

@@ -1,6 +1,6 @@
 """Several `corral worker` processes on one PostgreSQL: loads and throughput, with model affinity
 (the default) and without (`--no-affinity`: each worker schedules its device alone), in the same
-run (issue 10).
+run.
 
 Each run: a fresh schema, `--models` models (a load hook of `--load-s`), tasks spread evenly
 over them, then N workers started together with `--until-idle`. Reported: total loads (and per

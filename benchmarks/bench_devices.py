@@ -1,4 +1,4 @@
-"""The multi-device scenarios over many seeds (issue 10): `devices-4` (4 devices, 16 models)
+"""The multi-device scenarios over many seeds: `devices-4` (4 devices, 16 models)
 and `devices-8` (8 devices, 20 models) are one seed each; this runs the same generator with ten
 seeds per family and every Corral policy, so a claim about them is not one trace's luck.
 

@@ -1,5 +1,5 @@
 """Three `corral serve` hosts behind llm-d's endpoint picker, as the recipe configures it, against
-round-robin (issue 49): loads and latency, in the same run.
+round-robin: loads and latency, in the same run.
 
 Each host (a network namespace of its own, tests/e2e/netns.py: needs root) runs `corral serve`
 alone, its own SQLite store, one device that holds one of the three models at a time (sim

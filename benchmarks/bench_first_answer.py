@@ -1,4 +1,4 @@
-"""From a folder of GGUF files to the first answer through Ollama's own client (issue 27): one
+"""From a folder of GGUF files to the first answer through Ollama's own client: one
 command (`corral serve --models DIR`), no YAML; the time from starting it to the answer.
 
 The folder holds the packaged gemma-3-270m GGUF (the `llama` extra), assembled into a temporary

@@ -1,7 +1,7 @@
-"""What a hostile or merely large models folder costs to scan (issue 36): a folder of 5,000
+"""What a hostile or merely large models folder costs to scan: a folder of 5,000
 files (junk, empty, text, hostile headers, a few small models) through `corral models`, and
 1 GB sparse files whose headers claim the most a header can, each read in a process of its own
-so its peak memory is its own. The walker before issue 36 (efdb423) reads the same files in the
+so its peak memory is its own. An older walker (efdb423) reads the same files in the
 same run, within a 20 s and 2 GB limit, for comparison.
 
     make bench-folder-scan        # ~2 min; figures in docs/benchmarks.md
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.gguf_files import gguf_bytes, kv, llama_fields, text, write  # noqa: E402
 
 GB = 1 << 30
-BEFORE = "efdb423"  # the last commit before issue 36's walker
+BEFORE = "efdb423"  # the last commit before the bounded walker
 
 
 def hostile_files(folder: Path) -> dict[str, Path]:

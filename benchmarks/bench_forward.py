@@ -1,4 +1,4 @@
-"""What a hop between `corral serve` nodes costs (issue 10, several hosts): node B holds the
+"""What a hop between `corral serve` nodes costs (several hosts): node B holds the
 model, node A does not, both on one PostgreSQL schema. The same 1-token request goes straight to
 B and through A (which forwards it to B), targets taking turns in blocks so drifts hit both;
 p50/p95 of each and the difference, non-streamed and streamed (time to the first chunk), then

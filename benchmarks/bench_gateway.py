@@ -1,5 +1,5 @@
 """The gateway's own cost: what it adds to a request, its throughput, and what a swap costs on top
-of the backend's own start (issue 4).
+of the backend's own start.
 
 - Swap overhead: alternate requests between two sim models so each one swaps. The sim server
   reports when it became ready, so "ready -> first byte at the client" is the gateway's share
@@ -12,7 +12,7 @@ of the backend's own start (issue 4).
 - Throughput: 32 concurrent clients for a few seconds, straight to the server and through the
   gateway.
 - Front doors: the same one-token chat through OpenAI's routes and Ollama's (plain and
-  streamed, and Ollama's generate), taking turns in blocks (issue 27).
+  streamed, and Ollama's generate), taking turns in blocks.
 
 Run: `make bench-gateway` (LiteLLM's proxy side by side, from .venv-bench), or
 `.venv/bin/python benchmarks/bench_gateway.py [--swaps 10] [--requests 500]` (Corral only).
@@ -178,7 +178,7 @@ def added_latency(targets: dict[str, str], n: int, block: int = 50) -> dict[str,
     return res
 
 
-# The same one-token chat through each of the gateway's front doors (issue 27): OpenAI's
+# The same one-token chat through each of the gateway's front doors: OpenAI's
 # routes pass the answer through; Ollama's rewrite the request and translate the answer.
 _MESSAGES = [{"role": "user", "content": "x"}]
 ROUTES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -1,4 +1,4 @@
-"""Several models packed on one GPU by Corral's figures (issue 50, item 3): does each
+"""Several models packed on one GPU by Corral's figures: does each
 llama-server get all its layers on the GPU, or does its own `--fit` (on by default) move layers
 to the host once the GPU is shared? One zoo file, served `--count` times at once with the
 command `corral serve --models` runs, each started while the others hold their memory; then

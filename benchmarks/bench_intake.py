@@ -1,4 +1,4 @@
-"""Is the event loop free while a large file comes in? (issue 25: "/health answers within 100 ms
+"""Is the event loop free while a large file comes in? ("/health answers within 100 ms
 during a 200 MB upload").
 
 Starts `corral serve`, then polls `/health` every 10 ms from one client while another uploads a

@@ -1,6 +1,6 @@
 """llama-server (the gemma 270M GGUF) with `--parallel 1` and with `--parallel 4`, Corral's
 `concurrency` matched to each, through `corral serve`, loaded by `corral bench` (chat, streamed)
-at concurrency 1 and 4 (issue 13). The two servers are two models on one device, so each is
+at concurrency 1 and 4. The two servers are two models on one device, so each is
 swapped in before its points (a warm-up, not measured); they run in turn for `--rounds` rounds
 and each point keeps its best round.
 

@@ -1,4 +1,4 @@
-"""llama-server's load modes on zoo files cold and warm (issue 51, item 2): for each size and
+"""llama-server's load modes on zoo files cold and warm: for each size and
 each `--load-mode` the server takes (`mmap`, its default; `none`, a plain read into the
 server's own buffers, what `--no-mmap` was; `dio`, direct I/O past the page cache), the time
 from spawn to a 200 on `/health` with the file dropped from the page cache (`posix_fadvise`

@@ -1,4 +1,4 @@
-"""`corral bench`'s own overhead (issue 13): against one sim backend, the rate `corral bench`
+"""`corral bench`'s own overhead: against one sim backend, the rate `corral bench`
 measures at a concurrency against the rate a bare client sustains on the same server in the same
 run (aiohttp, the same streamed requests, no timing or bookkeeping), alternating the two.
 

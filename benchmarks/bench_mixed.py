@@ -1,4 +1,4 @@
-"""Interactive requests beside Batch API batches, live, with the default configuration (issue 9).
+"""Interactive requests beside Batch API batches, live, with the default configuration.
 
 `corral serve` runs the built-in demo (orchestrator-14b, explorer-3b, coder-7b: sim servers that
 load in 6, 2 and 4 s) exactly as `make run` does; only the port and the data folder differ. A

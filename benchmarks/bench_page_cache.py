@@ -1,4 +1,4 @@
-"""A model file in the page cache against one dropped from it (issue 28, "page cache, measured
+"""A model file in the page cache against one dropped from it ("page cache, measured
 before built"): how long llama-server takes from spawn to healthy with the packaged gemma-3-270m
 GGUF warm (read moments before) and cold (`posix_fadvise(DONTNEED)` after an fsync), rounds
 alternating; and a plain read of the file each way, to tell the disk from the server's own work.

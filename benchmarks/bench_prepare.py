@@ -1,4 +1,4 @@
-"""The next model's file prepared in the page cache, live (issue 51): three zoo models of a few
+"""The next model's file prepared in the page cache, live: three zoo models of a few
 GB on one device (one at a time: every step a swap), agent loops cycling orchestrator, explorer,
 coder with 0.25-1.5 s of think time and conversations of 300-1,200 tokens, short answers (the
 loads dominate), replayed through `corral serve` on the real llama-server

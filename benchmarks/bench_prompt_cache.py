@@ -1,4 +1,4 @@
-"""What a swap costs a conversation, with saved prompt caches and without (issue 38): real
+"""What a swap costs a conversation, with saved prompt caches and without: real
 llama-server processes (the `llama` extra's build) with the packaged gemma-3-270m GGUF behind
 `corral serve`, one device that holds one model at a time; the same run with
 `prompt_cache: false` beside it.

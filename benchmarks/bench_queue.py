@@ -1,4 +1,4 @@
-"""Task queue throughput, side by side with a peer on the same database (issue 3).
+"""Task queue throughput, side by side with a peer on the same database.
 
 For each system: single enqueue (1,000 calls of its public API; on PostgreSQL, 10 blocks of 100
 taken in turns with the other systems, median block: see `single_rates`), bulk enqueue (`--tasks`

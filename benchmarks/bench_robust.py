@@ -1,4 +1,4 @@
-"""Robustness over wide random scenario families (issue 24): every policy on scenarios nobody
+"""Robustness over wide random scenario families: every policy on scenarios nobody
 tuned for (`corral.sim.families`), `cost`'s ratio to the best other policy per metric.
 
 For each scenario and policy: loads, and the interactive requests' mean, p95 and max wait (batch
@@ -14,9 +14,9 @@ the defaults. Above 1.25 means no configuration tried is within 1.25x on mean, p
 once: the targets pull against each other there (the best mean and the best max are different
 schedules).
 
-`--family conversations` (issue 38): agent loops whose swaps throw prompt caches away
+`--family conversations`: agent loops whose swaps throw prompt caches away
 (`random_conversation_scenario`); the figures are each request's latency, not its wait.
-`--family crowded` and `--family packed` (issue 51): narrower shapes the wide family rarely
+`--family crowded` and `--family packed`: narrower shapes the wide family rarely
 draws (`corral.sim.families.SHAPES`): two devices and three models that each fill one,
 overloaded; four 80 GB devices and eight models of 10-80 GB packed by memory.
 
@@ -53,12 +53,12 @@ OTHERS: list[SimPolicyName] = ["grouped", "fifo-plus", "fifo"]
 METRICS = ("mean", "p95", "max")
 
 
-# The families: `conversations` (issue 38) counts each request's latency (its wait, the prefill
+# The families: `conversations` counts each request's latency (its wait, the prefill
 # a swap made it redo, its service), the figure conversations change; the others its wait.
 FAMILIES: dict[str, Callable[[int], Scenario]] = {
     "default": random_scenario,
     "conversations": random_conversation_scenario,
-    # Narrower shapes (issue 51, item 5; corral.sim.families.SHAPES).
+    # Narrower shapes (item 5; corral.sim.families.SHAPES).
     **{name: functools.partial(random_scenario, shape=name) for name in SHAPES},
 }
 
@@ -139,7 +139,7 @@ def ratio(row: dict[str, Any], metric: str, others: list[str]) -> float:
     return float(mine / best)
 
 
-# Issue 51's figure: a simple policy beats cost on mean, p95 and max at once by more than this.
+# The robustness figure: a simple policy beats cost on mean, p95 and max at once by more than this.
 AT_ONCE = 1.10
 
 

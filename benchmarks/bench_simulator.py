@@ -1,7 +1,7 @@
 """Simulated requests per second of wall time: 1,000,000 requests over 20 models.
 
 Run: `make bench` (or `.venv/bin/python benchmarks/bench_simulator.py [--requests N] [--policy P]`).
-Target (issue 2): >= 100,000 simulated requests per second of wall time, so decisions must cost
+Target: >= 100,000 simulated requests per second of wall time, so decisions must cost
 O(log n) in the queue length, not a scan of the queue.
 """
 

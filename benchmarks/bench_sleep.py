@@ -1,4 +1,4 @@
-"""Sleeping models and aborted loads (issue 28), simulated and replayed live in the same run.
+"""Sleeping models and aborted loads, simulated and replayed live in the same run.
 
 1. `sleepers` (four models that each fill the device, three fit asleep in host memory; an agent
    loop and Poisson chat): with `sleep:` (the default `predicted` sleepers), with the `lru`
@@ -8,7 +8,7 @@
    `sleep:`, without (aborting batch loads for the person), and, simulated only, without aborts.
    Targets: the person's p95 wait at most one wake plus two answers with sleep; the max at most
    one load plus two answers without.
-3. `sleepers` with each model's file in the host's page cache modelled (issue 51: 10 GB files,
+3. `sleepers` with each model's file in the host's page cache modelled (10 GB files,
    the configured loads as cold ones and warm loads at 40% of them, a 40 GB page cache, a
    0.5 GB/s disk), simulated: with and without `sleep:`, `scheduler.prepare` on and off.
 4. A random family nobody tuned for: `corral.sim.families.random_sleep_scenario` (the

@@ -1,4 +1,4 @@
-"""Agents' think time, live on real llama-server (issue 51, item 4): three agents in closed
+"""Agents' think time, live on real llama-server: three agents in closed
 loops, each on a model of its own, plus an orchestrator agent on a fourth, on one device (one
 model at a time), 0.25-1.5 s of think time between steps and conversations of 300-1,200
 tokens, replayed through `corral serve` (`corral replay --own-servers`).

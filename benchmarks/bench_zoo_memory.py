@@ -1,4 +1,4 @@
-"""The memory a zoo model takes (issue 47), four ways, per architecture and context: the models
+"""The memory a zoo model takes, four ways, per architecture and context: the models
 folder's estimate from the file (what Corral packs by when nothing better is known), the
 `llama-fit-params --fit-print on` tool's projection, llama-server's own projection for the very
 command Corral runs (printed before it reads a weight), and what the server held once loaded and
@@ -60,7 +60,7 @@ def command(found: FoundModel, server: str, context: int, extra: list[str]) -> s
 
 def gpu_bytes(pid: int) -> int | None:
     """What NVML says process `pid` holds on the GPUs (its CUDA context included); None
-    without NVML or a GPU (issue 50: the figure Corral's packing is judged against there)."""
+    without NVML or a GPU (the figure Corral's packing is judged against there)."""
     try:
         import pynvml
 

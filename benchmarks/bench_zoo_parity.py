@@ -1,4 +1,4 @@
-"""The simulator against real servers on the zoo's files (issue 47): the conversations scenario
+"""The simulator against real servers on the zoo's files: the conversations scenario
 (`corral.zoo.scenario.conversations`: agent loops alternating over a kept and a not-kept
 architecture on one device) run live through `corral serve` on the `llama` extra's llama-server,
 then simulated given the figures the servers measured (`corral.sim.parity.simulated_beside`): loads,

@@ -1,4 +1,4 @@
-"""A saved conversation restored after a swap, per zoo architecture (issue 47), on the real
+"""A saved conversation restored after a swap, per zoo architecture, on the real
 llama-server as Corral starts it (`--slot-save-path`, `--swa-full`): a conversation of about
 `--tokens` tokens is answered, its slot saved, the server stopped and started again (a swap),
 and the conversation comes back two ways:

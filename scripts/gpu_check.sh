@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 50 on a lent GPU machine: build llama.cpp's server for the GPU present, then measure;
+# On a GPU machine: build llama.cpp's server for the GPU present, then measure;
 # every figure under $OUT (JSON, and the logs). Runs from the repository root.
 #
 #   here, once:     scripts/gpu_carry.sh                   (out/gpu/llama-src.tar.gz)
@@ -23,7 +23,7 @@
 # `--steps "memory packing loads restores"` (the default) chooses; the machine and the build always run,
 # the build only once per machine (out/gpu-build stays while the machine is held), so a run cut
 # short by its limit goes on with `--steps` of the rest.
-# Not yet scripted (issue 50 items 3 and 6): the same packing through `corral serve --models`
+# Not yet scripted: the same packing through `corral serve --models`
 # itself, and a swap's measured load against the scheduler's; NVML's time to hand memory back
 # after a stop.
 set -uo pipefail

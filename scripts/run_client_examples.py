@@ -1,5 +1,5 @@
 """Run an official client's example programs against a running Corral, as a user trying
-`make run` would (issue 39): each example's model names replaced by one Corral serves, its
+`make run` would: each example's model names replaced by one Corral serves, its
 prompts for input answered, its exit and last lines reported.
 
     python scripts/run_client_examples.py DIR --url http://127.0.0.1:8080 --model explorer-3b

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator's output on every built-in scenario (every policy, as JSON) and
 # `make bench-robust`'s figures, written into DIR: run it before and after a move and compare
-# the folders (`diff -r`) to check the scheduler's decisions stayed byte-identical (issue 37).
+# the folders (`diff -r`) to check the scheduler's decisions stayed byte-identical.
 # Usage: scripts/sim_outputs.sh DIR   (PYTHONPATH=OTHER/src runs another checkout's code)
 set -euo pipefail
 out=${1:?usage: scripts/sim_outputs.sh DIR}

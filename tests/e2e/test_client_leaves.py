@@ -1,4 +1,4 @@
-"""A client that leaves cancels its work (issue 48), on every route and door, streamed or not:
+"""A client that leaves cancels its work, on every route and door, streamed or not:
 the upstream request is closed, the model server stops generating and frees its slot, the
 model's turn goes to the next request, and the activity log says 499. Against a real `corral
 serve` whose two sim models each fill the one device: a request for the other model can only

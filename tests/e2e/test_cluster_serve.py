@@ -175,7 +175,7 @@ def test_a_request_for_a_model_another_node_holds_is_forwarded_there_streams_inc
     assert direct.headers["x-corral-node"] == b_id
     assert len(direct.json()["choices"][0]["text"].split()) == 3
 
-    # Ollama's API (issue 27): the same hop, the other node answering in Ollama's shape.
+    # Ollama's API: the same hop, the other node answering in Ollama's shape.
     with httpx.stream(
         "POST",
         f"{a.gw.url}/api/chat",

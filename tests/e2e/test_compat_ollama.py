@@ -1,4 +1,4 @@
-"""Ollama's API compatibility suite (issue 39): each request example of Ollama's API
+"""Ollama's API compatibility suite: each request example of Ollama's API
 documentation (docs/api.md: generate, chat, embed, the model commands), written here from the
 docs, sent as raw HTTP and through the official `ollama` client, and its answer checked against
 the documented shape: fields and their types, NDJSON framing, status codes, error shape.

@@ -1,4 +1,4 @@
-"""OpenAI's and Anthropic's APIs compatibility suite (issue 39): the documented requests of the
+"""OpenAI's and Anthropic's APIs compatibility suite: the documented requests of the
 Responses API, structured output through the clients' own `parse` helpers on ordinary pydantic
 models, and Anthropic's Messages streamed and with tools, through `corral serve` over the sim
 model (what `make run` serves), with the official `openai` and `anthropic` clients, LangChain's

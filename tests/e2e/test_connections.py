@@ -1,4 +1,4 @@
-"""Slow, idle and stalled clients against a real `corral serve` (issue 25), on raw sockets:
+"""Slow, idle and stalled clients against a real `corral serve`, on raw sockets:
 header tricklers and silent connections are closed at the header deadline, idle keep-alive
 connections at theirs, connections are capped, and a stream reader that stops reading is
 dropped and its model's slot freed for the request behind it."""

@@ -30,7 +30,7 @@ models:
   alpha:
     load_s: 0.3
     concurrency: 4
-    # A prompt cache per slot and llama-server's slot API: Corral keeps its caches (issue 38).
+    # A prompt cache per slot and llama-server's slot API: Corral keeps its caches.
     cmd: {SIM} --load-s 0.3 --tokens-per-s 200 --parallel 4 --prefill-tok-s 100000
     prompt_cache: true
   slow:
@@ -185,10 +185,10 @@ def test_overview_shows_classes_live_batches_labelled_swaps_and_past_events(
         for r in browser.find_elements(By.CSS_SELECTOR, "#models tbody tr")
     }
     assert "restored" in models["alpha"]  # its saved states' figures
-    assert "kept" in models["alpha"]  # and whether its restores are honoured (issue 47)
+    assert "kept" in models["alpha"]  # and whether its restores are honoured
     assert "tokens spared" in models["alpha"]
     assert " off " in f" {models['slow']} "  # a model that keeps none
-    prepared = browser.find_element(By.ID, "prepared").text  # issue 51: what is prepared
+    prepared = browser.find_element(By.ID, "prepared").text  # what is prepared
     assert "Prepared next" in prepared
     assert "hits" in prepared
     assert "misses" in prepared

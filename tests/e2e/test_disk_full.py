@@ -1,4 +1,4 @@
-"""A full disk under a real `corral serve` (issue 25), on a small tmpfs holding its files: an
+"""A full disk under a real `corral serve`, on a small tmpfs holding its files: an
 upload gets a JSON 507 and leaves nothing, a batch whose output does not fit says why and ends
 on its own once space returns, and the log says so once, not every tick."""
 

@@ -1,4 +1,4 @@
-"""`GET /metrics` as llm-d's endpoint picker reads it (issue 49), on a real `corral serve` with
+"""`GET /metrics` as llm-d's endpoint picker reads it, on a real `corral serve` with
 sim model servers: the protocol's gauges under Corral's names and vLLM's, parsed by
 prometheus-client's parser, and the residency lists equal to what `/api/status` says through a
 load, a swap, a model that fails to start, a sleep and a wake."""

@@ -1,6 +1,6 @@
 """Three `corral serve` hosts, each in a network namespace of its own, behind a router that picks
 as llm-d's endpoint picker does with the recipe's configuration (tests/support/epp_router.py,
-deploy/epp/epp-config.yaml), against round-robin on three fresh hosts (issue 49). The figures
+deploy/epp/epp-config.yaml), against round-robin on three fresh hosts. The figures
 the EPP reads are each host's own /metrics; the decisions are asserted (where each model ended
 up, how many loads), not the latencies (`make bench-epp` measures those)."""
 

@@ -1,4 +1,4 @@
-"""A model server on a fixed port runs once (issue 10's devices, live): when it is unloaded from
+"""A model server on a fixed port runs once (devices, live): when it is unloaded from
 one device while that device is still busy with another model's load (so its stop waits its
 turn there), and a request brings it back on the other device, its server starts again only
 after the old one has stopped. Before, a second server was started on the port the first still

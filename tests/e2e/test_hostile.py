@@ -1,4 +1,4 @@
-"""A hostile or careless user against a real `corral serve` (issue 25): DNS rebinding and
+"""A hostile or careless user against a real `corral serve`: DNS rebinding and
 cross-site requests, `${env.NAME}` keys, and what of ours must never reach an upstream."""
 
 from __future__ import annotations

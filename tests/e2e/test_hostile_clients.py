@@ -1,4 +1,4 @@
-"""A hostile client on Ollama's door and on the raw pass-through (issue 36), against a real
+"""A hostile client on Ollama's door and on the raw pass-through, against a real
 `corral serve`: `keep_alive` past any duration, `options` that try to choose the upstream model,
 and the model servers' lifecycle endpoints through `/upstream/<model>/...`. Through the official
 `ollama` client where a client is involved; raw HTTP where the client would not send it."""

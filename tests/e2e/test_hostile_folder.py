@@ -1,4 +1,4 @@
-"""An ordinary, messy models folder never stops `corral serve --models` (issue 36): the real
+"""An ordinary, messy models folder never stops `corral serve --models`: the real
 gemma GGUF under a downloaded file's name with spaces, under a name that is not UTF-8 and under
 a name holding `${env.X}`, served and answered; beside them files with hostile headers and a
 model bigger than every device, each skipped with one line naming it, shown in /api/status and

@@ -1,4 +1,4 @@
-"""Bounded intake on a real `corral serve` (issue 25): a chunked upload refused the moment it
+"""Bounded intake on a real `corral serve`: a chunked upload refused the moment it
 passes the limit, one huge batch line never read whole, the event loop free during a large
 upload, and no `.part` file left by a kill -9."""
 

@@ -1,5 +1,5 @@
 """What a real llama-server reports its load allocated is what its model is packed by from then
-on (issue 47): two gemma servers written with a figure far under their real one on a device
+on: two gemma servers written with a figure far under their real one on a device
 that holds one of them; the second load's report overfills the device, and the first, idle,
 leaves at once instead of the two being left to fail together."""
 

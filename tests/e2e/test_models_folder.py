@@ -1,4 +1,4 @@
-"""A folder of GGUF files served with no YAML (issue 27): `corral serve --models DIR` with the
+"""A folder of GGUF files served with no YAML: `corral serve --models DIR` with the
 real gemma GGUF, answered through the official openai and ollama clients; two small models
 packed on the machine's one device by their memory estimates, both resident at once;
 `models_dir:` in a config, where a model written by hand wins over the file of the same name;
@@ -93,7 +93,7 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         assert details.parameter_size == "268M"
         info = oc.show("gemma-a").modelinfo or {}
         assert info["general.architecture"] == "gemma3"
-        # The default context (issue 48): trained for 32K, and a CPU device of gigabytes.
+        # The default context: trained for 32K, and a CPU device of gigabytes.
         assert info["gemma3.context_length"] == 32768
         listing = {t["name"]: t for t in httpx.get(f"{g.url}/api/tags").json()["models"]}
         assert listing["gemma-a:latest"]["context_length"] == 32768
@@ -109,7 +109,7 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
         assert (answer.message.content or "").strip().startswith("Paris")
         assert answer.eval_count
         assert answer.eval_duration
-        # This GGUF carries no template: Corral's gemma template takes tools (issue 48), so
+        # This GGUF carries no template: Corral's gemma template takes tools, so
         # a chat with tools is answered (llama.cpp's named template answered them with a 500).
         weather = {"type": "function", "function": {"name": "weather", "parameters": {}}}
         with_tools = oc.chat(
@@ -124,7 +124,7 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
     finally:
         for _ in gen:
             pass
-    # Each load's buffers, as llama-server reported them (issue 47), kept for the next start;
+    # Each load's buffers, as llama-server reported them, kept for the next start;
     # its log holds its load at verbosity 4, and only what verbosity 3 says once it served.
     data = tmp_path / "data" / "corral"
     kept = json.loads((data / "engine-memory.json").read_text())
@@ -264,7 +264,7 @@ def test_a_watched_folder_picks_up_files_added_and_removed(folder: Path, tmp_pat
 def test_logprobs_from_a_real_llama_server_through_ollamas_client(
     folder: Path, tmp_path: Path
 ) -> None:
-    """llama-server's own log probabilities, asked through Ollama's fields (issue 39), whole
+    """llama-server's own log probabilities, asked through Ollama's fields, whole
     and streamed, in the shape the official client reads."""
     gen = serving(["--models", str(folder)], tmp_path)
     g, _ = next(gen)
@@ -295,8 +295,8 @@ def test_logprobs_from_a_real_llama_server_through_ollamas_client(
 def test_fill_in_the_middle_responses_and_embeddings_over_a_real_llama_server(
     tmp_path: Path,
 ) -> None:
-    """Issue 39 over the real server, where the model matters: gemma-3-270m has no FIM tokens,
-    so `suffix` gets Ollama's refusal with llama-server's reason (it was answered as a chat,
+    """Clients' fields over the real server, where the model matters: gemma-3-270m has no FIM
+    tokens, so `suffix` gets Ollama's refusal with llama-server's reason (it was answered as a chat,
     the suffix dropped); llama-server ignores `dimensions`, so Corral cuts and renormalises
     (full-length vectors came back); its /v1/responses answers through Corral."""
     gguf = gemma_gguf(tmp_path / "gemma.gguf")

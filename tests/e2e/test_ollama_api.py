@@ -1,5 +1,5 @@
 """Ollama's API through `corral serve`, driven by the official `ollama` client and LangChain's
-`ChatOllama`/`OllamaEmbeddings` (issue 27): list, show, ps, chat and generate plain and
+`ChatOllama`/`OllamaEmbeddings`: list, show, ps, chat and generate plain and
 streamed, tool calls, JSON formats, embeddings, keep_alive 0 and -1, errors in Ollama's shape,
 and the same models through the official `openai` client. The models are sim backends (real
 HTTP servers speaking OpenAI's API); the real gemma GGUF through this API is in
@@ -70,7 +70,7 @@ def test_the_root_and_version_answer_as_ollama_does(gw: Gateway) -> None:
     assert httpx.head(f"{gw.url}/").status_code == 200
     version = httpx.get(f"{gw.url}/api/version", headers=AUTH).json()["version"]
     assert all(part.isdigit() for part in version.split("."))  # Open WebUI parses it with int()
-    # Clients refuse a server older than the features they use (issue 39: 0.1.0 was refused).
+    # Clients refuse a server older than the features they use (0.1.0 was refused).
     assert tuple(map(int, version.split("."))) >= (0, 13, 5)
 
 
@@ -344,7 +344,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_slot_at_once(gw: Gateway) -> 
 
 
 def test_embed_with_dimensions_gives_vectors_of_that_length(gw: Gateway) -> None:
-    """`dimensions` reaches the server (issue 39: full-length vectors came back). The sim
+    """`dimensions` reaches the server (full-length vectors came back). The sim
     model honours it, its short vectors the start of its long ones scaled to unit length, as
     Ollama's are; over llama-server, which ignores the field, Corral cuts them
     (test_models_folder.py)."""
@@ -365,7 +365,7 @@ def test_embed_with_dimensions_gives_vectors_of_that_length(gw: Gateway) -> None
 
 def test_every_answer_has_one_date_one_server_and_a_request_id(gw: Gateway) -> None:
     """The model server's `Date` and `Server` came back beside uvicorn's, and there was no
-    `x-request-id`, so the openai client's `request_id` was None (issue 39)."""
+    `x-request-id`, so the openai client's `request_id` was None."""
     oai = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
     raw = oai.chat.completions.with_raw_response.create(
         model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=2
@@ -394,7 +394,7 @@ def test_every_answer_has_one_date_one_server_and_a_request_id(gw: Gateway) -> N
 
 def test_logprobs_through_the_official_client_whole_and_streamed(gw: Gateway) -> None:
     """The client's own logprobs examples crashed: the fields were dropped and never asked of
-    the model server (issue 39)."""
+    the model server."""
     c = client(gw)
     hi = [{"role": "user", "content": "hi! be concise."}]
     chat = c.chat(

@@ -1,4 +1,4 @@
-"""Loads priced by the page cache, live (issue 51): `corral serve --models DIR` over two zoo
+"""Loads priced by the page cache, live: `corral serve --models DIR` over two zoo
 files on the real llama-server. A file dropped from the page cache loads cold: the scheduler
 hears how much was cached when the load began, learns its cold figure from it, and prices the
 next load, with the file cached, by its warm figure."""

@@ -1,4 +1,4 @@
-"""Probes that never load a model (issue 48): `/props?model=M` and `/upstream/M/props` of a
+"""Probes that never load a model: `/props?model=M` and `/upstream/M/props` of a
 model that is not loaded are answered from what Corral knows, its server's last `/props` or
 else its configuration, and the model stays unloaded; a loaded model's server answers itself."""
 

@@ -1,4 +1,4 @@
-"""Prompt caches kept across swaps (issue 38), through `corral serve` on real llama-server
+"""Prompt caches kept across swaps, through `corral serve` on real llama-server
 processes with the packaged gemma GGUF, two models on a device that holds one at a time: a
 conversation comes back after a swap restored, not processed again, through every door (the
 official openai, anthropic and ollama clients; chat and completions), with the same answer at

@@ -1,4 +1,4 @@
-"""Prompt caches verified per architecture (issue 47), through `corral serve` on real
+"""Prompt caches verified per architecture, through `corral serve` on real
 llama-server processes with the zoo's files, one model resident at a time: after a swap, a
 conversation comes back restored, and the server's own figures for that request
 (`timings.cache_n`) say whether it reused what was restored. A dense model does (kept and

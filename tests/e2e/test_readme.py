@@ -121,7 +121,7 @@ def test_the_sleeping_models_example_is_a_valid_configuration() -> None:
 
 def test_the_demo_answers_an_agents_32000_token_requests_like_a_model(demo: str) -> None:
     """OpenCode's title (explorer) and main request (coder) each ask `max_tokens: 32000`: the
-    demo's models say what an answer needs and stop (issue 48), they do not generate 32,000
+    demo's models say what an answer needs and stop, they do not generate 32,000
     tokens (six minutes at the explorer's speed) with `finish_reason: length`."""
     import openai
 
@@ -183,7 +183,7 @@ def test_corral_launch_opencode_starts_it_on_the_demos_models(demo: str, tmp_pat
 
 
 def test_the_context_example_is_a_valid_configuration() -> None:
-    """The README's `models_dir:` sections (issue 48) read as a configuration says."""
+    """The README's `models_dir:` sections read as a configuration says."""
     from corral.config import ModelsDir, parse_config
 
     (text,) = [b for b in blocks("yaml") if "contexts:" in b]

@@ -5,11 +5,11 @@ the arrivals and the services of the requests served alone: on a busy machine a 
 starts and answers later than the trace says, requests leave late, the live scheduler learns and
 decides on the longer times, and the waits behind them grow. A short trace's p95 wait is chaotic
 (the Poisson trace's moves from 41 to 54 s in the simulator alone with services a few percent
-off: issue 51 saw 54 s live against 43.7 s simulated on a loaded CI machine), so each figure is
+off: a loaded run saw 54 s live against 43.7 s simulated on a loaded CI machine), so each figure is
 held to the range of eight simulations under the live run's own timing noise: the test compares
 decisions, not this machine's speed.
 
-Tolerances (issue 9): loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
+Tolerances: loads within max(2, 10%); p95 waits within max(1 s, 15%), in the trace's
 seconds, of the simulations' range. A divergence is a bug in the simulator or in the live
 system: fix it, do not widen these. Each scenario runs at a speed that keeps every scaled load
 above a sim backend's start-up (`corral.sim.replay.STARTUP_FLOOR_S`) with room to spare, and every
@@ -78,9 +78,9 @@ SPEEDS = {
     "two-batches": 5.0,
     "poisson": 5.0,
     "chat-batch": 3.0,
-    "sleepers": 15.0,  # sleeping models (issue 28): sim backends speaking vLLM's sleep API
+    "sleepers": 15.0,  # sleeping models: sim backends speaking vLLM's sleep API
     "beside-batch": 15.0,
-    # Conversations (issue 38): sim backends with a prompt cache per slot and llama-server's
+    # Conversations: sim backends with a prompt cache per slot and llama-server's
     # slot API, saved before each stop and restored after each load.
     "conversations": 4.0,
 }

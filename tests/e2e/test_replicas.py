@@ -1,4 +1,4 @@
-"""A second copy of a hot model inside one `corral serve` (issue 10): with two devices and the
+"""A second copy of a hot model inside one `corral serve`: with two devices and the
 default policy, a model whose clients keep one server saturated gets a second server on the
 other device, started with that device's environment; both answer (the official openai client,
 plain and streamed); once its traffic stops, another model takes the replica's device and the

@@ -1,4 +1,4 @@
-"""Sleeping models and aborted loads live (issue 28): `corral serve` on sim backends that speak
+"""Sleeping models and aborted loads live: `corral serve` on sim backends that speak
 vLLM's sleep API (and SGLang's), driven by the official `openai` client. Each test asserts what
 was decided and done (which server slept, woke, reloaded its weights, was warmed up, or was
 stopped), not how long it took."""

@@ -1,4 +1,4 @@
-"""Tools on GGUFs that carry no chat template (issue 48), on the real llama-server through
+"""Tools on GGUFs that carry no chat template, on the real llama-server through
 `corral serve` with a models folder: Corral's template for the architecture (gemma3 here, the
 packaged gemma; qwen3 and deepseek2, zoo files written without one, get ChatML's) takes `tools`
 and the server answers with a parsed tool call. A configured llama-server started with

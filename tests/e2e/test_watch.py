@@ -1,4 +1,4 @@
-"""`corral serve --watch` (issue 27): models added, changed and removed in the config file take
+"""`corral serve --watch`: models added, changed and removed in the config file take
 effect under traffic without a restart and without dropping a request; a bad edit keeps the
 previous configuration and says what is wrong, with its line."""
 

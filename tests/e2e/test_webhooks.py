@@ -1,4 +1,4 @@
-"""Batch webhooks on a real `corral serve`, against real listeners (issue 25): internal targets
+"""Batch webhooks on a real `corral serve`, against real listeners: internal targets
 refused by default, one signed delivery per batch, a hanging target delaying no other batch,
 and a huge answer never read into memory."""
 

@@ -1,4 +1,4 @@
-"""The model zoo on the real llama-server (issue 47): a folder of every zoo architecture served
+"""The model zoo on the real llama-server: a folder of every zoo architecture served
 by `corral serve --models DIR` with no YAML, each model answering through the OpenAI door (the
 official openai client) and Ollama's (the official ollama client), tools included; the files'
 tensors named as llama.cpp's own architecture test names them; `corral zoo` from the shell."""

@@ -1,4 +1,4 @@
-"""The simulator's live parity on the zoo's files (issue 47): the conversations scenario over two
+"""The simulator's live parity on the zoo's files: the conversations scenario over two
 architectures on real llama-servers through `corral serve`, one whose prompt caches are kept
 (qwen3: its restores are honoured) and one whose are not (qwen35, a Gated-DeltaNet hybrid: it
 takes the state and processes the prompt again), against the simulator given the figures the

@@ -194,7 +194,7 @@ server: {{log_dir: LOG_DIR}}
 def test_a_client_that_leaves_a_whole_answer_stops_the_real_server_generating(
     llama: Gateway,
 ) -> None:
-    """Issue 48: a non-streamed chat without `max_tokens` (as the Agents SDK, pydantic-ai and
+    """A non-streamed chat without `max_tokens` (as the Agents SDK, pydantic-ai and
     aider send it) would generate toward the whole 2,048-token context; the client leaves after
     2 s. llama-server's own slot stops processing (its /slots, asked directly) and the model's
     next request is answered; the activity log says 499."""

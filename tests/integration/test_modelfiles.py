@@ -1,4 +1,4 @@
-"""GGUF files as models (issue 27): the real gemma GGUF's facts read from its metadata, a folder
+"""GGUF files as models: the real gemma GGUF's facts read from its metadata, a folder
 scanned (split files, projectors, unreadable files), and the memory estimate against what a real
 llama-server holds once loaded, at two context sizes."""
 
@@ -118,7 +118,7 @@ def llama_server(gguf: Path) -> Iterator[object]:
 def test_the_estimate_is_within_15_percent_of_a_loaded_servers_memory(
     gguf: Path, llama_server: object, context: int, swa_full: bool
 ) -> None:
-    """`swa_full`: as Corral starts it to keep its prompt caches (issue 38)."""
+    """`swa_full`: as Corral starts it to keep its prompt caches."""
     rss = llama_server(context, *(["--swa-full"] if swa_full else []))  # type: ignore[operator]
     estimate = estimate_memory(read_gguf(gguf), context, swa_full=swa_full).total_bytes
     assert abs(estimate / rss - 1) <= 0.15, (context, estimate, rss)

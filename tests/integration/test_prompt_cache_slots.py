@@ -1,4 +1,4 @@
-"""llama-server's slot API through `prompt_cache.slots` (issue 38), on a real llama-server with
+"""llama-server's slot API through `prompt_cache.slots`, on a real llama-server with
 the packaged gemma GGUF: a conversation's cache saved to a file and restored into a slot is
 reused (its prompt is not processed again) and gives the same answer at temperature 0; a
 truncated, foreign or missing file is refused with a clear `SlotError`."""

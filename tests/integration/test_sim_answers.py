@@ -1,4 +1,4 @@
-"""The simulated server answers like a model (issue 48): a natural length that a cap cuts,
+"""The simulated server answers like a model: a natural length that a cap cuts,
 `finish_reason` stop unless it did, `tool_choice` and `stop` honoured, usage as said. Driven
 by the official `openai` and `anthropic` clients against `corral sim-backend --answer-tokens`,
 a real process, with the requests the agent tools send."""

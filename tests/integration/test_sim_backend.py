@@ -158,7 +158,7 @@ def test_bad_json_is_a_400_in_openai_error_shape(sim: Sim) -> None:
 
 
 def test_vllm_sleep_api_levels_wake_times_and_memory() -> None:
-    """vLLM's sleep endpoints (issue 28): a level-1 sleeper holds its weights in host memory
+    """vLLM's sleep endpoints: a level-1 sleeper holds its weights in host memory
     and wakes in `--wake-s`; a level-2 one holds nothing, and after its weights wake it must
     reload them (`collective_rpc reload_weights`, `--wake2-s`) before its KV cache wakes, as
     vLLM requires; asleep, it refuses work and says so at `/is_sleeping`. Wake times are

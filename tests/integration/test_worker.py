@@ -785,7 +785,7 @@ def test_keep_result_false_stores_no_result_and_retention_purges_old_tasks(url: 
 def test_a_load_whose_only_task_is_cancelled_is_aborted_and_never_reported(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 28: the task a model was loading for is cancelled mid-load. The load (a thread
+    """The task a model was loading for is cancelled mid-load. The load (a thread
     that cannot be interrupted) ends unreported, the model unloads through its hook, and the
     next task loads it again; nothing in the worker breaks."""
     log: list[Any] = []

@@ -1,4 +1,4 @@
-"""Architecture figures over src/corral, read from its own imports and definitions (issue 37):
+"""Architecture figures over src/corral, read from its own imports and definitions:
 no import cycle, no module over 600 lines, no function over 80, no class over 25 methods, no
 class named for stand-ins, no gateway module importing `corral.worker`, at most 3 parameters
 typed as the whole `Store`, no `-> X | Response`, no mixin stack. `scripts/architecture.py`

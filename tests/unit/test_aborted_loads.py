@@ -1,4 +1,4 @@
-"""Aborted loads (issue 28): a load or wake that no waiting request needs any more stops, so a
+"""Aborted loads: a load or wake that no waiting request needs any more stops, so a
 person never waits for a batch model's load and then a second swap. Events in by hand, effects
 recorded, no sleeps."""
 

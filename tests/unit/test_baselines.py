@@ -58,7 +58,7 @@ def test_agents_on_their_own_models_are_held_through_their_think_time_where_llam
     None
 ):
     """Four agents in closed loops, each on a model of its own, 0.25-1.5 s of think time and
-    swaps of 3 s (issue 51, item 4; benchmarks/bench_think.py live): llama-swap swaps as soon
+    swaps of 3 s (item 4; benchmarks/bench_think.py live): llama-swap swaps as soon
     as nothing is in flight, so nearly every step is a swap; `cost` holds a model through its
     agent's learned think time (`Cost.linger_s`), at least 30% fewer loads and a lower mean
     latency. With the hold switched off it is llama-swap's schedule."""

@@ -1,4 +1,4 @@
-"""A `cmd:` model's capabilities read from its command (issue 48): the chat template
+"""A `cmd:` model's capabilities read from its command: the chat template
 llama-server will use decides whether it takes tools, as llama-server decides it."""
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ models:
 
 
 def test_a_name_without_a_tag_finds_its_latest_as_ollama_does() -> None:
-    """In an Ollama store only `good:latest` was found for `good` (issue 39)."""
+    """In an Ollama store only `good:latest` was found for `good`."""
     config = parse_config(
         "models:\n  'good:latest': {}\n  'other:7b': {}\n  plain: {aliases: [alias]}\n"
     )

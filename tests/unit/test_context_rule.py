@@ -1,4 +1,4 @@
-"""The context a found model gets (issue 48): the default rule by trained context and memory
+"""The context a found model gets: the default rule by trained context and memory
 budget, a folder's and a model's setting, `--context`, and `num_ctx` at Ollama's door."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The llm-d recipe (issue 49): deploy/kubernetes's manifests validated offline against
+"""The llm-d recipe: deploy/kubernetes's manifests validated offline against
 Kubernetes' schemas (`kubernetes-validate`, strict: an unknown field fails) and, for the two
 custom resources, against the Inference Extension's and Gateway API's documented v1 fields;
 the pieces refer to each other (labels, ports, names, config maps); the EPP's configuration is

@@ -1,4 +1,4 @@
-"""llama-server's own memory tables read back (issue 47): the rows of its breakdown, a CPU's
+"""llama-server's own memory tables read back: the rows of its breakdown, a CPU's
 and a GPU's, as llama.cpp's common/fit.cpp prints them; a log without one gives none."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The model server protocol's figures (issue 49), read from `/api/status`: which models a host
+"""The model server protocol's figures, read from `/api/status`: which models a host
 holds in `lora_requests_info`'s lists, how many it can hold at once as the scheduler packs
 them, and the slot use standing for a KV cache's."""
 

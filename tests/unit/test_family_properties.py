@@ -1,4 +1,4 @@
-"""Scheduler properties over the wide random families of `corral.sim.families` (issue 24): the
+"""Scheduler properties over the wide random families of `corral.sim.families`: the
 scenarios `make bench-robust` measures, shortened to a few hundred requests, drawn by seed.
 
 - every request finishes once arrivals stop, under every policy;
@@ -208,7 +208,7 @@ def test_copies_leave_room_for_waiting_models_that_have_seen_few_arrivals() -> N
 @SETTINGS
 @given(SEEDS, st.sampled_from(["predicted", "lru"]))
 def test_with_every_model_able_to_sleep_every_request_finishes(seed: int, sleepers: str) -> None:
-    """The same family with sleep (issue 28): the books hold (sleepers within host memory,
+    """The same family with sleep: the books hold (sleepers within host memory,
     aborted loads) and every request finishes, under both sleeper rules."""
     sc = random_sleep_scenario(seed, REQUESTS)
     config = sc.config.model_copy(
@@ -230,7 +230,7 @@ def test_the_sleep_family_found_the_replica_abort_loop() -> None:
 
 
 def test_the_narrower_shapes_are_what_they_say() -> None:
-    """Issue 51's shapes (corral.sim.families.SHAPES), deterministic from their seed."""
+    """The families' shapes (corral.sim.families.SHAPES), deterministic from their seed."""
     for seed in range(5):
         packed = random_scenario(seed, shape="packed")
         assert [d.memory_gb for d in packed.config.devices] == [80] * 4

@@ -1,4 +1,4 @@
-"""Any name a file system allows becomes a usable model name (issue 36), the same folder always
+"""Any name a file system allows becomes a usable model name, the same folder always
 gives the same names, and nothing taken from a file is expanded as a macro."""
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def test_names_that_collide_are_told_apart_the_same_way_every_time(tmp_path: Pat
 def test_a_name_with_a_macro_reaches_the_server_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A file named `x${env.SECRET}.gguf` put the variable's value on the server's command line
-    (issue 36): the command Corral builds from files keeps it as text."""
+    """A file named `x${env.SECRET}.gguf` once put the variable's value on the server's
+    command line: the command Corral builds from files keeps it as text."""
     monkeypatch.setenv("SECRET", "hunter2")
     path = write(tmp_path / "x${env.SECRET} $${PORT}.gguf", GOOD)
     (m,), bad = scan(tmp_path)

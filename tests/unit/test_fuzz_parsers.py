@@ -1,4 +1,4 @@
-"""The parsers that take what a client or a config author sends, fuzzed (issue 25): each either
+"""The parsers that take what a client or a config author sends, fuzzed: each either
 accepts its input or refuses it with its own error naming the problem, and never raises
 anything else. The HTTP side (every route with generated bodies) is fuzzed by schemathesis in
 tests/e2e/test_openapi.py; the header checks here run on raw header bytes.
@@ -248,7 +248,7 @@ def test_ollama_requests_are_taken_or_refused_by_name(body: dict[str, object]) -
         except BadRequest as exc:
             why = str(exc) or "(empty)"
         else:
-            assert out["model"] == "m"  # nothing a client sends picks another (issue 36)
+            assert out["model"] == "m"  # nothing a client sends picks another
         assert why != "(empty)"  # a refusal says why
 
 

@@ -1,4 +1,4 @@
-"""A GGUF header is data from outside (issue 36): every count and length is checked against the
+"""A GGUF header is data from outside: every count and length is checked against the
 bytes left before anything is read, nesting and work are capped, and values are checked before
 any arithmetic. A file that fails is a GgufError (a ValueError) naming the file and the key,
 never another exception; a hypothesis fuzz mutates valid files to hold the walker to that."""

@@ -1,4 +1,4 @@
-"""The package's import graph has no cycle (issue 26): a room imports only the rooms after it.
+"""The package's import graph has no cycle: a room imports only the rooms after it.
 Read from the source (every import, at any depth, typing-only ones included)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_no_module_of_corral_imports_itself_back() -> None:
 
 
 def test_the_gateway_imports_nothing_from_the_worker() -> None:
-    """Issue 37: a request carries its own grant and the batch worker is composed in
+    """A request carries its own grant and the batch worker is composed in
     batch/runtime.py, so no gateway module routes by who submitted a request."""
     assert measure().gateway_imports_worker == []
 
@@ -33,7 +33,7 @@ def test_no_mixin_stack() -> None:
 
 
 def test_no_stand_ins_no_value_or_response_and_parts_take_their_store_role() -> None:
-    """Issue 37: the scheduler holds the worker's backlog (no stand-in requests); no function
+    """The scheduler holds the worker's backlog (no stand-in requests); no function
     returns a value or an error response; at most three parameters take the whole `Store` (the
     worker, the Batch API's runtime and the CLI's maintenance compose the others)."""
     figs = measure()
@@ -43,7 +43,7 @@ def test_no_stand_ins_no_value_or_response_and_parts_take_their_store_role() -> 
 
 
 def test_no_module_function_or_class_over_its_size_bound() -> None:
-    """Issue 37: no module over 600 lines, no function over 80, no class over 25 methods."""
+    """No module over 600 lines, no function over 80, no class over 25 methods."""
     figs = measure()
     assert figs.long_modules == []
     assert figs.long_functions == []

@@ -1,4 +1,4 @@
-"""`corral launch TOOL` (issue 48): each tool's configuration from Corral's model listing."""
+"""`corral launch TOOL`: each tool's configuration from Corral's model listing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`/upstream/<model>/...` refuses the model servers' lifecycle endpoints that Corral drives
-itself (issue 36), however the path is spelled; everything else passes."""
+itself, however the path is spelled; everything else passes."""
 
 from __future__ import annotations
 

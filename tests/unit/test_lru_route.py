@@ -86,7 +86,7 @@ def summary(name: str, policy: SimPolicyName, max_wait_s: float | None = -1.0) -
 
 @SLOW_SIMULATION
 def test_on_four_devices_a_tighter_wait_bound_degrades_gracefully() -> None:
-    """A bound that cannot be met for everyone must not make waits worse (issue 10): an overdue
+    """A bound that cannot be met for everyone must not make waits worse: an overdue
     model takes the next device whose model runs dry instead of forcing swaps."""
     loose = summary("devices-4", "cost", None)
     looser = loose

@@ -1,4 +1,4 @@
-"""Devices from NVML answers (issue 27). NVML cannot run on this machine, so the adapter is
+"""Devices from NVML answers. NVML cannot run on this machine, so the adapter is
 driven by answers in NVML's shapes (names, UUIDs, memory in bytes as nvmlDeviceGetMemoryInfo
 gives them); `corral devices` runs for real on the CPU path."""
 

@@ -1,4 +1,4 @@
-"""The models folder's estimate from a file against llama-server's own projection (issue 47),
+"""The models folder's estimate from a file against llama-server's own projection,
 over every zoo architecture: the projections below are what llama-server (the `llama` extra,
 release 11434, x86 with AVX2) printed for the command `corral serve --models` runs, at 4K and
 32K context, for the zoo's 1 GB files (`make bench-zoo-memory`, docs/benchmarks.md). The
@@ -49,8 +49,8 @@ def test_the_estimate_is_within_10_percent_of_the_servers_projection(
 
 
 def test_what_the_hybrids_and_mla_cache_is_counted_as_llama_cpp_counts_it(headers: Path) -> None:
-    """The parts that were 1.5-2x off before issue 47: a hybrid's KV only on its attention
-    layers plus a fixed recurrent state per slot; an MLA model's latent alone."""
+    """The parts once 1.5-2x off: a hybrid's KV only on its attention layers plus a fixed
+    recurrent state per slot; an MLA model's latent alone."""
     qwen35 = read_gguf(headers / "qwen35-1GB.gguf")
     assert (qwen35.layers, qwen35.attention_layers) == (14, 3)  # one in four: 3, 7, 11
     granite = read_gguf(headers / "granitehybrid-1GB.gguf")

@@ -1,4 +1,4 @@
-"""What Ollama's listings say of a model (issue 48): clients cache a model's capabilities by
+"""What Ollama's listings say of a model: clients cache a model's capabilities by
 its digest, so the digest changes when the capabilities do; the demo's models say they take
 tools (the sim answers them)."""
 

@@ -249,13 +249,13 @@ def test_whole_answers_chat_completion_and_embeddings() -> None:
     "raw", [1e308, 1e12, 10**400, "99999999999999999h", "1" * 400, "inf", float("inf")]
 )
 def test_a_keep_alive_past_gos_largest_duration_is_forever(raw: Any) -> None:
-    """Past 292 years (issue 36: 1e308 once made /api/ps answer 500 for every client, and 400
+    """Past 292 years (1e308 once made /api/ps answer 500 for every client, and 400
     digits a plain-text 500)."""
     assert keep_alive_s(raw) == math.inf
 
 
 def test_options_set_generation_fields_only() -> None:
-    """`options` never names the model, the messages or the stream (issue 36: `options:
+    """`options` never names the model, the messages or the stream (`options:
     {"model": ...}` chose the upstream model, past `upstream_model`)."""
     hostile = {
         "model": "gpt-4o", "messages": [], "stream": False, "tools": [1], "prompt": "x",
@@ -279,7 +279,7 @@ def test_options_set_generation_fields_only() -> None:
     ("think", "effort"), [("low", "low"), ("medium", "medium"), ("high", "high"), ("max", "high")]
 )
 def test_every_thinking_level_ollama_documents_is_taken(think: str, effort: str) -> None:
-    """`think: "max"` got a 400 (issue 39)."""
+    """`think: "max"` got a 400."""
     out = chat_request({"messages": [{"role": "user", "content": "hi"}], "think": think}, "m")
     assert out["chat_template_kwargs"] == {"enable_thinking": True}
     assert out["reasoning_effort"] == effort

@@ -1,4 +1,4 @@
-"""Ollama's model store (issue 27): names as `ollama list` shows them, blobs by digest, and the
+"""Ollama's model store: names as `ollama list` shows them, blobs by digest, and the
 manifests that cannot be used, named."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loads priced by the page cache (issue 51): the estimates' warm and cold figures, the
+"""Loads priced by the page cache: the estimates' warm and cold figures, the
 scheduler's choice between a cached and a cold model, the simulator's page cache, and the
 live measure (`mincore`) over real files."""
 
@@ -34,7 +34,7 @@ def estimates(load_s: float = 5.0, cold_load_s: float | None = None) -> Estimate
 
 def test_a_load_is_priced_between_its_warm_and_cold_figures_by_the_fraction_cached() -> None:
     est = estimates(5.0, 25.0)
-    assert est.load_s == 5.0  # never measured: priced as cached, as before issue 51
+    assert est.load_s == 5.0  # never measured: priced as cached
     for fraction, price in [(0.0, 25.0), (0.5, 15.0), (1.0, 5.0)]:
         est.cached = fraction
         assert est.load_s == pytest.approx(price)

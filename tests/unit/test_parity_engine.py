@@ -1,5 +1,5 @@
 """`corral.sim.parity.at_engine_times`: what the simulator is given from a replay on real servers
-(issue 47's parity, and issue 51's: a loaded clean-clone run found two loops' next steps
+(parity; a loaded clean-clone run found two loops' next steps
 served in the other order than live, the simulator having thought as long as the trace said
 while the busy client sent later)."""
 

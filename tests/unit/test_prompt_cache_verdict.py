@@ -1,4 +1,4 @@
-"""A restore verified by the server's own figures (issue 47): the answer after a restore says
+"""A restore verified by the server's own figures: the answer after a restore says
 how many prompt tokens the server reused (`timings.cache_n`); at least half of what was
 restored is honoured, less is not; once unhonoured restores outnumber honoured ones the model's
 prompt caches are not kept (said once, the scheduler told, nothing saved or restored again)."""

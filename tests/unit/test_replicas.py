@@ -1,4 +1,4 @@
-"""Replicas in one scheduler (issue 10): a model whose arrivals outpace one device gets a second
+"""Replicas in one scheduler: a model whose arrivals outpace one device gets a second
 copy on another; the copy serves the model's one queue, stays while the model needs it, goes
 first when the model cools down, and takes the primary's place if the primary leaves."""
 
@@ -134,7 +134,7 @@ def test_copies_leave_waiting_models_a_device() -> None:
 
 def test_an_idle_replica_stays_until_another_model_wants_its_room() -> None:
     """A burst for `a` got a copy; once it is served, nothing else waits, so the copy stays
-    (a later burst finds it; issue 51's `packed` family unloaded such copies as they went
+    (a later burst finds it; the `packed` family unloaded such copies as they went
     idle and loaded them again minutes later, seed 5112). A model that arrives then takes
     its device at once."""
     h = Harness(
@@ -275,7 +275,7 @@ def test_a_model_its_copy_cannot_keep_up_with_gets_its_copy_while_candidates_wai
 
 
 def test_an_overloaded_pair_of_devices_gives_no_copy_the_others_device() -> None:
-    """Issue 51's `crowded` shape: two devices, three models that each fill one, the hot one
+    """The `crowded` shape: two devices, three models that each fill one, the hot one
     1.4 devices' work, the other two 1.0 together: 2.4 devices of work on 2. A copy of the hot
     one held the only other device while the two queued, and the bound, stretched under
     overload, never ended it (m02 waited 1,720 s, fifo-plus's worst 727 s). A copy now comes

@@ -1,4 +1,4 @@
-"""Residency tiers (issue 28), one rule per test: sleeping instead of stopping, waking instead
+"""Residency tiers, one rule per test: sleeping instead of stopping, waking instead
 of loading, host memory, pins, soft pins and `min_resident_s`. Events in by hand, effects
 recorded, no sleeps."""
 

@@ -1,4 +1,4 @@
-"""Residency tiers over random configurations and traces (hypothesis, issue 28): with models
+"""Residency tiers over random configurations and traces (hypothesis): with models
 that sleep, pins and minimum residency, every request still finishes, and the simulator's own
 books (`check=True`) never see host memory overcommitted, a device over capacity, a wake of a
 model not asleep there, or an eviction of a model with work in flight."""

@@ -153,7 +153,7 @@ def test_memory_decides_what_fits_and_evicts_the_idle_model() -> None:
     assert resident == ["b", "c"]
 
 
-# --- a model's measured memory (issue 47: what its server reported once loaded) -------------
+# --- a model's measured memory (what its server reported once loaded) -------------
 MEASURED = (
     "devices: [{name: g, memory_gb: 24}]\n"
     "models: {a: {memory_gb: 10}, b: {memory_gb: 10}, c: {memory_gb: 4, pin: true}}\n"
@@ -170,7 +170,8 @@ def test_a_measured_figure_that_overfills_the_device_sends_an_idle_neighbour_awa
     h.s.on_load_finished("b", memory_gb=12.0)  # a 10 + b 12: still fits 24
     assert h.take() == [("load", "a", ()), ("dispatch", "a1"), ("load", "b", ()),
                         ("dispatch", "b1")]  # fmt: skip
-    assert h.s.models["b"].spec.memory_gb == 12.0
+    assert h.s.models["b"].memory_gb == 12.0
+    assert h.s.models["b"].spec.memory_gb != 12.0  # kept beside the configuration, not in it
     h.finish("b1")
     assert h.s.on_restart_requested("b")  # b's server starts again and reports 16 GB
     h.take()

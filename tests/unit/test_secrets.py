@@ -1,4 +1,4 @@
-"""Secrets found in a configuration, and masked in text (issue 25)."""
+"""Secrets found in a configuration, and masked in text."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Conversations in the simulator and the scheduler (issue 38): a trace's `context_tokens`, the
+"""Conversations in the simulator and the scheduler: a trace's `context_tokens`, the
 prefill a swap throws away, saved states with their speed and budget (sim/engine.py `Prompts`),
 and the scheduler's price of a swap (core/conversations.py)."""
 
@@ -143,7 +143,7 @@ def test_the_scheduler_prices_what_a_swap_throws_away() -> None:
 
 
 def test_a_model_whose_restores_proved_useless_is_priced_as_its_whole_prefill() -> None:
-    """Issue 47: once its server is found not to reuse what it restored (prompt_cache/caches.py
+    """Once its server is found not to reuse what it restored (prompt_cache/caches.py
     tells `Conversations.lost`), a model that keeps its prompt caches by its configuration is
     priced as one that keeps none, and stays so when its settings change."""
     h = Harness(TWO.format(cache="{state_tok_s: 100000}"))

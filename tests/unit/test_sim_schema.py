@@ -1,4 +1,4 @@
-"""The sim's structured output (issue 39): `sim_schema.fill` gives a value the schema's own
+"""The sim's structured output: `sim_schema.fill` gives a value the schema's own
 validator takes, for the pydantic models clients send and for schemas written by hand, and
 stays bounded on hostile ones."""
 

@@ -1,4 +1,4 @@
-"""The bound that stretches (core/stretch.py) and the liveness fixes of issue 24."""
+"""The bound that stretches (core/stretch.py) and the liveness fixes beside it."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_stretch_needs_a_backlog_and_says_when_it_begins_and_ends() -> None:
 
 
 def _rare_beside_hot(seed: int) -> tuple[dict[str, float], int]:
-    """Issue 24's reproducer: two devices without memory_gb, `hot` at 0.75/s with 2 s service,
+    """The reproducer: two devices without memory_gb, `hot` at 0.75/s with 2 s service,
     four models at 0.06/s, 600 s, max_wait_s 120. Returns each model's max wait and how many
     requests were never served."""
     models = "".join(f"  {m}: {{load_s: 10, unload_s: 1, service_s: 2}}\n" for m in MODELS)
@@ -119,7 +119,7 @@ def test_a_copy_kept_by_decaying_demand_gives_way_without_another_arrival() -> N
 
 
 def test_an_unmeetable_bound_stretches_and_is_no_worse_than_none() -> None:
-    """Issue 24's example family: one device, three models with 13-38 s loads, offered load
+    """The example family: one device, three models with 13-38 s loads, offered load
     about 1.1. A 120 s bound forced switches that spent the capacity the queues needed (cost:
     42 loads, mean 423 s, max 2,104 s against grouped's 18, 133 s, 363 s). Now the bound
     stretches, and waits are no worse than with no bound at all."""

@@ -1,4 +1,4 @@
-"""Webhook targets and signatures (issue 25): internal addresses refused unless the operator
+"""Webhook targets and signatures: internal addresses refused unless the operator
 names the host, every resolved address checked, the delivery pinned to the address checked."""
 
 from __future__ import annotations

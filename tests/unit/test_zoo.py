@@ -1,4 +1,4 @@
-"""The model zoo (issue 47): every architecture's file is a GGUF the models folder reads, with
+"""The model zoo: every architecture's file is a GGUF the models folder reads, with
 its tokenizer and chat template, deterministic from its seed and sized as asked; bad requests
 are refused naming what is wrong. (Served by the real llama-server: tests/e2e/test_zoo.py.)"""
 

@@ -353,11 +353,15 @@ class ModelConfig(Strict):
     @property
     def host_gb(self) -> float:
         """Host memory it holds asleep (0 without `sleep`)."""
+        return self.host_gb_at(self.memory_gb)
+
+    def host_gb_at(self, memory_gb: float | None) -> float:
+        """Host memory it holds asleep when it takes `memory_gb` on its device."""
         if self.sleep is None:
             return 0.0
         if self.sleep.host_memory_gb is not None:
             return self.sleep.host_memory_gb
-        return (self.memory_gb or 0.0) if self.sleep.level == 1 else 0.0
+        return (memory_gb or 0.0) if self.sleep.level == 1 else 0.0
 
 
 class CostConfig(Strict):

@@ -196,7 +196,7 @@ class Scheduler:
         now = self._clock()
         rec.ready_at = now
         rec.lingered_s = 0.0
-        if memory_gb is not None and memory_gb != rec.spec.memory_gb:
+        if memory_gb is not None and memory_gb != rec.memory_gb:
             why = f"memory: {model} takes {memory_gb:g} GB"
             for v in self.swaps.refit(rec, memory_gb, now):
                 self.tiers.drain(v, now, why)
@@ -375,6 +375,7 @@ class Scheduler:
         m = self.models[name]
         for c in (m, *m.copies):
             c.spec, c.priority, c.concurrency = spec, spec.priority, spec.concurrency
+            c.measured_gb = None  # the new configuration's size, until a load reports one
         self.conversations.add_model(name, spec)
         self._solo = self.board.one_at_a_time()
         self._need_decide = True

@@ -76,6 +76,7 @@ class ModelRecord:
         "load_reason",
         "load_started_at",
         "lost",
+        "measured_gb",
         "name",
         "primary",
         "priority",
@@ -112,6 +113,9 @@ class ModelRecord:
         self.demand_timer_at: float | None = None  # when its decaying demand is looked at again
         self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
+        # What its server reported taking once loaded (each copy): its room from then on, beside
+        # the configuration's estimate, never written into it.
+        self.measured_gb: float | None = None
         self.priority = spec.priority
         self.concurrency = spec.concurrency
         self.state = Lifecycle.UNLOADED
@@ -193,9 +197,20 @@ class ModelRecord:
         return self.est.wake_s if self.sleeps else self.est.load_s
 
     @property
+    def memory_gb(self) -> float | None:
+        """Its size on a device: what its server reported once loaded, else the configured
+        estimate; None: it fills a device."""
+        return self.measured_gb if self.measured_gb is not None else self.spec.memory_gb
+
+    @property
+    def host_gb(self) -> float:
+        """Host memory it holds asleep at its level (0 without `sleep`)."""
+        return self.spec.host_gb_at(self.memory_gb)
+
+    @property
     def held_gb(self) -> float:
         """Host memory it holds asleep (none asleep at level 2)."""
-        return 0.0 if self.deep else self.spec.host_gb
+        return 0.0 if self.deep else self.host_gb
 
     @property
     def soft_pin(self) -> bool:
@@ -348,6 +363,6 @@ class DeviceRecord:
 
     def size_of(self, model: ModelRecord) -> float:
         """Room `model` takes here: its memory_gb, or the whole device when either lacks one."""
-        if self.memory_gb is None or model.spec.memory_gb is None:
+        if self.memory_gb is None or model.memory_gb is None:
             return self.capacity
-        return model.spec.memory_gb
+        return model.memory_gb

@@ -155,7 +155,7 @@ class StatusView:
             "pinned": m.spec.pin or m.soft_pin,
             # The room it is packed by now: after a load, what its server reported, where it
             # is measured (`memory_from_server`).
-            "memory_gb": m.spec.memory_gb,
+            "memory_gb": m.memory_gb,
             "concurrency": m.concurrency,
             "unload_s_estimate": round(m.est.unload_s, 3),
             "service_s_estimate": round(m.est.service_s, 3),
