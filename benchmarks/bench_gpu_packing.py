@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from bench_zoo_memory import MIB, command, gpu_bytes
 from corral.backends.process import free_port
-from corral.modelfiles.engine import VERBOSE, allocated, device_mib, split_command
+from corral.modelfiles.engine_memory import VERBOSE, allocated, device_mib, split_command
 from corral.modelfiles.folder import find_llama_server, scan
 from corral.modelfiles.gguf import estimate_memory
 from corral.zoo import make_zoo

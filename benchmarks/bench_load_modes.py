@@ -28,7 +28,7 @@ import psutil
 from bench_page_cache import read_s
 from corral.backends.process import free_port
 from corral.modelfiles.folder import find_llama_server
-from corral.modelfiles.pagecache import cached, drop
+from corral.modelfiles.mincore import cached, drop
 from corral.zoo import file_name, make
 
 MODES = ("mmap", "none", "dio")

@@ -28,7 +28,7 @@ import psutil
 from bench_page_cache import read_s
 from corral.config import parse_config
 from corral.modelfiles.folder import find_llama_server
-from corral.modelfiles.pagecache import cached, drop
+from corral.modelfiles.mincore import cached, drop
 from corral.sim.engine import simulate
 from corral.sim.metrics import summarize
 from corral.sim.parity import at_engine_times, at_live_load_times

@@ -26,7 +26,7 @@ import psutil
 
 from corral.backends.process import free_port
 from corral.config import ModelConfig, PromptCacheConfig
-from corral.modelfiles.engine import (
+from corral.modelfiles.engine_memory import (
     VERBOSE,
     EngineMemory,
     allocated,

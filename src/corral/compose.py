@@ -14,7 +14,7 @@ from corral.errors import CorralError
 from corral.gateway.servers.demo import demo_config
 from corral.llamaswap import load_config_file
 from corral.modelfiles.capabilities import capabilities_of
-from corral.modelfiles.engine import EngineFigures, engine_figures_path
+from corral.modelfiles.engine_memory import EngineFigures, engine_figures_path
 from corral.modelfiles.serving import with_folders
 from corral.policy_names import POLICY_NAMES
 from corral.secrets import warn_if_exposed

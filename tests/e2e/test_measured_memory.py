@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from corral.modelfiles.engine import MIB, EngineMemory, allocated, device_mib
+from corral.modelfiles.engine_memory import MIB, EngineMemory, allocated, device_mib
 from corral.modelfiles.folder import find_llama_server
 from tests.support.gateway import serve
 from tests.support.gemma import gemma_gguf

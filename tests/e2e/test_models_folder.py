@@ -20,7 +20,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from corral.backends.process import free_port
-from corral.modelfiles.engine import EngineMemory, allocated, device_mib
+from corral.modelfiles.engine_memory import EngineMemory, allocated, device_mib
 from corral.modelfiles.folder import find_llama_server
 from tests.helpers import wait_http_ok
 from tests.support.gateway import CORRAL, SIM, Gateway, serve

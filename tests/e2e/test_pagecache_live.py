@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from corral.modelfiles.folder import find_llama_server
-from corral.modelfiles.pagecache import cached, drop
+from corral.modelfiles.mincore import cached, drop
 from corral.zoo import make_zoo
 from tests.e2e.test_models_folder import serving
 from tests.support.gateway import Gateway, serve, wait_for

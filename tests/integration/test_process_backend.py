@@ -26,7 +26,7 @@ from corral.backends.process import (
     sigill_hint,
     substitute,
 )
-from corral.modelfiles.engine import READY_LINE
+from corral.modelfiles.engine_memory import READY_LINE
 from tests.helpers import alive
 
 CORRAL = shutil.which("corral") or str(Path(sys.executable).parent / "corral")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.modelfiles.engine import (
+from corral.modelfiles.engine_memory import (
     QUIET,
     RUNTIME_MIB,
     DeviceMemory,

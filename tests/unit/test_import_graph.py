@@ -24,7 +24,7 @@ def test_no_module_of_corral_imports_itself_back() -> None:
 
 def test_the_gateway_imports_nothing_from_the_worker() -> None:
     """A request carries its own grant and the batch worker is composed in
-    batch/runtime.py, so no gateway module routes by who submitted a request."""
+    batch/attached.py, so no gateway module routes by who submitted a request."""
     assert measure().gateway_imports_worker == []
 
 

@@ -14,7 +14,7 @@ import pytest
 from corral.config import Config, parse_config
 from corral.core import Lifecycle, Scheduler
 from corral.core.estimates import Estimates
-from corral.modelfiles.pagecache import cached, drop, parts, resident_bytes
+from corral.modelfiles.mincore import cached, drop, parts, resident_bytes
 from corral.sim.engine import Simulation, simulate
 from corral.sim.pagecache import SimPageCache
 from corral.sim.trace import Trace, TraceLine
@@ -238,7 +238,7 @@ def test_mincore_sees_a_file_dropped_and_read_back(tmp_path: Path) -> None:
 def test_a_measure_spans_windows_and_split_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import corral.modelfiles.pagecache as pagecache
+    import corral.modelfiles.mincore as pagecache
 
     monkeypatch.setattr(pagecache, "WINDOW_BYTES", 1 << 20)  # 8 windows over an 8 MiB file
     one = written(tmp_path / "big-00001-of-00002.gguf", 8 << 20)
@@ -322,7 +322,7 @@ def test_the_load_mode_rule_keeps_what_was_measured(gb: int) -> None:
     to stay cached: mmap, within 10% of the fastest cold mode (two rounds' noise), and the
     file stays cached. Cold without room: direct I/O, within 10% of the fastest cold mode (it
     leaves nothing cached, which costs nothing when nothing could stay)."""
-    from corral.gateway.servers.files import MARGIN_BYTES, load_mode_for
+    from corral.gateway.servers.file_cache import MARGIN_BYTES, load_mode_for
 
     size = gb * 10**9
     plenty = 4 * size + MARGIN_BYTES
@@ -344,7 +344,7 @@ def test_a_models_own_load_flags_or_env_win(tmp_path: Path) -> None:
     from corral.backends.process import ProcessBackend
     from corral.config import ModelConfig
     from corral.core.pagecache import PageCache
-    from corral.gateway.servers.files import Files
+    from corral.gateway.servers.file_cache import Files
     from corral.gateway.servers.fleet import process_spec
 
     f = written(tmp_path / "m.gguf", 1 << 20)

@@ -14,7 +14,7 @@ from corral.console import err_console, fail, out_console
 
 if TYPE_CHECKING:
     from corral.config import PromptCacheConfig
-    from corral.modelfiles.engine import EngineFigures, Figures
+    from corral.modelfiles.engine_memory import EngineFigures, Figures
     from corral.modelfiles.folder import FoundModel
 
 CONTEXT_HELP = (
@@ -46,7 +46,7 @@ def models_cmd(
     serves each; and, one line each, the files that `corral serve --models` would skip
     (unreadable, implausible, or too big for every device)."""
     from corral.config import ModelConfig, PromptCacheConfig, data_dir
-    from corral.modelfiles.engine import EngineFigures
+    from corral.modelfiles.engine_memory import EngineFigures
     from corral.modelfiles.folder import find_llama_server, shown
     from corral.modelfiles.serving import figures_key
     from corral.prompt_cache.caches import folder_of, recorded_verdicts, serving

@@ -2,7 +2,7 @@
 part the scheduler owns).
 
 Measured: per model, the fraction of its weights file the page cache holds, as the shell last
-measured it (`corral serve`: `mincore` over the file, modelfiles/pagecache.py; the simulator:
+measured it (`corral serve`: `mincore` over the file, modelfiles/mincore.py; the simulator:
 its model of the host's page cache, sim/pagecache.py). Each model's load is priced at that
 fraction, between its warm and cold load figures (`Estimates.load_s`), and each measured load is
 read at the fraction its load began with (`Estimates.load_begins`). A model never measured
@@ -12,7 +12,7 @@ Prepared: `wanted` says which files should be in the page cache next, most likel
 models whose work waits for a device, in the order the policy would bring them in, then the
 models the learned transitions predict (agent loops alternate predictably: orchestrator,
 explorer, coder). The shell reads them in while the disk and memory are free
-(gateway/servers/files.py; the simulator alike); the decision is this part's, the same in both.
+(gateway/servers/file_cache.py; the simulator alike); the decision is this part's, the same in both.
 A transition is one model's arrival after another's (the last arrival of a different model);
 each model's transitions decay
 (`DECAY` per new one), so a changed pattern is learned in a few steps. The predictor's hits and

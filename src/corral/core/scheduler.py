@@ -375,7 +375,7 @@ class Scheduler:
         m = self.models[name]
         for c in (m, *m.copies):
             c.spec, c.priority, c.concurrency = spec, spec.priority, spec.concurrency
-            c.measured_gb = None  # the new configuration's size, until a load reports one
+            c.memory_gb = spec.memory_gb  # the new configuration's size, until a load reports one
         self.conversations.add_model(name, spec)
         self._solo = self.board.one_at_a_time()
         self._need_decide = True

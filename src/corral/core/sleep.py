@@ -75,15 +75,22 @@ class Sleepers:
         rivals = [
             s
             for s in self.all()
-            if s is not incoming and not s.deep and _level(s) == 1 and s.host_gb > 0
+            if s is not incoming
+            and not s.deep
+            and _level(s) == 1
+            and s.spec.host_gb_at(s.memory_gb) > 0
         ]
         rivals.append(v)
-        reserve = incoming.host_gb if incoming.sleeps and _level(incoming) == 1 else 0.0
+        reserve = (
+            incoming.spec.host_gb_at(incoming.memory_gb)
+            if incoming.sleeps and _level(incoming) == 1
+            else 0.0
+        )
         room = self.host_gb - reserve
         for m in sorted(rivals, key=lambda m: (-_l1_value(m, now), m.name)):
-            if m.host_gb > room + _EPS:
+            if m.spec.host_gb_at(m.memory_gb) > room + _EPS:
                 continue
-            room -= m.host_gb
+            room -= m.spec.host_gb_at(m.memory_gb)
             if m is v:
                 return True
         return False
@@ -99,7 +106,7 @@ class Sleepers:
             if not v.sleeps or v.copies:
                 plan.stop.append(v)  # a model with copies elsewhere stops: its queue is served
                 continue
-            need = v.host_gb
+            need = v.spec.host_gb_at(v.memory_gb)
             others = [s for s in self.all() if s not in plan.drop and s is not incoming]
             if not self._lru and need > free + _EPS:
                 # Sleepers with no return in sight make room first: nothing expected is lost.

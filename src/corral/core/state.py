@@ -76,7 +76,7 @@ class ModelRecord:
         "load_reason",
         "load_started_at",
         "lost",
-        "measured_gb",
+        "memory_gb",
         "name",
         "primary",
         "priority",
@@ -113,9 +113,10 @@ class ModelRecord:
         self.demand_timer_at: float | None = None  # when its decaying demand is looked at again
         self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
-        # What its server reported taking once loaded (each copy): its room from then on, beside
-        # the configuration's estimate, never written into it.
-        self.measured_gb: float | None = None
+        # Its size on a device (None: it fills one): the configuration's estimate, until its
+        # server reports what it took once loaded (each copy; `Swaps.refit`): kept here,
+        # beside the configuration, never written into it.
+        self.memory_gb: float | None = spec.memory_gb
         self.priority = spec.priority
         self.concurrency = spec.concurrency
         self.state = Lifecycle.UNLOADED
@@ -197,20 +198,9 @@ class ModelRecord:
         return self.est.wake_s if self.sleeps else self.est.load_s
 
     @property
-    def memory_gb(self) -> float | None:
-        """Its size on a device: what its server reported once loaded, else the configured
-        estimate; None: it fills a device."""
-        return self.measured_gb if self.measured_gb is not None else self.spec.memory_gb
-
-    @property
-    def host_gb(self) -> float:
-        """Host memory it holds asleep at its level (0 without `sleep`)."""
-        return self.spec.host_gb_at(self.memory_gb)
-
-    @property
     def held_gb(self) -> float:
         """Host memory it holds asleep (none asleep at level 2)."""
-        return 0.0 if self.deep else self.host_gb
+        return 0.0 if self.deep else self.spec.host_gb_at(self.memory_gb)
 
     @property
     def soft_pin(self) -> bool:

@@ -173,7 +173,7 @@ class Swaps:
         the device alone (it runs)."""
         family = rec.primary or rec
         for c in (family, *family.copies):
-            c.measured_gb = memory_gb
+            c.memory_gb = memory_gb
         dev = rec.device
         assert dev is not None
         view = next(v for v in self.views(rec, now) if v.name == dev.name)

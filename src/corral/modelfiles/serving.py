@@ -25,7 +25,7 @@ from corral.config import (
 )
 from corral.errors import CorralError
 from corral.machine import detect
-from corral.modelfiles.engine import (
+from corral.modelfiles.engine_memory import (
     MIB,
     EngineFigures,
     device_mib,
@@ -42,7 +42,7 @@ from corral.modelfiles.folder import (
     scan,
     shown,
 )
-from corral.modelfiles.pagecache import parts
+from corral.modelfiles.mincore import parts
 from corral.prompt_cache.caches import serving
 
 CPU_SHARE = 0.8  # of the host's memory that models may take on a CPU device (the rest: the OS)

@@ -20,7 +20,7 @@ from fastapi.responses import (
 )
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from corral.batch.runtime import BatchRuntime
+from corral.batch.attached import BatchRuntime
 from corral.config import Config
 from corral.gateway.errors import Conflict, ModelUnavailable
 from corral.gateway.pipeline.calls import unknown_model

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
-from corral.batch.runtime import BatchRuntime
+from corral.batch.attached import BatchRuntime
 from corral.batch.service import BatchError
 from corral.config import Config
 from corral.gateway.doors import openapi

@@ -1,5 +1,5 @@
 """`corral serve`'s Batch API: `/v1/files` and `/v1/batches` over `BatchService`, and the batch
-lines' runtime (`batch/runtime.py`: a worker attached to the gateway's scheduler)."""
+lines' runtime (`batch/attached.py`: a worker attached to the gateway's scheduler)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.formparsers import MultiPartParser
 
+from corral.batch.attached import BatchRuntime
 from corral.batch.files import FileStorage, TooLarge
-from corral.batch.runtime import BatchRuntime
 from corral.batch.service import BatchError, BatchService, expires_after_s
 from corral.gateway.doors.openapi import (
     BatchList,

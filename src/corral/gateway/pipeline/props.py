@@ -60,7 +60,7 @@ class KeptProps:
             return f"removed:{model}"
         command = m.cmd or m.upstream or ""
         if command not in self._keys:
-            from corral.modelfiles.engine import fingerprint, split_command
+            from corral.modelfiles.engine_memory import fingerprint, split_command
 
             made = fingerprint(split_command(command, 0)) if m.cmd else None
             self._keys[command] = made or hashlib.sha256(command.encode()).hexdigest()

@@ -16,7 +16,14 @@ from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
-from corral.modelfiles.engine import MIB, QUIET, READY_LINE, EngineFigures, reporting, split_command
+from corral.modelfiles.engine_memory import (
+    MIB,
+    QUIET,
+    READY_LINE,
+    EngineFigures,
+    reporting,
+    split_command,
+)
 from corral.prompt_cache.caches import PromptCaches, Serving, serving
 from corral.prompt_cache.server import ServerCache
 

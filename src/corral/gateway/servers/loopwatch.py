@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import deque
 
-from prometheus_client import Histogram
+from prometheus_client import CollectorRegistry, Histogram
 
 log = logging.getLogger("corral.gateway")
 EVERY_S = 0.05  # how often the loop is asked to run the watch's callback
@@ -29,11 +29,24 @@ STALLS_KEPT = 32  # the last stalls, for tests and `/api/status` readers
 
 class LoopWatch:
     """Watches `loop` until `stop()`; `stalls` holds the last stalls seen, each (seconds it had
-    stalled when seen, the innermost frames of the loop's thread then)."""
+    stalled when seen, the innermost frames of the loop's thread then). With a `registry`, each
+    lag goes to its `corral_event_loop_lag_seconds`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, lag: Histogram | None = None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, registry: CollectorRegistry | None = None
+    ) -> None:
         self.loop = loop
-        self.lag = lag
+        self.lag = (
+            Histogram(
+                "corral_event_loop_lag_seconds",
+                "How late the gateway's event loop ran a callback posted every 50 ms: what "
+                "every stream and request waited for it meanwhile.",
+                buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
         self.stalls: deque[tuple[float, list[str]]] = deque(maxlen=STALLS_KEPT)
         self._loop_thread = threading.get_ident()  # made on the loop's own thread
         self._posted = 0.0  # when the pending callback was posted; 0: none pending

@@ -172,13 +172,6 @@ class Metrics:
         self.crashes = Counter(
             "corral_backend_crashes", "Loaded servers that died.", ["model"], registry=r
         )
-        self.loop_lag = Histogram(
-            "corral_event_loop_lag_seconds",
-            "How late the gateway's event loop ran a callback posted every 50 ms: what every "
-            "stream and request waited for it meanwhile.",
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=r,
-        )
         self.wait_seconds = Histogram(
             "corral_request_wait_seconds",
             "Time a request waited for its model (queue and load).",

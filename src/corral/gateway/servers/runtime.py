@@ -27,16 +27,16 @@ from corral.config import Config, HostConfig, ModelConfig
 from corral.core import Request, Scheduler
 from corral.gateway.servers.activity import Activity
 from corral.gateway.servers.events import Events
-from corral.gateway.servers.files import LOAD_MODE_ENV, Files
+from corral.gateway.servers.file_cache import LOAD_MODE_ENV, Files
 from corral.gateway.servers.fleet import Servers
 from corral.gateway.servers.intake import Intake
 from corral.gateway.servers.loopwatch import LoopWatch
 from corral.gateway.servers.metrics import Metrics
 from corral.gateway.servers.naps import Naps, host_memory_gb
 from corral.gateway.servers.status import StatusView, Tally
-from corral.gateway.servers.swaps import Holder, Load, Swap
+from corral.gateway.servers.swap_records import Holder, Load, Swap
 from corral.machine import watch
-from corral.modelfiles.engine import EngineFigures, engine_figures_path
+from corral.modelfiles.engine_memory import EngineFigures, engine_figures_path
 from corral.prompt_cache.caches import PromptCaches, folder_of
 from corral.secrets import Redactor
 
@@ -69,7 +69,7 @@ class Gateway:
         self.tally = Tally()  # what it did: requests started, crashes, swaps
         self.activity = Activity()  # the recent requests (the dashboard's activity view)
         self.gpus = watch()  # NVML's GPUs, for /metrics and the dashboard (None without)
-        # The models' files in the page cache, measured and prepared (gateway/servers/files.py).
+        # The models' files in the page cache, measured and prepared (servers/file_cache.py).
         self.files = Files(
             self.backends,
             lambda: self._sched().files,
@@ -120,7 +120,7 @@ class Gateway:
                 ", ".join(map(str, reaped)),
             )
         self._loop = asyncio.get_running_loop()
-        self.loopwatch = LoopWatch(self._loop, self.metrics.loop_lag)
+        self.loopwatch = LoopWatch(self._loop, self.metrics.registry)
         self.loopwatch.start()
         config = self.config
         if config.host.memory_gb is None and any(m.sleep for m in config.models.values()):

@@ -15,9 +15,9 @@ from corral.config import Config
 from corral.core import Scheduler
 from corral.core.state import ModelRecord
 from corral.gateway.servers.activity import Activity
-from corral.gateway.servers.files import Files
+from corral.gateway.servers.file_cache import Files
 from corral.gateway.servers.fleet import Servers
-from corral.gateway.servers.swaps import Swap
+from corral.gateway.servers.swap_records import Swap
 from corral.machine import GpuWatch
 from corral.secrets import Redactor
 
@@ -100,7 +100,7 @@ class StatusView:
                     round(epoch + stretch.since, 3) if stretch.since is not None else None
                 ),
             },
-            # The files read into the page cache ahead of their loads (gateway/servers/files.py).
+            # The files read into the page cache ahead of their loads (servers/file_cache.py).
             "prepare": self.files.view() if self.files is not None else None,
             "swaps": self.tally.swap_count,
             "recent_swaps": [vars(s) for s in self.tally.swaps],

@@ -2,7 +2,7 @@
 serve` of those measures and of the reads that prepare them.
 
 Measured: every `EVERY_S`, and after each swap, the fraction of each model's files cached
-(modelfiles/pagecache.py: `mincore`, milliseconds per GiB, off the loop) is told to the
+(modelfiles/mincore.py: `mincore`, milliseconds per GiB, off the loop) is told to the
 scheduler (`PageCache.measured`), which prices that model's next load by it. Only models whose
 command names a file (`-m`) are measured; the others are priced as before.
 
@@ -32,8 +32,8 @@ import psutil
 from corral.backends.base import Backend
 from corral.backends.process import ProcessBackend
 from corral.core.pagecache import PageCache
-from corral.modelfiles.engine import split_command
-from corral.modelfiles.pagecache import cached, parts
+from corral.modelfiles.engine_memory import split_command
+from corral.modelfiles.mincore import cached, parts
 
 log = logging.getLogger("corral.gateway")
 
