@@ -11,7 +11,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 from starlette.types import Message
 
-from corral.gateway.pipeline.streams import ModelStream
+from corral.gateway.pipeline.streams import ModelStream, Progress
 
 pytestmark = pytest.mark.unit
 
@@ -138,3 +138,36 @@ def test_a_cancellation_from_outside_still_propagates_through_the_watchdog() -> 
             await task
 
     asyncio.run(run())
+
+
+def test_a_relayed_stream_whose_last_send_never_completes_is_dropped_too() -> None:
+    """A body that records its own sends (a relay, `Progress`) passes its chunks straight to
+    `send`; the response's end, which it never sees, is still watched."""
+    freed: list[str] = []
+    sent: list[Message] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield b"data: %d\n\n" % i
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            await asyncio.Event().wait()  # the client stopped reading at the very end
+
+    async def receive() -> Message:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def run() -> ModelStream:
+        stream = ModelStream(
+            body(), 0.2, "model m", lambda: freed.append("closed"), progress=Progress()
+        )
+        await stream({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return stream
+
+    stream = asyncio.run(run())
+    bodies = [m.get("body") for m in sent[1:]]
+    assert bodies == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert freed == ["closed"]
+    assert stream.cut

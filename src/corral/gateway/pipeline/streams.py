@@ -114,7 +114,10 @@ class ModelStream(StreamingResponse):
         handle = loop.call_later(period_s, watch)
         ended = False
         try:
-            await super().stream_response(timed if self._own else send)
+            if self._own:
+                await super().stream_response(timed)
+            else:
+                await self._relayed(send)
             ended = True
         except ClientGone:
             pass  # the client left; the body is closed below
@@ -141,3 +144,20 @@ class ModelStream(StreamingResponse):
                         await aclose()
                 if self._closed is not None:
                     self._closed()
+
+    async def _relayed(self, send: Send) -> None:
+        """Starlette's stream loop for a body that records its own chunks' sends (a relay's):
+        each chunk goes to `send` as it is; the start and the end, which the body never sees,
+        are recorded here, so the watchdog covers them too."""
+        progress = self.progress
+        progress.sending = True
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})  # fmt: skip
+        progress.sending = False
+        async for chunk in self.body_iterator:
+            if not isinstance(chunk, bytes | memoryview):
+                chunk = chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        progress.sending = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        progress.sending = False
