@@ -224,7 +224,8 @@ def test_a_gguf_landing_in_a_watched_folder_is_read_and_projected_off_the_event_
     """The reload reads the folder, the new file's header and llama-server's memory projection
     for it (a new path: a new projection) in a thread: the gateway's own loop watch logs no
     stall inside that code, while it demonstrably watches (its lag histogram counts). Read
-    from what ran on the loop, not from how long anything took, so it holds on a busy machine."""
+    from what ran on the loop, not from how long anything took, so it holds on a busy machine
+    (with the reload on the loop, the stall names the projection's code in modelfiles/)."""
     mine = tmp_path / "watched"
     mine.mkdir()
     os.link(folder / f"{SPACES}.gguf", mine / "first.gguf")
@@ -246,5 +247,7 @@ def test_a_gguf_landing_in_a_watched_folder_is_read_and_projected_off_the_event_
     assert float(lags[0].split()[-1]) > 0
     assert status is not None
     stalls = [line for line in logged if "event loop has not run" in line]
-    blamed = [s for s in stalls if "modelfiles" in s or "compose.py" in s or "reload.py" in s]
+    # The reading itself (compose and modelfiles) never runs on the loop; applying what was
+    # read does (reload.py), and a starved machine may stall the loop while it does.
+    blamed = [s for s in stalls if "modelfiles" in s or "compose.py" in s]
     assert blamed == [], blamed

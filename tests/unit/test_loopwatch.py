@@ -36,11 +36,13 @@ def test_a_blocked_loop_is_logged_once_with_the_function_that_blocked_it(
 
     with caplog.at_level(logging.WARNING, "corral.gateway"):
         watch = asyncio.run(run())
-    assert len(watch.stalls) == 1  # once per stall, however long
-    late_s, where = watch.stalls[0]
-    assert late_s >= STALL_S
-    assert any("block_the_loop_here" in frame for frame in where)
-    assert [r for r in caplog.records if "block_the_loop_here" in r.getMessage()]
+    # Once per stall however long; a busy machine may starve the loop at other moments too,
+    # and those stalls name other code.
+    blamed = [s for s in watch.stalls if any("block_the_loop_here" in f for f in s[1])]
+    assert len(blamed) == 1
+    assert blamed[0][0] >= STALL_S
+    logged = [r for r in caplog.records if "block_the_loop_here" in r.getMessage()]
+    assert len(logged) == 1
     counts = [
         s.value
         for m in registry.collect()
@@ -50,13 +52,20 @@ def test_a_blocked_loop_is_logged_once_with_the_function_that_blocked_it(
     assert counts[0] >= 5  # every lag was observed, the stalled one too
 
 
-def test_a_loop_that_keeps_running_records_no_stall() -> None:
+def test_a_loop_that_keeps_running_blames_nothing_of_its_own() -> None:
+    """Awaiting never blocks: whatever a busy machine makes the loop wait for, no stall names
+    the coroutine that only awaits."""
+
+    async def only_awaits() -> None:
+        for _ in range(40):
+            await asyncio.sleep(0.01)
+
     async def run() -> LoopWatch:
         watch = LoopWatch(asyncio.get_running_loop(), CollectorRegistry())
         watch.start()
-        for _ in range(40):
-            await asyncio.sleep(0.01)
+        await only_awaits()
         watch.stop()
         return watch
 
-    assert list(asyncio.run(run()).stalls) == []
+    stalls = asyncio.run(run()).stalls
+    assert [s for s in stalls if any("only_awaits" in f for f in s[1])] == []
