@@ -131,15 +131,22 @@ def test_a_plain_text_500_from_a_model_server_reaches_clients_as_openai_json(gw:
     assert (raw.status_code, raw.text) == (500, "Internal Server Error")
 
 
+def _retries(gw: Gateway) -> float:
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    found = [x for x in metrics.splitlines() if x.startswith("corral_upstream_retries_total")]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
 def test_a_connection_the_server_closed_after_an_error_is_retried_not_a_502(gw: Gateway) -> None:
+    """Sent until stale connections were met and retried (on a busy machine they come more
+    rarely: the server's close often lands before the next request), and never a 502."""
     statuses = []
     with httpx.Client() as h:
-        for i in range(120):  # before: about one in seven was a 502 (ServerDisconnectedError)
+        for i in range(1200):  # before: about one in seven was a 502 (ServerDisconnectedError)
             r = h.post(f"{gw.url}/v1/completions", json={"model": "closing", "prompt": "x"})
             statuses.append(r.status_code)
             time.sleep(0.002 * (i % 3))
+            if i >= 119 and i % 40 == 39 and _retries(gw) > 0:
+                break
     assert set(statuses) == {500}
-    metrics = httpx.get(f"{gw.url}/metrics").text
-    retried = [x for x in metrics.splitlines() if x.startswith("corral_upstream_retries_total")]
-    assert retried
-    assert float(retried[0].split()[-1]) > 0  # the stale connections were there, and retried
+    assert _retries(gw) > 0  # the stale connections were there, and retried
