@@ -5,7 +5,7 @@ command `corral serve --models` runs, each started while the others hold their m
 `--over` more than Corral's figures would pack, to see what `--fit` does past the edge.
 
 For each server: the layers it says it offloaded (`offloaded N/M layers to GPU`), the file's
-estimate, what Corral packs by after its load (`device_mib` of its buffer lines), and what NVML
+estimate, what Corral packs by after its load (`device_bytes` of its buffer lines), and what NVML
 says the process holds (CUDA context included); and the GPU's used memory once all are up.
 
     python benchmarks/bench_gpu_packing.py --size-gb 40 --count 3 --over 1 --json out/packing.json
@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from bench_zoo_memory import MIB, command, gpu_bytes
 from corral.backends.process import free_port
-from corral.modelfiles.engine_memory import VERBOSE, allocated, device_mib, split_command
+from corral.modelfiles.engine_memory import VERBOSE, allocated, device_bytes, split_command
 from corral.modelfiles.folder import find_llama_server, scan
 from corral.modelfiles.gguf import estimate_memory
 from corral.zoo import make_zoo
@@ -103,7 +103,7 @@ def main() -> int:
                 "started": proc.poll() is None,
                 "offloaded": f"{layers[0]}/{layers[1]}" if layers else None,
                 "estimate_mib": estimate_mib,
-                "packed_mib": device_mib(buffers) if buffers else None,
+                "packed_mib": device_bytes(buffers) // MIB if buffers else None,
                 "nvml_mib": (b // MIB) if (b := gpu_bytes(proc.pid)) is not None else None,
                 "gpu_used_mib": gpu_used_mib(),
                 "fit_lines": [x.strip() for x in lines if "fit" in x.lower()][:20],

@@ -31,7 +31,7 @@ from corral.modelfiles.engine_memory import (
     EngineMemory,
     allocated,
     breakdowns,
-    device_mib,
+    device_bytes,
     fit_params,
     server_projection,
     split_command,
@@ -128,9 +128,9 @@ def measure(folder: Path, server: str) -> list[dict[str, Any]]:
                 "fit_params_mib": tool.total_mib if tool else None,
                 "projected_mib": projected.total_mib if projected else None,
                 "held_mib": held.total_mib if held else None,
-                # What Corral packs by: before the first load, after each (`device_mib`).
-                "packed_before_mib": device_mib(projected) if projected else None,
-                "packed_after_mib": device_mib(buffers) if buffers else None,
+                # What Corral packs by: before the first load, after each (`device_bytes`).
+                "packed_before_mib": device_bytes(projected) // MIB if projected else None,
+                "packed_after_mib": device_bytes(buffers) // MIB if buffers else None,
                 "buffers": _parts(buffers),
                 "rss_mib": round(rss / MIB),
                 "nvml_mib": round(gpu / MIB) if gpu is not None else None,

@@ -37,6 +37,7 @@ from corral.store import (
     TaskNotFound,
     TaskStatus,
     open_store,
+    sql_batches,
 )
 from corral.store.migrations import migrations
 from corral.store.postgres import PostgresStore
@@ -991,3 +992,77 @@ def test_residency_holds_more_models_than_the_alphabet(store: Store, clock: Cloc
     store.members.set_residency("w1", many[:40])  # it unloaded twenty; forty stay
     rows = store.members.residency(clock.t - 1)
     assert sorted(r.model for r in rows) == [f"m{i:02d}" for i in range(40)]
+
+
+def test_a_large_batch_is_stored_a_transaction_at_a_time_and_runs_only_once_whole(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_batches, "LINES_PER_TX", 4)
+    seen: list[tuple[str, dict[str, dict[tuple[bool, int], int]]]] = []
+
+    def watched(n: int) -> Iterator[NewTask]:
+        for i, task in enumerate(lines("batch-1", n)):
+            if i in (6, 10):
+                # Between its transactions the store serves others (on SQLite its lock is
+                # free, else this would wait forever), and none of the lines can run yet.
+                seen.append((store.batches.get("batch-1").status, store.ready_counts()))
+            yield task
+
+    b = store.batches.create(a_batch(1), watched(11))
+    assert seen == [("validating", {}), ("validating", {})]
+    assert (b.status, b.data) == ("in_progress", {"n": 1, "meta": {"a": "b"}})
+    assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 11}
+    assert [t.payload["line"] for t in store.batches.tasks("batch-1")] == list(range(11))
+    assert store.ready_counts() == {"m": {(False, -1): 11}}
+
+
+def test_a_large_batch_that_cannot_be_stored_leaves_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_batches, "LINES_PER_TX", 2)
+    bad = [*lines("batch-1", 5), NewTask("openai_batch", "m", {"x": float("nan")})]
+    with pytest.raises(BadTask):
+        store.batches.create(a_batch(1), bad)
+    with pytest.raises(BatchNotFound):
+        store.batches.get("batch-1")
+    assert store.counts() == {}
+
+
+def test_two_attempts_at_storing_one_batch_store_its_lines_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_batches, "LINES_PER_TX", 2)
+    store.batches.create(dataclasses.replace(a_batch(1), status="validating"), [])
+    won: list[Batch | None] = []
+
+    def racing(n: int) -> Iterator[NewTask]:
+        for i, task in enumerate(lines("batch-1", n)):
+            if i == 3:  # another process takes over while this one is halfway
+                again = lines("batch-1", 5)
+                won.append(store.batches.start("batch-1", "in_progress", {"by": 2}, again))
+            yield task
+
+    assert store.batches.start("batch-1", "in_progress", {"by": 1}, racing(5)) is None
+    assert won[0] is not None
+    assert won[0].data == {"by": 2}
+    assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 5}
+    assert store.ready_counts() == {"m": {(False, -1): 5}}
+
+
+def test_the_attempt_that_starts_a_batch_drops_what_a_dead_one_held_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_batches, "LINES_PER_TX", 2)
+    store.batches.create(dataclasses.replace(a_batch(1), status="validating"), [])
+
+    def dies(n: int) -> Iterator[NewTask]:
+        yield from lines("batch-1", n)
+        raise KeyboardInterrupt  # the process goes before it can drop what it stored
+
+    with monkeypatch.context() as m:
+        m.setattr(sql_batches.SqlBatches, "_drop_held", staticmethod(lambda *a: None))
+        with pytest.raises(KeyboardInterrupt):
+            store.batches.start("batch-1", "in_progress", {}, dies(5))
+    assert store.ready_counts() == {}  # held back: none of them can run
+    assert store.batches.start("batch-1", "in_progress", {}, lines("batch-1", 3)) is not None
+    assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 3}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from corral.modelfiles.engine_memory import MIB, EngineMemory, allocated, device_mib
+from corral.modelfiles.engine_memory import EngineMemory, allocated, device_bytes
 from corral.modelfiles.folder import find_llama_server
 from tests.support.gateway import serve
 from tests.support.gemma import gemma_gguf
@@ -40,9 +40,9 @@ server: {{log_dir: LOG_DIR}}
         client.chat.completions.create(model="a", messages=ask, max_tokens=2)
         status = g.status()["models"]
         log_a = (tmp_path / "gw" / "logs" / "a.log").read_text()
-        reported = device_mib(allocated(log_a.splitlines()) or EngineMemory())
-        assert reported > 200  # the weights alone are 235 MiB
-        assert status["a"]["memory_gb"] == round(reported * MIB / 1e9, 3)
+        reported = device_bytes(allocated(log_a.splitlines()) or EngineMemory())
+        assert reported > 200e6  # the weights alone are 235 MiB
+        assert status["a"]["memory_gb"] == round(reported / 1e9, 3)
         # b fits beside a by its written figure (0.33 + 0.1 <= 0.6), then reports 0.33: a goes.
         client.chat.completions.create(model="b", messages=ask, max_tokens=2)
         status = g.status()
@@ -56,4 +56,4 @@ server: {{log_dir: LOG_DIR}}
         states = {n: m["state"] for n, m in g.status()["models"].items()}
         assert states == {"a": "ready", "b": "unloaded"}
     kept = json.loads((tmp_path / "gw" / "data" / "corral" / "engine-memory.json").read_text())
-    assert [v["measured_mib"] for v in kept.values()] == [reported]  # one file, one set of flags
+    assert [v["measured_bytes"] for v in kept.values()] == [reported]  # one file, one set of flags

@@ -20,7 +20,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from corral.backends.process import free_port
-from corral.modelfiles.engine_memory import EngineMemory, allocated, device_mib
+from corral.modelfiles.engine_memory import EngineMemory, allocated, device_bytes
 from corral.modelfiles.folder import find_llama_server
 from tests.helpers import wait_http_ok
 from tests.support.gateway import CORRAL, SIM, Gateway, serve
@@ -129,10 +129,10 @@ def test_a_folder_is_served_with_no_yaml_and_its_models_share_the_device(
     data = tmp_path / "data" / "corral"
     kept = json.loads((data / "engine-memory.json").read_text())
     assert len(kept) == 2
-    assert all(v["measured_mib"] for v in kept.values()), kept
+    assert all(v["measured_bytes"] for v in kept.values()), kept
     server_log = next(data.rglob("gemma-a.log")).read_text()
-    measured = device_mib(allocated(server_log.splitlines()) or EngineMemory())
-    assert measured in [v["measured_mib"] for v in kept.values()]
+    measured = device_bytes(allocated(server_log.splitlines()) or EngineMemory())
+    assert measured in [v["measured_bytes"] for v in kept.values()]
     served = server_log.split("listening on", 1)[1]
     assert "print_timing" in served
     assert "skipping, slot is empty" not in served  # verbosity 4's own lines, left out

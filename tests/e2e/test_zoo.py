@@ -86,7 +86,7 @@ def test_every_zoo_model_answers_through_both_doors(zoo: Path, tmp_path: Path) -
     assert len(engine) == len(names), logged
     kept = json.loads((tmp_path / "data" / "corral" / "engine-memory.json").read_text())
     assert len(kept) == len(names)
-    assert all(v["projected_mib"] > 0 for v in kept.values())
+    assert all(v["projected_bytes"] > 0 for v in kept.values())
 
 
 def test_the_zoo_names_its_tensors_as_llama_cpps_own_architecture_test(

@@ -10,17 +10,17 @@ import pytest
 
 from corral.modelfiles.engine_memory import (
     QUIET,
-    RUNTIME_MIB,
     DeviceMemory,
     EngineFigures,
     allocated,
     breakdowns,
-    device_mib,
+    device_bytes,
     fingerprint,
     reporting,
     split_command,
     without,
 )
+from corral.modelfiles.gguf import MIB, RUNTIME_BYTES
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_the_projection_and_the_figures_at_exit_are_read_in_order() -> None:
     }
     assert projected.total_mib == 323
     assert held.devices["Host"] == DeviceMemory(235, 61, 28)
-    assert held.total_bytes == 336 << 20
+    assert held.total_mib == 336
 
 
 def test_a_gpus_row_is_read_from_its_parenthesis() -> None:
@@ -96,23 +96,33 @@ def test_a_fingerprint_is_the_file_and_the_flags_that_size_its_memory(tmp_path: 
 def test_the_figures_outlive_a_restart_and_a_damaged_file_starts_over(tmp_path: Path) -> None:
     path = tmp_path / "corral" / "engine-memory.json"
     figures = EngineFigures(path)
-    figures.record("k1", projected_mib=412)
-    figures.record("k1", measured_mib=430)
-    figures.record(None, projected_mib=1)  # no fingerprint: nothing kept
+    figures.record("k1", projected_bytes=412 * MIB)
+    figures.record("k1", measured_bytes=430 * MIB)
+    figures.record(None, projected_bytes=1)  # no fingerprint: nothing kept
     again = EngineFigures(path)
     known = again.get("k1")
     assert known is not None
-    assert (known.projected_mib, known.measured_mib) == (412, 430)
-    for damaged in ("{", "[]", '{"k": 3}', '{"k": {"projected_mib": "412"}}', "\\x00"):
+    assert (known.projected_bytes, known.measured_bytes) == (412 * MIB, 430 * MIB)
+    for damaged in ("{", "[]", '{"k": 3}', '{"k": {"projected_bytes": "412"}}', "\\x00"):
         path.write_text(damaged)
         f = EngineFigures(path)
         assert f.get("k1") is None
         k = f.get("k")
-        assert k is None or (k.projected_mib, k.measured_mib) == (None, None)
-    path.write_text(json.dumps({"k": {"projected_mib": 10**15, "measured_mib": True}}))
+        assert k is None or (k.projected_bytes, k.measured_bytes) == (None, None)
+    path.write_text(json.dumps({"k": {"projected_bytes": 10**18, "measured_bytes": True}}))
     k = EngineFigures(path).get("k")
     assert k is not None
-    assert (k.projected_mib, k.measured_mib) == (None, None)  # implausible values are dropped
+    assert (k.projected_bytes, k.measured_bytes) == (None, None)  # implausible values are dropped
+
+
+def test_a_file_written_in_mib_is_read_in_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "engine-memory.json"
+    path.write_text(json.dumps({"k": {"projected_mib": 412, "measured_mib": 430, "at": 1.0}}))
+    known = EngineFigures(path).get("k")
+    assert known is not None
+    assert (known.projected_bytes, known.measured_bytes) == (412 * MIB, 430 * MIB)
+    EngineFigures(path).record("k", measured_bytes=431 * MIB)  # written back in bytes
+    assert json.loads(path.read_text())["k"]["measured_bytes"] == 431 * MIB
 
 
 def test_the_oldest_figures_go_past_the_bound(
@@ -121,7 +131,7 @@ def test_the_oldest_figures_go_past_the_bound(
     monkeypatch.setattr(EngineFigures, "MAX_ENTRIES", 3)
     figures = EngineFigures(tmp_path / "f.json")
     for i in range(5):
-        figures.record(f"k{i}", projected_mib=i + 1)
+        figures.record(f"k{i}", projected_bytes=i + 1)
     kept = EngineFigures(tmp_path / "f.json")
     assert [k for k in ("k0", "k1", "k2", "k3", "k4") if kept.get(k)] == ["k2", "k3", "k4"]
 
@@ -157,9 +167,9 @@ def test_a_loads_buffers_are_what_it_allocated_with_repacked_weights_counted_onc
         "CPU_REPACK": DeviceMemory(13, 0, 0),
         "CPU": DeviceMemory(0, 62, 33),
     }
-    assert device_mib(e) == 330 + RUNTIME_MIB
+    assert device_bytes(e) == 330 * MIB + RUNTIME_BYTES
     # Within 2% of the server's own projection for the same command (323 MiB, above).
-    assert abs(device_mib(e) - (323 + RUNTIME_MIB)) <= 0.02 * device_mib(e)
+    assert abs(device_bytes(e) - (323 * MIB + RUNTIME_BYTES)) <= 0.02 * device_bytes(e)
     # Without a projection: the whole mapping, as the server counts it at exit.
     alone = allocated(BUFFERS.splitlines())
     assert alone is not None
@@ -170,7 +180,7 @@ def test_on_a_gpu_the_gpus_buffers_are_the_devices_figure() -> None:
     e = allocated(GPU_BUFFERS.splitlines())
     assert e is not None
     assert e.devices["CUDA0"] == DeviceMemory(4404, 575, 301)
-    assert device_mib(e) == 4404 + 575 + 301  # CUDA_Host and CPU_Mapped stay in RAM
+    assert device_bytes(e) == (4404 + 575 + 301) * MIB  # CUDA_Host and CPU_Mapped stay in RAM
 
 
 def test_a_log_without_buffer_lines_reports_nothing() -> None:

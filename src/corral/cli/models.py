@@ -145,15 +145,10 @@ def _cache_fingerprint(cmd: str | None) -> str:
 def _memory(estimate_bytes: int, known: Figures | None, source: str) -> str:
     """The file's estimate, llama-server's projection and its report after the last load, the
     one the model is packed by marked with *."""
-    mib = 1 << 20
     parts = [
         ("file estimate", "file", estimate_bytes),
-        ("engine", "engine", known.projected_mib * mib if known and known.projected_mib else None),
-        (
-            "measured",
-            "measured",
-            known.measured_mib * mib if known and known.measured_mib else None,
-        ),
+        ("engine", "engine", known.projected_bytes if known else None),
+        ("measured", "measured", known.measured_bytes if known else None),
     ]
     return ", ".join(
         f"{label} {value / 1e9:.2f}{'*' if key == source else ''}"

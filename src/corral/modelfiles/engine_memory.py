@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.config import Config, data_dir
+from corral.modelfiles.gguf import MIB, RUNTIME_BYTES
 
-MIB = 1 << 20
 # `self = model + context + compute`, in MiB, as common_memory_breakdown_print writes a row (a
 # GPU's row wraps it: `total = free + (self = model + context + compute) + unaccounted`).
 _ROW = re.compile(r"common_memory_breakdown_print: \|\s+- (?P<device>.+?)\s+\|(?P<figures>.*)\|")
@@ -40,6 +40,9 @@ _PAST_THE_FIT = (
 
 @dataclass(frozen=True, slots=True)
 class DeviceMemory:
+    """One device's row as llama.cpp prints it, in its unit (MiB); `device_bytes` gives the
+    figure Corral keeps."""
+
     model_mib: int
     context_mib: int
     compute_mib: int
@@ -58,10 +61,6 @@ class EngineMemory:
     @property
     def total_mib(self) -> int:
         return sum(d.total_mib for d in self.devices.values())
-
-    @property
-    def total_bytes(self) -> int:
-        return self.total_mib * MIB
 
 
 def breakdowns(lines: Iterable[str]) -> list[EngineMemory]:
@@ -243,30 +242,30 @@ def fingerprint(argv: list[str]) -> str | None:
     return made_by(path, without(argv, _NOT_MEMORY))
 
 
-RUNTIME_MIB = 24  # the server process itself (code, threads, HTTP): no table counts it
-
-
 def on_host(device: str) -> bool:
     """A device name of llama.cpp's that is the host's memory: its table's `Host` and `CPU`
     rows, a buffer's `CPU_Mapped` or `CPU_REPACK`, a GPU's pinned `CUDA_Host`."""
     return device.startswith(("Host", "CPU")) or device.endswith("_Host")
 
 
-def device_mib(e: EngineMemory) -> int:
-    """What a breakdown puts on the device a model is placed on: its GPUs' rows where it has
-    any (the host's rows hold what stays in RAM: the embeddings), else every row (a CPU) and
-    the process itself. (A GPU's own CUDA context is not in its rows either.)"""
+def device_bytes(e: EngineMemory) -> int:
+    """What a breakdown puts on the device a model is placed on, in bytes: its GPUs' rows where
+    it has any (the host's rows hold what stays in RAM: the embeddings), else every row (a CPU)
+    and the process itself (`RUNTIME_BYTES`: no table counts it). (A GPU's own CUDA context is
+    not in its rows either.)"""
     gpus = [d for name, d in e.devices.items() if not on_host(name)]
-    return sum(d.total_mib for d in gpus) if gpus else e.total_mib + RUNTIME_MIB
+    if gpus:
+        return sum(d.total_mib for d in gpus) * MIB
+    return e.total_mib * MIB + RUNTIME_BYTES
 
 
 @dataclass(slots=True)
 class Figures:
-    """One fingerprint's figures, in MiB: llama-server's projection, and what it reported it
-    allocated after its last load."""
+    """One fingerprint's figures, in bytes on its device: llama-server's projection, and what
+    it reported it allocated after its last load."""
 
-    projected_mib: int | None = None
-    measured_mib: int | None = None
+    projected_bytes: int | None = None
+    measured_bytes: int | None = None
     at: float = 0.0
 
 
@@ -274,7 +273,8 @@ class EngineFigures:
     """The engine's figures per model fingerprint, kept in a JSON file so that they outlive a
     restart (a projection is asked once per file and flags; a measurement replaces the last).
     A file that cannot be read is started over; one that cannot be written is left (the
-    figures are then asked again at the next start). At most `MAX_ENTRIES`, the oldest go."""
+    figures are then asked again at the next start). At most `MAX_ENTRIES`, the oldest go.
+    Files written in MiB (`projected_mib`, `measured_mib`) are read too."""
 
     MAX_ENTRIES = 4096
 
@@ -287,12 +287,11 @@ class EngineFigures:
             raw = json.loads(path.read_text())
             for key, value in raw.items():
                 if isinstance(key, str) and isinstance(value, dict):
+                    at = value.get("at")
                     self._data[key] = Figures(
-                        _mib(value.get("projected_mib")),
-                        _mib(value.get("measured_mib")),
-                        float(value.get("at", 0.0))
-                        if isinstance(value.get("at"), int | float)
-                        else 0.0,
+                        _bytes(value, "projected"),
+                        _bytes(value, "measured"),
+                        float(at) if isinstance(at, int | float) else 0.0,
                     )
         except (OSError, ValueError, AttributeError):
             self._data = {}
@@ -300,28 +299,28 @@ class EngineFigures:
     def get(self, key: str | None) -> Figures | None:
         return None if key is None else self._data.get(key)
 
-    def record(self, key: str | None, *, projected_mib: int | None = None,
-               measured_mib: int | None = None) -> None:  # fmt: skip
+    def record(self, key: str | None, *, projected_bytes: int | None = None,
+               measured_bytes: int | None = None) -> None:  # fmt: skip
         if key is None:
             return
         f = self._data.setdefault(key, Figures())
-        if projected_mib is not None:
-            f.projected_mib = projected_mib
-        if measured_mib is not None:
-            f.measured_mib = measured_mib
+        if projected_bytes is not None:
+            f.projected_bytes = projected_bytes
+        if measured_bytes is not None:
+            f.measured_bytes = measured_bytes
         f.at = time.time()
         self._save()
 
     def after_load(self, argv: list[str], output: str) -> int | None:
         """What the llama-server started as `argv` reported its load allocated in `output` (that
-        start's), in MiB on its device (`device_mib`), kept as its fingerprint's measured
+        start's), in bytes on its device (`device_bytes`), kept as its fingerprint's measured
         figure; None when it reported nothing (another server, a wrapper that hides its output)."""
         found = allocated(output.splitlines())
         if found is None:
             return None
-        mib = device_mib(found)
-        self.record(fingerprint(argv), measured_mib=mib)
-        return mib
+        size = device_bytes(found)
+        self.record(fingerprint(argv), measured_bytes=size)
+        return size
 
     def _save(self) -> None:
         import json
@@ -330,18 +329,26 @@ class EngineFigures:
 
         while len(self._data) > self.MAX_ENTRIES:
             del self._data[min(self._data, key=lambda k: self._data[k].at)]
-        body = {k: {"projected_mib": f.projected_mib, "measured_mib": f.measured_mib, "at": f.at}
-                for k, f in self._data.items()}  # fmt: skip
+        body = {
+            k: {"projected_bytes": f.projected_bytes, "measured_bytes": f.measured_bytes,
+                "at": f.at}
+            for k, f in self._data.items()
+        }  # fmt: skip
         with contextlib.suppress(OSError):  # asked again at the next start
             replace_text(self.path, json.dumps(body))
 
 
-def _mib(value: object) -> int | None:
-    return (
-        value
-        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 40
-        else None
-    )
+_MAX_BYTES = 1 << 50  # 1 PiB: past it a figure is damage, not a model
+
+
+def _bytes(entry: dict[str, object], name: str) -> int | None:
+    """`entry`'s `<name>_bytes` (or an older file's `<name>_mib`), when plausible."""
+    for key, scale in ((f"{name}_bytes", 1), (f"{name}_mib", MIB)):
+        value = entry.get(key)
+        size = value * scale if isinstance(value, int) and not isinstance(value, bool) else 0
+        if 0 < size < _MAX_BYTES:
+            return size
+    return None
 
 
 def engine_figures_path(config: Config) -> Path:

@@ -26,9 +26,8 @@ from corral.config import (
 from corral.errors import CorralError
 from corral.machine import detect
 from corral.modelfiles.engine_memory import (
-    MIB,
     EngineFigures,
-    device_mib,
+    device_bytes,
     fingerprint,
     server_projection,
     split_command,
@@ -93,10 +92,10 @@ def memory_of(
     todo = []
     for m in found:
         known = figures.get(keys[m.name])
-        if known is not None and known.measured_mib:
-            out[m.name] = Memory(known.measured_mib * MIB, "measured")
-        elif known is not None and known.projected_mib:
-            out[m.name] = Memory(known.projected_mib * MIB, "engine")
+        if known is not None and known.measured_bytes:
+            out[m.name] = Memory(known.measured_bytes, "measured")
+        elif known is not None and known.projected_bytes:
+            out[m.name] = Memory(known.projected_bytes, "engine")
         elif keys[m.name] is not None:
             todo.append(m)
     deadline = time.monotonic() + budget_s
@@ -111,8 +110,8 @@ def memory_of(
         except (OSError, ValueError):  # any server's odd output: the file's estimate stays
             projected = None
         if projected is not None:
-            figures.record(keys[m.name], projected_mib=device_mib(projected))
-            out[m.name] = Memory(device_mib(projected) * MIB, "engine")
+            figures.record(keys[m.name], projected_bytes=device_bytes(projected))
+            out[m.name] = Memory(device_bytes(projected), "engine")
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         list(pool.map(ask, todo))

@@ -111,8 +111,11 @@ def to_batch(row: Mapping[str, Any]) -> Batch:
     )
 
 
-def task_rows(tasks: Sequence[NewTask], now: float) -> list[dict[str, Any]]:
-    """`INSERT`'s parameters for `tasks`, every payload validated before any is stored."""
+def task_rows(
+    tasks: Sequence[NewTask], now: float, run_after: float | None = None
+) -> list[dict[str, Any]]:
+    """`INSERT`'s parameters for `tasks`, every payload validated before any is stored; due
+    now unless `run_after` says when."""
     return [
         {
             "id": tid,
@@ -125,7 +128,7 @@ def task_rows(tasks: Sequence[NewTask], now: float) -> list[dict[str, Any]]:
             "status": "queued",
             "max_attempts": t.max_attempts,
             "created_at": now,
-            "run_after": now,
+            "run_after": now if run_after is None else run_after,
             "batch_id": t.batch_id,
         }
         for t, tid in zip(tasks, new_ids(len(tasks)), strict=True)

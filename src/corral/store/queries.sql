@@ -300,3 +300,16 @@ SELECT MAX(version) AS v FROM corral_schema
 
 -- name: record_version
 INSERT INTO corral_schema (version) VALUES (:v)
+
+-- name: release_lines
+-- A stored batch's lines made due: those one attempt held back while it stored them.
+UPDATE corral_tasks SET run_after = :now WHERE batch_id = :b AND run_after = :hold
+
+-- name: drop_held_lines
+-- Lines held back by attempts to store a batch that did not start it ({which}: `= :hold`,
+-- one attempt's; `>= :held`, every attempt's).
+DELETE FROM corral_tasks WHERE batch_id = :b AND status = 'queued' AND run_after {which}
+
+-- name: drop_storing_batch
+-- A batch whose creation failed while it stored its lines.
+DELETE FROM corral_batches WHERE id = :id AND status = 'validating'

@@ -5,10 +5,12 @@ runs under (store/outage.py) and, for a batch's lines, the task insert."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from corral.store.base import (
@@ -33,6 +35,20 @@ from corral.store.queries import (
     to_file,
     to_task,
 )
+
+# A batch's lines are stored this many to a transaction: the store's lock is held for about
+# 20 ms at a time on SQLite, however large the batch.
+LINES_PER_TX = 2000
+# A line's `run_after` while its batch is being stored: never due. Each attempt at storing a
+# batch holds its lines at its own value at or above this (`_hold`), so that it starts, or
+# drops, only its own.
+HELD_S = 1e18
+
+
+def _hold() -> float:
+    """One attempt's `run_after` for the lines it holds back: `HELD_S` plus a random multiple
+    of 1,024 (exact in a double at this size, so that equality finds them again)."""
+    return HELD_S + secrets.randbelow(1 << 30) * 1024
 
 
 class SqlFiles:
@@ -115,26 +131,49 @@ class SqlBatches:
         )
 
     def _create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
-        added = 0
+        lines = iter(tasks)
+        first = list(itertools.islice(lines, LINES_PER_TX))
+        whole = len(first) < LINES_PER_TX
+        hold = None if whole else _hold()
         with self._tx(write=True) as tx:
             if batch.idempotency_key is not None:
                 found = tx.run(SQL["batch_by_key"], {"k": batch.idempotency_key})
                 if found:
                     return to_batch(found[0])
+            # A batch of more lines than one transaction takes is `validating` until all are
+            # stored, and its lines are held back (`_store`): other work on the store runs
+            # between its transactions, and a crash leaves nothing that can run.
             (row,) = tx.run(
                 SQL["add_batch"],
                 {
                     "id": batch.id,
-                    "status": batch.status,
+                    "status": batch.status if whole else "validating",
                     "created_at": batch.created_at,
                     "key": batch.idempotency_key,
-                    "data": json.dumps(batch.data),
+                    "data": json.dumps(
+                        batch.data if whole else {**batch.data, "storing_at": self._clock()}
+                    ),
                 },
             )
-            added = self._add_lines(tx, tasks)
-        if added:
-            self._woken()
-        return to_batch(row)
+            if first:
+                self._insert(tx, task_rows(first, self._clock(), hold))
+                if whole:
+                    self._announce(tx)
+        if whole:
+            if first:
+                self._woken()
+            return to_batch(row)
+        assert hold is not None
+        try:
+            started = self._store(batch.id, batch.status, batch.data, lines, hold)
+        except Exception:
+            # As if it had been one transaction: a batch whose lines could not be stored (a
+            # bad one, the store gone) is not kept; what cannot be dropped now, `tick` checks
+            # again from its file once its creator is taken for gone.
+            with contextlib.suppress(Exception), self._tx(write=True) as tx:
+                tx.run(SQL["drop_storing_batch"], {"id": batch.id})
+            raise
+        return started if started is not None else self.get(batch.id)
 
     def start(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
@@ -148,31 +187,50 @@ class SqlBatches:
     def _start(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
     ) -> Batch | None:
-        added = 0
-        with self._tx(write=True) as tx:
-            rows = tx.run(
-                SQL["start_batch"], {"id": batch_id, "status": status, "data": json.dumps(data)}
-            )
-            if not rows:
-                if not tx.run(SQL["batch_exists"], {"id": batch_id}):
-                    raise BatchNotFound(f"no batch with id {batch_id!r}")
-                return None
-            added = self._add_lines(tx, tasks)
-        if added:
-            self._woken()
+        return self._store(batch_id, status, data, iter(tasks), _hold())
+
+    def _store(
+        self, batch_id: str, status: str, data: dict[str, Any], lines: Iterator[NewTask],
+        hold: float,
+    ) -> Batch | None:  # fmt: skip
+        """Store a `validating` batch's `lines`, `LINES_PER_TX` to a transaction, held back
+        (`run_after` = `hold`, this attempt's own), then, in one last transaction, start it
+        (`status`, `data`) and make them due. Another attempt at the same batch (a tick that
+        took over a stalled one) stores its own; the first to start the batch wins, the other
+        drops its lines (None), and the winner drops whatever an attempt that died left."""
+        try:
+            while chunk := list(itertools.islice(lines, LINES_PER_TX)):
+                with self._tx(write=True) as tx:
+                    self._insert(tx, task_rows(chunk, self._clock(), hold))
+            with self._tx(write=True) as tx:
+                rows = tx.run(
+                    SQL["start_batch"],
+                    {"id": batch_id, "status": status, "data": json.dumps(data)},
+                )
+                if not rows:
+                    if not tx.run(SQL["batch_exists"], {"id": batch_id}):
+                        raise BatchNotFound(f"no batch with id {batch_id!r}")
+                    self._drop_held(tx, batch_id, hold)
+                    return None
+                tx.run(SQL["release_lines"], {"b": batch_id, "hold": hold, "now": self._clock()})
+                self._drop_held(tx, batch_id, None)
+                self._announce(tx)
+        except BaseException:
+            # Else the attempt that starts the batch drops them.
+            with contextlib.suppress(Exception), self._tx(write=True) as tx:
+                self._drop_held(tx, batch_id, hold)
+            raise
+        self._woken()
         return to_batch(rows[0])
 
-    def _add_lines(self, tx: Tx, tasks: Iterable[NewTask]) -> int:
-        """Insert `tasks` (maybe a generator) 2,000 at a time, announcing them if any; returns
-        how many (the caller wakes this process's workers after the commit)."""
-        added = 0
-        it = iter(tasks)
-        while chunk := list(itertools.islice(it, 2000)):
-            self._insert(tx, task_rows(chunk, self._clock()))
-            added += len(chunk)
-        if added:
-            self._announce(tx)
-        return added
+    @staticmethod
+    def _drop_held(tx: Tx, batch_id: str, hold: float | None) -> None:
+        """Delete the lines `hold`'s attempt held back (None: every attempt's)."""
+        if hold is None:
+            sql, params = SQL["drop_held_lines"].format(which=">= :held"), {"held": HELD_S}
+        else:
+            sql, params = SQL["drop_held_lines"].format(which="= :hold"), {"hold": hold}
+        tx.run(sql, {"b": batch_id, **params})
 
     def get(self, batch_id: str) -> Batch:
         sql = SQL["get_batch"]

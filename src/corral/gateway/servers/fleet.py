@@ -17,13 +17,13 @@ from corral.backends.sleep import Napper
 from corral.backends.upstream import Hook, UpstreamBackend
 from corral.config import HookConfig, ModelConfig
 from corral.modelfiles.engine_memory import (
-    MIB,
     QUIET,
     READY_LINE,
     EngineFigures,
     reporting,
     split_command,
 )
+from corral.modelfiles.serving import Memory
 from corral.prompt_cache.caches import PromptCaches, Serving, serving
 from corral.prompt_cache.server import ServerCache
 
@@ -171,8 +171,8 @@ class Servers:
         def read() -> int | None:  # the log read and the figures file written, off the loop
             return figures.after_load(argv, backend.output_since_start())
 
-        mib = await asyncio.to_thread(read)
-        return None if mib is None else round(mib * MIB / 1e9, 3)
+        size = await asyncio.to_thread(read)
+        return None if size is None else round(Memory(size, "measured").gb, 3)
 
     def prompt_cache_view(self, model: str) -> dict[str, float | int | str] | None:
         """`model`'s prompt-cache figures (/api/status), None if it keeps none."""
