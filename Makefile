@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -225,3 +225,6 @@ bench-gateway: $(BENCH_VENV)/.installed
 # (about 10 minutes).
 bench-relay: $(STAMP)
 	$(BIN)/python benchmarks/bench_relay.py --json out/bench-relay.json
+
+bench-stalls: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_stalls.py --json out/bench-stalls.json

