@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from corral.backends.process import free_port
+from corral.store.sql_batches import LINES_PER_TX
 from tests.helpers import JsonHandler, alive, wait_http_ok
 from tests.support.batches import chat_line, finish, lines_of, upload
 from tests.support.gateway import CORRAL, SIM, Gateway, serve, wait_for
@@ -73,6 +74,25 @@ def test_a_mixed_model_batch_runs_grouped_and_every_line_has_one_result(gw: Gate
     # 40 lines alternating between two models: grouped, each model loads once.
     assert gw.status()["swaps"] - before <= 2, json.dumps(gw.status()["recent_decisions"], indent=1)
     assert client.files.retrieve(b.output_file_id or "").purpose == "batch_output"
+
+
+def test_a_batch_stored_in_several_transactions_runs_each_line_once(gw: Gateway) -> None:
+    # More lines than one transaction stores (LINES_PER_TX): the batch is held back while its
+    # creator stores them, and the batch tick, running all the while, never stores it twice.
+    client = gw.client(max_retries=0)
+    n = 2 * LINES_PER_TX + 100
+    b = client.batches.create(
+        input_file_id=upload(client, [chat_line(i, "alpha", tokens=1) for i in range(n)]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    assert (b.status, b.request_counts and b.request_counts.total) == ("in_progress", n)
+    b = finish(client, b.id, timeout_s=600)
+    assert b.status == "completed"
+    assert b.request_counts is not None
+    assert (b.request_counts.completed, b.request_counts.failed) == (n, 0)
+    out = lines_of(client, b.output_file_id)
+    assert sorted(x["custom_id"] for x in out) == sorted(f"r{i}" for i in range(n))
 
 
 def test_failing_lines_go_to_the_error_file_with_their_status(gw: Gateway) -> None:
