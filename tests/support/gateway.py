@@ -36,6 +36,7 @@ class Gateway:
     def __init__(self, url: str, folder: Path | None = None) -> None:
         self.url = url
         self.folder = folder  # its config, logs and data, when `serve` started it
+        self.stderr = ""  # what it logged, once `serve` has stopped it
 
     def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(
@@ -79,6 +80,7 @@ def serve(folder: Path, config_text: str, env: dict[str, str] | None = None) -> 
         pids = [m["pid"] for m in gw.status(auth=True)["models"].values() if m["pid"]]
         proc.terminate()  # uvicorn shuts down gracefully, then re-raises SIGTERM
         _, err = proc.communicate(timeout=30)
+        gw.stderr = err
         assert proc.returncode in (0, -signal.SIGTERM), err
         assert not [pid for pid in pids if alive(pid)]  # it stopped its model servers
 

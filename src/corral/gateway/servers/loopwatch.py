@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -23,7 +24,10 @@ from prometheus_client import CollectorRegistry, Histogram
 
 log = logging.getLogger("corral.gateway")
 EVERY_S = 0.05  # how often the loop is asked to run the watch's callback
-STALL_S = 0.25  # a loop late by this much is stalled: logged, with what it runs
+# A loop late by this much is stalled: logged, with what it runs. CORRAL_LOOP_STALL_S sets it
+# (a smaller figure logs shorter stalls: the tests use one to catch code that must never run
+# on the loop at all).
+STALL_S = float(os.environ.get("CORRAL_LOOP_STALL_S") or 0.25)
 STALLS_KEPT = 32  # the last stalls, for tests and `/api/status` readers
 
 
@@ -84,8 +88,7 @@ class LoopWatch:
 
     def _stalled(self, late_s: float) -> None:
         frame = sys._current_frames().get(self._loop_thread)
-        stack = traceback.format_stack(frame, limit=12) if frame is not None else []
-        where = [line.strip().splitlines()[0] for line in stack]
+        where = _where(traceback.extract_stack(frame)) if frame is not None else []
         self.stalls.append((late_s, where))
         log.warning(
             "the gateway's event loop has not run for %.2f s: every stream and request waits "
@@ -93,3 +96,16 @@ class LoopWatch:
             late_s,
             " <- ".join(reversed(where)) or "unknown",
         )
+
+
+INNERMOST = 8  # frames of a stalled loop's stack always shown
+OWNERS = 8  # and the nearest of Corral's own beyond them: whose call it was (a library's parse)
+
+
+def _where(stack: traceback.StackSummary) -> list[str]:
+    """A stalled loop's stack, outermost first as `extract_stack` gives it: its `INNERMOST`
+    frames and, beyond them, the nearest `OWNERS` of Corral's own, as `File "...", line N,
+    in f`."""
+    inner = list(stack)[-INNERMOST:]
+    owners = [f for f in list(stack)[:-INNERMOST] if f"{os.sep}corral{os.sep}" in f.filename]
+    return [f'File "{f.filename}", line {f.lineno}, in {f.name}' for f in owners[-OWNERS:] + inner]
