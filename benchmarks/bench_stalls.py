@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from bench_gateway import free_port
+from bench_gateway import free_port, wait_ok
 from bench_relay import _UPSTREAM, CORRAL, process
 
 _PROBE = r"""
@@ -169,7 +170,12 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
         stack.enter_context(
             process([sys.executable, "-c", _UPSTREAM, str(up_port), "0.01"], f"{up}/health")
         )
-        stack.enter_context(process(argv, f"{url}/health"))
+        err = stack.enter_context((folder / "serve.log").open("w"))
+        env = {**os.environ, "CORRAL_LOOP_STALL_S": str(args.stall_s)}
+        gw = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        stack.callback(gw.wait, 30)
+        stack.callback(gw.terminate)
+        wait_ok(f"{url}/health", 120)
         probe = subprocess.Popen([sys.executable, "-c", _PROBE, url, str(log)])
         stack.callback(probe.kill)
         c = stack.enter_context(httpx.Client(base_url=url, timeout=300))
@@ -213,6 +219,8 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
 
         phase("GGUF added", gguf)
         time.sleep(1.0)
+    if args.log is not None:  # the gateway's own log: its loop watch names what stalled it
+        shutil.copy(folder / "serve.log", args.log)
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     return [{"phase": name, **phase_figures(events, s, e), **extra}
             for name, s, e, extra in phases]  # fmt: skip
@@ -238,6 +246,8 @@ def main() -> None:
     p.add_argument("--run-s", type=float, default=10.0, help="seconds the large batch runs")
     p.add_argument("--json", type=Path, help="write the figures here too")
     p.add_argument("--src", type=Path, help="run `corral serve` from this checkout's src/")
+    p.add_argument("--log", type=Path, help="keep the gateway's log (its stalls, named) here")
+    p.add_argument("--stall-s", type=float, default=0.1, help="the gateway logs stalls from")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="corral-bench-stalls-") as tmp:
         rows = run(args, Path(tmp))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from corral.core import Request, RequestState
+from corral.core.backlog import MAX_CHANGES
 from tests.helpers import Harness
 
 pytestmark = pytest.mark.unit
@@ -109,3 +110,22 @@ def test_a_request_of_nobody_s_backlog_is_never_parked() -> None:
     assert h.take() == [("load", "a", ()), ("dispatch", "a1")]
     h.s.on_backlog_moved("a")
     assert h.s.on_request_finished(h.requests["a1"]) is False
+
+
+def test_a_large_report_is_taken_a_bounded_number_of_requests_at_a_time() -> None:
+    # Each request is a scheduler event on the adapter's loop: 50,000 lines at once would hold
+    # it for seconds. A report changes at most MAX_CHANGES; the adapter reports again at once.
+    h, adapter = Harness(TWO), Grants()
+    big = 2 * MAX_CHANGES + 10
+    reports = 0
+    while h.s.on_backlog(adapter, {"a": {LATER: big}}):
+        reports += 1
+        assert sum(pending(h, "a").values()) == reports * MAX_CHANGES
+    assert reports == 2
+    assert pending(h, "a") == {LATER: big}  # whole once a report is not behind
+    while h.s.on_backlog(adapter, {"a": {LATER: 5}}):  # cancels are bounded the same way
+        assert sum(pending(h, "a").values()) > 5
+    assert pending(h, "a") == {LATER: 5}
+    while h.s.on_backlog(adapter, {"a": big}):  # an upper bound trims nothing below it
+        pass
+    assert pending(h, "a") == {LATER: 5}

@@ -20,6 +20,10 @@ from corral.core.types import Grant, Request, RequestState
 # A backlog level: (interactive, priority); higher first.
 Level = tuple[bool, int]
 _PENDING = RequestState.PENDING
+# Requests one report adds or cancels at most: each is a scheduler event on the adapter's event
+# loop (40 us or so), and a 50,000-line batch would hold that loop for seconds at once. The rest
+# follows in the next reports, which the adapter sends at once (`behind`).
+MAX_CHANGES = 1_000
 
 
 class Events(Protocol):
@@ -39,37 +43,45 @@ class Backlog:
         self._pending: dict[tuple[str, Level], list[Request]] = defaultdict(list)
         self.unsettled: set[str] = set()
         self._parked: dict[str, list[Request]] = defaultdict(list)
+        # Whether the last report was applied in part (`MAX_CHANGES`): report again soon.
+        self.behind = False
 
     def report(
         self, events: Events, grant: Grant, slots: Mapping[str, Mapping[Level, int] | int]
     ) -> list[Request]:
-        """Apply a report (see `Scheduler.on_backlog`); returns the parked requests whose model
-        is settled now, to end."""
+        """Apply a report (see `Scheduler.on_backlog`), at most `MAX_CHANGES` requests added or
+        cancelled (`behind` says whether some were left for the next); returns the parked
+        requests whose model is settled now, to end."""
         self.grant = grant
+        budget = [MAX_CHANGES]
         wanted: list[tuple[Level, str, int]] = []
         for model, count in slots.items():
             if isinstance(count, int):
                 self.unsettled.add(model)
-                self._trim(events, model, count)
+                self._trim(events, model, count, budget)
                 continue
             self.unsettled.discard(model)
             levels = set(count) | {lv for (m, lv) in self._pending if m == model}
             for level in sorted(levels, reverse=True):
                 have = self._live(model, level)
                 target = count.get(level, 0)
-                while len(have) > target:
+                while len(have) > target and budget[0] > 0:
                     events.on_cancel(have.pop())
+                    budget[0] -= 1
                 wanted.append((level, model, target))
         # New requests in level order across models: the scheduler sees every model's
         # interactive work before any batch work (an arrival can start a load at once).
         for level, model, target in sorted(wanted, key=lambda x: x[0], reverse=True):
             have = self._pending[(model, level)]
             pending = sum(r.state is _PENDING for r in have)
-            while pending < target:  # one dispatched at once leaves its slot's work uncounted
+            # One dispatched at once leaves its slot's work uncounted.
+            while pending < target and budget[0] > 0:
                 r = Request(None, model, level[1], not level[0], grant=grant)
                 have.append(r)
                 events.on_request(r)
                 pending += r.state is _PENDING
+                budget[0] -= 1
+        self.behind = budget[0] <= 0
         return [r for model in slots if model not in self.unsettled for r in self._unpark(model)]
 
     def moved(self, model: str) -> None:
@@ -97,13 +109,15 @@ class Backlog:
             have[:] = [r for r in have if r.state is _PENDING]
         return have
 
-    def _trim(self, events: Events, model: str, bound: int) -> None:
+    def _trim(self, events: Events, model: str, bound: int, budget: list[int]) -> None:
         """At most `bound` pending requests of `model`, the lowest levels' cancelled first: a
-        model busy moving tasks still loses requests far beyond its work."""
+        model busy moving tasks still loses requests far beyond its work (as many as `budget`
+        allows, which each cancel spends)."""
         mine = sorted((lv for (m, lv) in self._pending if m == model), reverse=True)
         extra = sum(len(self._live(model, lv)) for lv in mine) - bound
         for level in reversed(mine):
             have = self._pending[(model, level)]
-            while extra > 0 and have:
+            while extra > 0 and have and budget[0] > 0:
                 events.on_cancel(have.pop())
                 extra -= 1
+                budget[0] -= 1

@@ -135,6 +135,8 @@ class PageCache:
         """Load `ahead()`'s model where placement puts it without evicting anything; whether
         a load began. Called once the scheduler has settled each event, so every model held
         since the last arrival is seen here."""
+        if self._ahead_tried or not self.prediction.next:
+            return False  # `ahead` is None until the next arrival, which starts the set again
         self._held_since.update(self.held())
         m = self.ahead()
         if m is None:

@@ -263,14 +263,17 @@ class Scheduler:
         self._after_slot_freed(m, now)
         return False
 
-    def on_backlog(self, grant: Grant, slots: Mapping[str, Mapping[Level, int] | int]) -> None:
+    def on_backlog(self, grant: Grant, slots: Mapping[str, Mapping[Level, int] | int]) -> bool:
         """An adapter that hands its work out by count (the worker: tasks in its store) says
         how much of it waits, per model: slots of work per level ((interactive, priority)),
         exactly, or an upper bound on them all while its count may be off (tasks moving). The
         scheduler keeps that many pending requests of its own for the adapter, each granted
-        through `grant`, adding new ones in level order across models (core/backlog.py)."""
+        through `grant`, adding new ones in level order across models (core/backlog.py).
+        Returns whether the report was applied only in part (a bounded number of requests
+        changes per report): the adapter then reports again soon."""
         for r in self.backlog.report(self, grant, slots):
             self.on_request_finished(r)  # settled: a parked last slot ends now
+        return self.backlog.behind
 
     def on_backlog_moved(self, model: str) -> None:
         """Tasks of `model` move between the adapter's store and the adapter: until its next

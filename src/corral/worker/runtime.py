@@ -352,7 +352,8 @@ class Worker:
                 targets[level] = -(-max(0, waiting[level] - in_flight) // per)
                 in_flight = max(0, in_flight - waiting[level])
             slots[model] = targets
-        self._sched().on_backlog(self, slots)
+        if self._sched().on_backlog(self, slots):
+            self._wake.set()  # taken in part, so as not to hold the loop: the rest at once
 
     def _flush_claims(self, model: str) -> None:
         requests, self._to_claim[model] = self._to_claim[model], []
