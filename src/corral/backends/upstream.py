@@ -58,9 +58,15 @@ class UpstreamBackend:
         self._slept: int | None = None  # the level it sleeps at, if Corral put it to sleep
         self._http: httpx.AsyncClient | None = None  # for the sleep API (a client per call costs)
 
-    def _client(self) -> httpx.AsyncClient:
+    async def _client(self) -> httpx.AsyncClient:
+        """The client for its hooks and sleeps, made once and off the loop (its TLS context
+        reads the CA bundle: tens of milliseconds every stream would wait)."""
         if self._http is None:
-            self._http = httpx.AsyncClient()
+            made = await asyncio.to_thread(httpx.AsyncClient)
+            if self._http is None:  # another call made one meanwhile: keep that
+                self._http = made
+            else:
+                await made.aclose()
         return self._http
 
     @property
@@ -75,11 +81,11 @@ class UpstreamBackend:
         started = time.monotonic()
         if self.napper is not None:
             await self._wake_if_asleep()
-        async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-            if self._load is not None:
-                await self._call(client, self._load, "load")
-            if self._check is not None:
-                await self._wait_healthy(client, started)
+        client = await self._client()
+        if self._load is not None:
+            await self._call(client, self._load, "load")
+        if self._check is not None:
+            await self._wait_healthy(client, started)
         self._up = True
         return time.monotonic() - started
 
@@ -87,12 +93,11 @@ class UpstreamBackend:
         started = time.monotonic()
         self._up = False
         if self._unload is not None:
-            async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-                await self._call(client, self._unload, "unload")
+            await self._call(await self._client(), self._unload, "unload")
         if self.napper is not None and self._slept != 2:
             if self._slept == 1:  # vLLM sleeps once: wake (fast, from host memory) to sleep deeper
                 await self.napper.wake(
-                    self.proxy_url, self.headers, 1, warm=False, client=self._client()
+                    self.proxy_url, self.headers, 1, warm=False, client=await self._client()
                 )
                 self._slept = None
             await self.nap(2)  # the deepest sleep is as close to a stop as an upstream gets
@@ -104,7 +109,9 @@ class UpstreamBackend:
         depth = self.napper.level if level is None else level
         self._up = False
         try:
-            took = await self.napper.sleep(self.proxy_url, self.headers, depth, self._client())
+            took = await self.napper.sleep(
+                self.proxy_url, self.headers, depth, await self._client()
+            )
         except BackendError as exc:
             self._note(str(exc))
             raise
@@ -123,7 +130,7 @@ class UpstreamBackend:
         napper = self.napper
         assert napper is not None
         level = self._slept
-        http = self._client()
+        http = await self._client()
         if level is None and await napper.is_sleeping(self.proxy_url, self.headers, http):
             level = 2  # asleep before this run: the wake that serves either level
         if level is None:
@@ -139,7 +146,7 @@ class UpstreamBackend:
     async def _call(self, client: httpx.AsyncClient, hook: Hook, what: str) -> None:
         url = self.proxy_url + hook.path
         try:
-            r = await client.request(hook.method, url, json=hook.json)
+            r = await client.request(hook.method, url, json=hook.json, timeout=self._timeout_s)
         except httpx.HTTPError as exc:
             self._note(f"{what} hook {hook.method} {url}: {type(exc).__name__}: {exc}")
             raise BackendError(
@@ -159,7 +166,7 @@ class UpstreamBackend:
         url = self.proxy_url + (self._check or "")
         while True:
             with contextlib.suppress(httpx.TransportError):
-                if (await client.get(url)).status_code == 200:
+                if (await client.get(url, timeout=self._timeout_s)).status_code == 200:
                     return
             if time.monotonic() - started >= self._timeout_s:
                 raise BackendError(

@@ -52,6 +52,7 @@ class Heartbeats:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._loop_seen = time.monotonic()  # the last time the loop ran a callback of ours
+        self._posted_at: float | None = None  # when the callback now pending was posted
         self._blocked_since: float | None = None
         self._thread = threading.Thread(target=self._main, name="corral-heartbeats", daemon=True)
         self._thread.start()
@@ -97,9 +98,16 @@ class Heartbeats:
                         log.warning("task %s: lease lost (another worker may run it)", b.task.id)
 
     def _check_loop(self) -> None:
-        """Warn, once per stall, when the loop has not run our callback for two rounds."""
+        """Warn, once per stall, when the loop has not run our callback for two rounds since it
+        was posted (timed from the post: a round of heartbeats that waited on a busy store
+        is this thread's delay, not the loop's); post the next once it ran."""
         now = time.monotonic()
-        stalled_s = now - self._loop_seen
+        posted = self._posted_at
+        pending = posted is not None and self._loop_seen < posted
+        stalled_s = now - posted if pending and posted is not None else 0.0
+        if not pending:
+            self._posted_at = now
+            self._on_loop(self._seen)
         if stalled_s > max(2 * self.every_s, 1.0):
             if self._blocked_since is None:
                 self._blocked_since = self._loop_seen
@@ -116,7 +124,6 @@ class Heartbeats:
                 )
         else:
             self._blocked_since = None
-        self._on_loop(self._seen)
 
     def _seen(self) -> None:
         self._loop_seen = time.monotonic()
