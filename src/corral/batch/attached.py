@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import corral
@@ -29,7 +31,7 @@ from corral.gateway.pipeline.calls import outgoing
 from corral.gateway.pipeline.upstream import Upstream
 from corral.gateway.servers.runtime import Gateway
 from corral.ratelog import Throttle
-from corral.store import Store, StoreBusy, StoreUnavailable
+from corral.store import Store, StoreBusy, StoreError, StoreUnavailable
 from corral.worker.registry import ModelHooks, Registry, current_device, current_task
 from corral.worker.runtime import Worker, WorkerSettings
 
@@ -92,6 +94,49 @@ def _err(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error"}}
 
 
+class StoreHealth:
+    """Whether the store answers, as a ping every `EVERY_S` on a thread of its own last saw it:
+    read without waiting, so that a health check never queues behind the store (SQLite's lock
+    while a batch is stored, an outage's retries)."""
+
+    EVERY_S = 0.5
+    STALE_S = 5.0  # a ping unanswered this long is a problem of its own
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._problem: str | None = None
+        self._asking_since: float | None = None
+        self._first = asyncio.Event()
+        # A thread of its own: through an outage the default executor's threads all wait on
+        # the store's retries, and a ping queued behind them would answer only once it ended.
+        self._pinger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-health")
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._asking_since = time.monotonic()
+                try:
+                    await loop.run_in_executor(self._pinger, self.store.ping)
+                    self._problem = None
+                except StoreError as exc:
+                    self._problem = str(exc)
+                self._asking_since = None
+                self._first.set()
+                await asyncio.sleep(self.EVERY_S)
+        finally:
+            self._pinger.shutdown(wait=False)
+
+    async def problem(self) -> str | None:
+        """None while the store answers; else why not (the first ping is waited for)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._first.wait(), self.STALE_S)
+        asking = self._asking_since
+        if asking is not None and time.monotonic() - asking > self.STALE_S:
+            return f"the store has not answered a ping for {time.monotonic() - asking:.0f} s"
+        return self._problem
+
+
 class BatchRuntime:
     """The store, the files, the service and the worker that runs lines; `start` and `close`
     inside the serving loop."""
@@ -105,6 +150,7 @@ class BatchRuntime:
             store, files, config.batch, config.resolve, max_line_bytes=int(line_mb * (1 << 20))
         )
         self._upstream: Upstream | None = None
+        self.health = StoreHealth(store)
         registry = Registry()
         for name in gateway.backends:
             registry.add_model(ModelHooks(name))  # loads are the gateway's; no hooks here
@@ -138,6 +184,7 @@ class BatchRuntime:
         self._tasks = [
             asyncio.ensure_future(self.worker.run()),
             asyncio.ensure_future(self._ticks()),
+            asyncio.ensure_future(self.health.run()),
         ]
 
     async def close(self) -> None:

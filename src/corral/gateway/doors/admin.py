@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from corral.gateway.errors import Conflict, ModelUnavailable
 from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.pipeline.cluster import Cluster
 from corral.gateway.servers.runtime import Gateway
-from corral.store import StoreError
 
 
 class EventStream(StreamingResponse):
@@ -40,20 +38,16 @@ def admin_routes(
     the dashboard and the metrics."""
     router = APIRouter()
 
-    # A thread of its own: through an outage the default executor's threads all wait on the
-    # store's retries, and a health check queued behind them would answer only once it ended.
-    pinger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-health")
-
     @router.get("/health")
     async def health() -> dict[str, str]:
         """`ok`; `degraded` while the task store (batches) cannot be reached, saying why:
-        interactive requests do not need it, so the gateway stays up."""
+        interactive requests do not need it, so the gateway stays up. Answered from the last
+        ping (`StoreHealth`), never waiting on the store."""
         if batches is None:
             return {"status": "ok"}
-        try:
-            await asyncio.get_running_loop().run_in_executor(pinger, batches.store.ping)
-        except StoreError as exc:
-            return {"status": "degraded", "store": str(exc)}
+        problem = await batches.health.problem()
+        if problem is not None:
+            return {"status": "degraded", "store": problem}
         return {"status": "ok", "store": "ok"}
 
     _operations(router, config, gateway)
