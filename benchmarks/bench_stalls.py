@@ -8,9 +8,10 @@ latency with its time. The driver runs the operations one after another, each in
 its own:
 
 - `quiet`: nothing else, for `--quiet-s` seconds;
-- `batch created`: a 50,000-line batch file uploaded and the batch created (its lines are
-  checked and stored);
-- `batch running`: its lines relayed to the upstream, for `--run-s` seconds (then cancelled);
+- `batch created`: a 50,000-line batch file uploaded and the batch created (a file this large
+  is over `batch.validate_inline_mb`: the create call stores it `validating`);
+- `batch checked, stored, running`: the batch tick checks the file and stores its lines, which
+  are then relayed to the upstream, for `--run-s` seconds in all (then it is cancelled);
 - `batch output read`: a finished 5,000-line batch's output file downloaded;
 - `config reload`: a model added to the watched config file, until `/v1/models` lists it;
 - `GGUF added`: the packaged gemma GGUF copied into the watched folder, until `/v1/models`
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
             time.sleep(args.run_s)
             c.post(f"/v1/batches/{batch[0]}/cancel").raise_for_status()
 
-        phase("batch running", running)
+        phase("batch checked, stored, running", running)
         small = create_batch(c, 5_000)
         while c.get(f"/v1/batches/{small}").json()["status"] not in ("completed", "failed"):
             time.sleep(0.5)
