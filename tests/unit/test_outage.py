@@ -212,3 +212,25 @@ def test_every_operation_of_the_other_roles_runs_under_the_guard() -> None:
             assert tx.drops == drops + 1, f"{role}.{name}"  # dropped once, and ran again
     assert batches.counts("b1") == {TaskStatus.CANCELLED: 1}
     assert members.workers(0.0) == {}
+
+
+def test_a_large_batch_stored_over_a_dropping_connection_has_each_line_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch stored a transaction at a time (store/sql_batches.py) rides out a drop under
+    every other transaction: each is tried again with the lines it read (its lines a generator,
+    read once), and none is lost or stored twice."""
+    from corral.store import Batch, MemoryStore, sql_batches
+    from corral.store.sql_batches import SqlBatches
+
+    monkeypatch.setattr(sql_batches, "LINES_PER_TX", 3)
+    store = MemoryStore()
+    tx = Dropping(store._tx)
+    batches = SqlBatches(tx, fast().call, time.time, store._insert, lambda: None, store._announce)
+    lines = (NewTask(kind="k", model="m", payload={"n": n}, batch_id="b1") for n in range(10))
+    b = batches.create(Batch("b1", "in_progress", 1.0, {}), lines)
+    assert b.status == "in_progress"
+    assert tx.drops >= 4  # the first try of each of its four transactions
+    assert store.batches.counts("b1") == {TaskStatus.QUEUED: 10}
+    assert sorted(t.payload["n"] for t in store.batches.tasks("b1")) == list(range(10))
+    assert store.ready_counts() == {"m": {(False, 0): 10}}

@@ -32,6 +32,7 @@ from corral.gateway.pipeline.upstream import Upstream
 from corral.gateway.servers.runtime import Gateway
 from corral.ratelog import Throttle
 from corral.store import Store, StoreBusy, StoreError, StoreUnavailable
+from corral.store.roles import Reachable
 from corral.worker.registry import ModelHooks, Registry, current_device, current_task
 from corral.worker.runtime import Worker, WorkerSettings
 
@@ -102,7 +103,7 @@ class StoreHealth:
     EVERY_S = 0.5
     STALE_S = 5.0  # a ping unanswered this long is a problem of its own
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Reachable) -> None:
         self.store = store
         self._problem: str | None = None
         self._asking_since: float | None = None

@@ -306,9 +306,12 @@ INSERT INTO corral_schema (version) VALUES (:v)
 UPDATE corral_tasks SET run_after = :now WHERE batch_id = :b AND run_after = :hold
 
 -- name: drop_held_lines
--- Lines held back by attempts to store a batch that did not start it ({which}: `= :hold`,
--- one attempt's; `>= :held`, every attempt's).
-DELETE FROM corral_tasks WHERE batch_id = :b AND status = 'queued' AND run_after {which}
+-- Lines one attempt at storing a batch held back, where it did not start the batch.
+DELETE FROM corral_tasks WHERE batch_id = :b AND status = 'queued' AND run_after = :hold
+
+-- name: drop_all_held_lines
+-- Lines any attempt at storing a batch held back (those of attempts that died).
+DELETE FROM corral_tasks WHERE batch_id = :b AND status = 'queued' AND run_after >= :held
 
 -- name: drop_storing_batch
 -- A batch whose creation failed while it stored its lines.

@@ -357,6 +357,12 @@ class Store(TaskQueue, TaskControl, Protocol):
         ...
 
 
+class Reachable(Protocol):
+    """Whether the database answers (a health check)."""
+
+    def ping(self) -> None: ...
+
+
 class TaskWork(TaskQueue, TaskControl, Protocol):
     """Running tasks and reading one back (the worker's executor; a dead worker's last words)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import secrets
@@ -125,66 +126,62 @@ class SqlBatches:
         self._announce = announce
 
     def create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
-        # `tasks` may be a generator: tried again only if it was not read yet.
-        return self._guard(
-            "a batch's creation", lambda: self._create(batch, tasks), idempotent=False
-        )
-
-    def _create(self, batch: Batch, tasks: Iterable[NewTask]) -> Batch:
+        # Each transaction is tried again on its own, with the lines it read kept: `tasks`
+        # may be a generator, read once.
         lines = iter(tasks)
         first = list(itertools.islice(lines, LINES_PER_TX))
-        whole = len(first) < LINES_PER_TX
-        hold = None if whole else _hold()
-        with self._tx(write=True) as tx:
-            if batch.idempotency_key is not None:
-                found = tx.run(SQL["batch_by_key"], {"k": batch.idempotency_key})
-                if found:
-                    return to_batch(found[0])
-            # A batch of more lines than one transaction takes is `validating` until all are
-            # stored, and its lines are held back (`_store`): other work on the store runs
-            # between its transactions, and a crash leaves nothing that can run.
-            (row,) = tx.run(
-                SQL["add_batch"],
-                {
-                    "id": batch.id,
-                    "status": batch.status if whole else "validating",
-                    "created_at": batch.created_at,
-                    "key": batch.idempotency_key,
-                    "data": json.dumps(
-                        batch.data if whole else {**batch.data, "storing_at": self._clock()}
-                    ),
-                },
+        if len(first) < LINES_PER_TX:  # one transaction, as a small batch always was
+            return self._guard(
+                "a batch's creation", lambda: self._create(batch, first, None), idempotent=False
             )
-            if first:
-                self._insert(tx, task_rows(first, self._clock(), hold))
-                if whole:
-                    self._announce(tx)
-        if whole:
-            if first:
-                self._woken()
-            return to_batch(row)
-        assert hold is not None
+        # A batch of more lines than one transaction takes is `validating` until all are
+        # stored, and its lines are held back (`_store`): other work on the store runs between
+        # its transactions, and a crash leaves nothing that can run.
+        hold = _hold()
+        made = self._guard(
+            "a batch's creation", lambda: self._create(batch, first, hold), idempotent=False
+        )
+        if made.id != batch.id:  # its idempotency key named an earlier batch
+            return made
         try:
             started = self._store(batch.id, batch.status, batch.data, lines, hold)
         except Exception:
             # As if it had been one transaction: a batch whose lines could not be stored (a
             # bad one, the store gone) is not kept; what cannot be dropped now, `tick` checks
             # again from its file once its creator is taken for gone.
-            with contextlib.suppress(Exception), self._tx(write=True) as tx:
-                tx.run(SQL["drop_storing_batch"], {"id": batch.id})
+            with contextlib.suppress(Exception):
+                self._guard("a batch's removal", lambda: self._drop_storing(batch.id, hold))
             raise
         return started if started is not None else self.get(batch.id)
 
-    def start(
-        self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
-    ) -> Batch | None:
-        return self._guard(
-            "a batch's start",
-            lambda: self._start(batch_id, status, data, tasks),
-            idempotent=False,
-        )
+    def _create(self, batch: Batch, first: list[NewTask], hold: float | None) -> Batch:
+        """Store `batch` with its `first` lines: whole (`hold` None), or `validating` with
+        them held back at `hold`."""
+        with self._tx(write=True) as tx:
+            if batch.idempotency_key is not None:
+                found = tx.run(SQL["batch_by_key"], {"k": batch.idempotency_key})
+                if found:
+                    return to_batch(found[0])
+            data = batch.data if hold is None else {**batch.data, "storing_at": self._clock()}
+            (row,) = tx.run(
+                SQL["add_batch"],
+                {
+                    "id": batch.id,
+                    "status": batch.status if hold is None else "validating",
+                    "created_at": batch.created_at,
+                    "key": batch.idempotency_key,
+                    "data": json.dumps(data),
+                },
+            )
+            if first:
+                self._insert(tx, task_rows(first, self._clock(), hold))
+                if hold is None:
+                    self._announce(tx)
+        if first and hold is None:
+            self._woken()
+        return to_batch(row)
 
-    def _start(
+    def start(
         self, batch_id: str, status: str, data: dict[str, Any], tasks: Iterable[NewTask]
     ) -> Batch | None:
         return self._store(batch_id, status, data, iter(tasks), _hold())
@@ -194,42 +191,81 @@ class SqlBatches:
         hold: float,
     ) -> Batch | None:  # fmt: skip
         """Store a `validating` batch's `lines`, `LINES_PER_TX` to a transaction, held back
-        (`run_after` = `hold`, this attempt's own), then, in one last transaction, start it
-        (`status`, `data`) and make them due. Another attempt at the same batch (a tick that
-        took over a stalled one) stores its own; the first to start the batch wins, the other
-        drops its lines (None), and the winner drops whatever an attempt that died left."""
+        (`run_after` = `hold`, this attempt's own); the transaction with the last of them
+        starts the batch (`status`, `data`) and makes them all due. Another attempt at the
+        same batch (a tick that took over a stalled one) stores its own; the first to start
+        the batch wins, the other drops its lines (None), and the winner drops whatever an
+        attempt that died left. Each transaction is tried again on a dropped connection with
+        the lines it read; one that may have committed is resolved by looking."""
         try:
-            while chunk := list(itertools.islice(lines, LINES_PER_TX)):
-                with self._tx(write=True) as tx:
-                    self._insert(tx, task_rows(chunk, self._clock(), hold))
-            with self._tx(write=True) as tx:
-                rows = tx.run(
-                    SQL["start_batch"],
-                    {"id": batch_id, "status": status, "data": json.dumps(data)},
+            while len(chunk := list(itertools.islice(lines, LINES_PER_TX))) == LINES_PER_TX:
+                rows = task_rows(chunk, self._clock(), hold)  # its ids, for `resolve`
+                self._guard(
+                    "a batch's lines",
+                    functools.partial(self._held_rows, rows),
+                    idempotent=False,
+                    resolve=functools.partial(self._landed, rows),
                 )
-                if not rows:
-                    if not tx.run(SQL["batch_exists"], {"id": batch_id}):
-                        raise BatchNotFound(f"no batch with id {batch_id!r}")
-                    self._drop_held(tx, batch_id, hold)
-                    return None
-                tx.run(SQL["release_lines"], {"b": batch_id, "hold": hold, "now": self._clock()})
-                self._drop_held(tx, batch_id, None)
-                self._announce(tx)
+            started = self._guard(
+                "a batch's start",
+                functools.partial(self._start, batch_id, status, data, chunk, hold),
+                idempotent=False,
+            )
         except BaseException:
             # Else the attempt that starts the batch drops them.
-            with contextlib.suppress(Exception), self._tx(write=True) as tx:
-                self._drop_held(tx, batch_id, hold)
+            with contextlib.suppress(Exception):
+                self._guard("a batch's lines", lambda: self._drop_own(batch_id, hold))
             raise
-        self._woken()
+        if started is not None:
+            self._woken()
+        return started
+
+    def _held_rows(self, rows: builtins.list[dict[str, Any]]) -> bool:
+        with self._tx(write=True) as tx:
+            self._insert(tx, rows)
+        return True
+
+    def _landed(self, rows: builtins.list[dict[str, Any]]) -> bool | None:
+        """Whether a transaction of `rows` that may have committed did."""
+        found = run_one(self._tx, SQL["task_stored"], {"id": rows[0]["id"]})
+        return True if found else None
+
+    def _start(
+        self, batch_id: str, status: str, data: dict[str, Any], last: list[NewTask], hold: float
+    ) -> Batch | None:
+        with self._tx(write=True) as tx:
+            rows = tx.run(
+                SQL["start_batch"], {"id": batch_id, "status": status, "data": json.dumps(data)}
+            )
+            if not rows:
+                if not tx.run(SQL["batch_exists"], {"id": batch_id}):
+                    raise BatchNotFound(f"no batch with id {batch_id!r}")
+                self._drop_held(tx, batch_id, hold)
+                return None
+            now = self._clock()
+            if last:
+                self._insert(tx, task_rows(last, now))
+            tx.run(SQL["release_lines"], {"b": batch_id, "hold": hold, "now": now})
+            self._drop_held(tx, batch_id, None)
+            self._announce(tx)
         return to_batch(rows[0])
+
+    def _drop_own(self, batch_id: str, hold: float) -> None:
+        with self._tx(write=True) as tx:
+            self._drop_held(tx, batch_id, hold)
+
+    def _drop_storing(self, batch_id: str, hold: float) -> None:
+        with self._tx(write=True) as tx:
+            self._drop_held(tx, batch_id, hold)
+            tx.run(SQL["drop_storing_batch"], {"id": batch_id})
 
     @staticmethod
     def _drop_held(tx: Tx, batch_id: str, hold: float | None) -> None:
         """Delete the lines `hold`'s attempt held back (None: every attempt's)."""
         if hold is None:
-            sql, params = SQL["drop_held_lines"].format(which=">= :held"), {"held": HELD_S}
+            sql, params = SQL["drop_all_held_lines"], {"held": HELD_S}
         else:
-            sql, params = SQL["drop_held_lines"].format(which="= :hold"), {"hold": hold}
+            sql, params = SQL["drop_held_lines"], {"hold": hold}
         tx.run(sql, {"b": batch_id, **params})
 
     def get(self, batch_id: str) -> Batch:
