@@ -18,7 +18,7 @@ import pytest
 
 import corral
 from corral.store import BadTask, NewTask, TaskStatus
-from corral.worker.runtime import WorkerSettings
+from corral.worker.runtime import Worker, WorkerSettings
 
 FAST = WorkerSettings(poll_s=0.02, retry_base_s=0.05, lease_s=3.0, shutdown_timeout_s=0.5)
 
@@ -258,12 +258,18 @@ def test_tasks_claimed_ahead_go_back_when_their_model_is_evicted(url: str) -> No
     )
     q = corral.Queue(url, config=config)
     order: list[str] = []
+    workers: list[Worker] = []  # the worker, made once the handlers are known
 
     @q.handler("low_job", model="low")
     def low_job(p: dict[str, int]) -> int:
         if p["i"] == 0:  # while the first low task runs, urgent work for the other model arrives
             q.submit("high_job", {"i": 0})
-            time.sleep(0.3)
+            # Running until the worker's scheduler has it: on a busy machine the store's
+            # wake-up and scan came after the 29 quick low tasks had all run.
+            deadline = time.monotonic() + 30
+            while (sched := workers[0].scheduler) is None or not sched.models["high"].count:
+                assert time.monotonic() < deadline, "the high task never reached the scheduler"
+                time.sleep(0.01)
         order.append(f"low{p['i']}")
         return p["i"]
 
@@ -273,7 +279,9 @@ def test_tasks_claimed_ahead_go_back_when_their_model_is_evicted(url: str) -> No
         return p["i"]
 
     ids = q.submit_many("low_job", [{"i": i} for i in range(30)])
-    w = q.run_worker(until_idle=True, settings=dataclasses.replace(FAST, prefetch=16))
+    w = q.worker(dataclasses.replace(FAST, prefetch=16))
+    workers.append(w)
+    asyncio.run(w.run(until_idle=True))
     assert [m for m, _ in w.loads] == ["low", "high", "low"]
     assert order.index("high") <= 2  # it did not wait behind the 29 low tasks claimed ahead
     tasks = [q.get(i) for i in ids]

@@ -215,8 +215,12 @@ def trace(models: list[str], n: int, rate_per_s: float, seed: int) -> list[tuple
 
 
 async def replay(router: Router, lines: list[tuple[float, str]], max_tokens: int) -> list[Routed]:
-    """Each line sent at its time through `router`; the answers in the lines' order."""
-    async with httpx.AsyncClient(timeout=300) as client:
+    """Each line sent at its time through `router`; the answers in the lines' order. A new
+    connection per request: a kept one that a host closes as idle just as a request is sent
+    on it fails that request (a `ReadError`, on a busy machine), which a client that retries
+    (as the official ones do) rides out and this one would count as the host's error."""
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=300, limits=no_reuse) as client:
         t0 = time.monotonic()
 
         async def at(t: float, model: str) -> Routed:
