@@ -37,6 +37,14 @@ class Background:
         for t in list(self._tasks):
             t.cancel()
 
+    async def cancel_and_wait(self, wait_s: float = 5.0) -> None:
+        """Cancel every task and wait up to `wait_s` for them to end, so their `finally` blocks
+        run before the loop closes (a task still pending then is destroyed unfinished)."""
+        self.cancel()
+        running = self.running()
+        if running:
+            await asyncio.wait(running, timeout=wait_s)
+
     def _log_failure(self, t: asyncio.Task[Any]) -> None:
         if not t.cancelled() and t.exception() is not None:
             self.log.error("%s: a background operation failed", self.owner, exc_info=t.exception())

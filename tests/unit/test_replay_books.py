@@ -11,6 +11,7 @@ from corral.sim.parity import (
     Divergence,
     at_live_load_times,
     at_live_times,
+    simulated_beside,
     slow_loads,
     slow_services,
 )
@@ -84,6 +85,48 @@ def test_live_load_times_are_kept_and_the_simulation_can_use_them() -> None:
     assert measured.models["b"].load_s == 10  # never loaded live: as configured
     assert CONFIG.models["a"].load_s == 10  # the caller's configuration is left as it was
     assert slow_loads(measured, live) == []
+
+
+def test_the_simulations_range_covers_the_waits_behind_the_slowest_live_load() -> None:
+    one = parse_config(
+        "models:\n  a: {load_s: 10, unload_s: 1, memory_gb: 24}\n"
+        "  b: {load_s: 10, unload_s: 1, memory_gb: 24}\n"
+        "devices:\n  - {name: gpu0, memory_gb: 24}\n"
+    )
+    trace = parse_trace(
+        [
+            '{"t": 0, "model": "a", "service_s": 2}',
+            '{"t": 30, "model": "b", "service_s": 2}',
+            '{"t": 60, "model": "a", "service_s": 2}',
+        ],
+        "abc",
+    )
+    first, second, third = (x.line for x in trace.lines)
+    # Live seconds (trace / 2): a loads in 5 s, then b in 5 s, then a again in 8 s (a busy
+    # machine started it late): waits of 10, 11 and 17 trace seconds.
+    timings = {
+        first: _Timing(arrived=T0, dispatched=T0 + 5, finished=T0 + 6, device="gpu0"),
+        second: _Timing(arrived=T0 + 15, dispatched=T0 + 20.5, finished=T0 + 21.5, device="gpu0"),
+        third: _Timing(arrived=T0 + 30, dispatched=T0 + 38.5, finished=T0 + 39.5, device="gpu0"),
+    }
+    starts = [_Swap(T0, "a", "gpu0"), _Swap(T0 + 15, "b", "gpu0"), _Swap(T0 + 30, "a", "gpu0")]
+    ends = [
+        _Swap(T0 + 5, "a", "gpu0", 5.0),
+        _Swap(T0 + 20.5, "b", "gpu0", 5.0, 0.5, "a"),
+        _Swap(T0 + 38.5, "a", "gpu0", 8.0, 0.5, "b"),
+    ]
+    run, live = _run(one, trace, SPEED, T0, timings, starts, ends)
+    assert live["load_s_live_range"] == {"a": [10.0, 16.0], "b": [10.0, 10.0]}
+    _, diffs = simulated_beside(one, run, live)
+    (wait,) = [d for d in diffs if d.figure == "interactive wait p95 s"]
+    assert wait.ok, wait
+    assert wait.high is not None
+    assert wait.high >= 16.0  # a simulation with a's slowest load
+    # The mean load (13 s) alone puts the slowest wait out of reach.
+    means = {k: v for k, v in live.items() if not k.endswith("_range")}
+    _, diffs = simulated_beside(one, run, means)
+    (wait,) = [d for d in diffs if d.figure == "interactive wait p95 s"]
+    assert not wait.ok, wait
 
 
 def test_live_times_replace_arrivals_and_the_services_of_lines_served_alone() -> None:

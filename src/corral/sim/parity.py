@@ -272,12 +272,14 @@ def _ensemble(
     wait_floor_s: float = 1.0,
 ) -> tuple[dict[str, Any], list[Divergence]]:
     """`ENSEMBLE` simulations of `trace` (the first as it is, the others with services off by
-    `spread`), the first's figures and each parity figure against the range of them all."""
+    `spread` and loads and stops as long as live ones were, `_drawn_load_times`), the first's
+    figures and each parity figure against the range of them all."""
     rng = random.Random(seed)
     traces = [trace] + [_jittered(trace, spread, rng) for _ in range(ENSEMBLE - 1)]
+    configs = [measured] + [_drawn_load_times(measured, live, k, rng) for k in range(1, ENSEMBLE)]
     runs = []
-    for t in traces:
-        sim = simulate(measured, t, check=True)
+    for c, t in zip(configs, traces, strict=True):
+        sim = simulate(c, t, check=True)
         runs.append(summarize(sim))
         if sim.prompts is not None:
             runs[-1]["prefill_tokens"] = sim.prompts.prefill_tokens
@@ -288,6 +290,32 @@ def _ensemble(
         values = [_figure(r, d.figure) for r in runs]
         out.append(dataclasses.replace(d, low=min(values), high=max(values)))
     return simulated, out
+
+
+def _drawn_load_times(config: Config, live: dict[str, Any], k: int, rng: random.Random) -> Config:
+    """`config` with each model's `load_s` and `unload_s` within the range the live run measured
+    (`load_s_live_range`, `unload_s_live_range`): for `k` 1 the slowest, 2 the fastest, else
+    drawn between. A short trace's p95 wait is its slowest few waits, and those wait behind
+    its slowest swaps (one load a busy machine started late), which the means hide."""
+    loads: dict[str, list[float]] = live.get("load_s_live_range", {})
+    stops: dict[str, list[float]] = live.get("unload_s_live_range", {})
+
+    def pick(span: list[float] | None, default: float) -> float:
+        if span is None:
+            return default
+        low, high = span
+        return high if k == 1 else low if k == 2 else rng.uniform(low, high)
+
+    models = {
+        name: m.model_copy(
+            update={
+                "load_s": pick(loads.get(name), m.load_s),
+                "unload_s": pick(stops.get(name), m.unload_s),
+            }
+        )
+        for name, m in config.models.items()
+    }
+    return config.model_copy(update={"models": models})
 
 
 def _figure(figures: dict[str, Any], name: str) -> float:

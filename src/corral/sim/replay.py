@@ -562,11 +562,13 @@ def _run(
         if swap.load_s is not None:
             measured[swap.model].append(swap.load_s * speed)
     figures["load_s_live"] = {m: sum(v) / len(v) for m, v in sorted(measured.items())}
+    figures["load_s_live_range"] = {m: [min(v), max(v)] for m, v in sorted(measured.items())}
     stops: dict[str, list[float]] = defaultdict(list)
     for swap in ends:
         if swap.evicted is not None and swap.unload_s is not None:
             stops[swap.evicted].append(swap.unload_s * speed)
     figures["unload_s_live"] = {m: sum(v) / len(v) for m, v in sorted(stops.items())}
+    figures["unload_s_live_range"] = {m: [min(v), max(v)] for m, v in sorted(stops.items())}
     return run, figures
 
 

@@ -138,7 +138,7 @@ class Gateway:
     async def close(self) -> None:
         if self.loopwatch is not None:
             self.loopwatch.stop()
-        self._busy.cancel()
+        await self._busy.cancel_and_wait()
         every = [*self.servers.every(), *self.naps.servers()]
         for b in dict.fromkeys(every):  # a server whose model changed runs until it unloads
             with contextlib.suppress(BackendError):
