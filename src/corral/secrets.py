@@ -1,7 +1,7 @@
 """Secrets a configuration holds, and text with them masked: what `corral config
 check`, the start-up line, `/running`, `/logs` and the model servers' log files show.
 
-A secret is an API key (`server.api_keys`, a model's `upstream_api_key`), the webhook secret,
+A secret is an API key (`server.api_keys`, a principal's, a model's `upstream_api_key`), the webhook secret,
 the store URL's password, and the value of a secret-looking flag in a model's `cmd`
 (`--api-key X`, `--api-key=X`, `--hf-token X`, ...). Each is shown as its first three and last
 four characters (`sk-...4f2a`), or `***` when that would give away too much of a short one.
@@ -51,6 +51,8 @@ def secrets_of(config: Config) -> list[str]:
     """Every secret `config` holds, longest first (so a key that contains another is masked
     whole)."""
     found = set(config.server.api_keys)
+    for p in config.server.principals.values():
+        found.update(k for k in p.keys if not k.startswith("sha256:"))
     if config.batch.webhook_secret:
         found.add(config.batch.webhook_secret)
     if config.server.store:

@@ -15,6 +15,8 @@ models:
   c: {upstream: "http://u:up-dddddddddddddddd4444@10.0.0.2:9000", upstream_api_key: short}
 server:
   api_keys: [sk-eeeeeeeeeeeeeeee5555]
+  principals:
+    team: {keys: [team-hhhhhhhhhhhhhhhh8888, "sha256:0000000000000000000000000000000000000000000000000000000000000000"]}
   store: postgresql://app:pg-ffffffffffffffff6666@db/corral
 batch:
   webhook_secret: whsec_gggggggggggggggg7777
@@ -43,6 +45,7 @@ def test_every_secret_of_a_config_is_found_and_masked_in_text() -> None:
         "sk-eeeeeeeeeeeeeeee5555",
         "pg-ffffffffffffffff6666",
         "whsec_gggggggggggggggg7777",
+        "team-hhhhhhhhhhhhhhhh8888",  # a digest is no secret
     }
     text = CONFIG + " and a log line saying short and sk-eeeeeeeeeeeeeeee5555"
     shown = Redactor.of(c)(text)

@@ -17,6 +17,7 @@ from rich.table import Table
 from corral import __version__
 from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
+from corral.cli.keys import keys_app
 from corral.cli.launch import launch_cmd
 from corral.cli.models import CONTEXT_HELP, devices_cmd, models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
@@ -47,6 +48,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(batches_app, name="batches")
+app.add_typer(keys_app, name="keys")
 app.command(name="submit")(submit)
 app.command(name="worker")(worker_cmd)
 app.command(name="bench")(bench_cmd)
@@ -432,8 +434,8 @@ def _serve(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     served = [n for n, m in config.models.items() if m.cmd or m.upstream]
     batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
-    app = create_app(config, log_dir, data_dir(), watched)
-    try:
+    try:  # a key file that cannot be read: never serve without its keys
+        app = create_app(config, log_dir, data_dir(), watched)
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
     except CorralError as exc:
         raise _fail(exc) from None

@@ -6,11 +6,37 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path, PurePath
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from corral.access.principals import check_name, digest_of_configured
 from corral.config.models import ModelConfig, Strict
+
+
+class PrincipalConfig(Strict):
+    """A principal of `server.principals`: a person, a team or an app, with its keys."""
+
+    role: Literal["admin", "user"] = Field(
+        default="user",
+        description="admin: every route; user: every route but the admin ones (loading and "
+        "unloading models, their logs), which answer 403.",
+    )
+    keys: list[str] = Field(
+        default_factory=list,
+        description="Its keys: each the key itself, or sha256:<64 hex digits> (its digest, "
+        "so this file need not hold the secret). `corral keys create` keeps keys in the data "
+        "directory instead.",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        for k in keys:
+            if not k:
+                raise ValueError("a key cannot be empty")
+            digest_of_configured(k)
+        return keys
 
 
 class ServerConfig(Strict):
@@ -19,6 +45,11 @@ class ServerConfig(Strict):
     listen: str = Field(default="127.0.0.1:8080", description="host:port to bind.")
     api_keys: list[str] = Field(
         default_factory=list, description="If set, requests need `Authorization: Bearer KEY`."
+    )
+    principals: dict[str, PrincipalConfig] = Field(
+        default_factory=dict,
+        description="Named principals and their keys (besides the keys `corral keys create` "
+        "keeps in the data directory); each key in api_keys is an admin's.",
     )
     header_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=10.0,
@@ -81,6 +112,13 @@ class ServerConfig(Strict):
         description="Models to load at start, in order, while they fit without evicting each "
         "other (llama-swap's hooks.on_startup.preload).",
     )
+
+    @field_validator("principals")
+    @classmethod
+    def _principals(cls, principals: dict[str, PrincipalConfig]) -> dict[str, PrincipalConfig]:
+        for name in principals:
+            check_name(name)
+        return principals
 
     @field_validator("listen")
     @classmethod

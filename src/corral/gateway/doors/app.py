@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
+import logging
 import re
 import tempfile
 import urllib.parse
@@ -26,6 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
+from corral.access.keyfile import KeyFile
+from corral.access.live import Access
+from corral.access.principals import ANYONE, configured_keys
 from corral.batch.attached import BatchRuntime
 from corral.batch.service import BatchError
 from corral.config import Config
@@ -59,25 +62,31 @@ from corral.store import StoreBusy, StoreUnavailable
 
 class ApiKeys:
     """Pure ASGI middleware (no per-request task, unlike `@app.middleware`): the OpenAI, upstream
-    and API routes need `Authorization: Bearer KEY`; /health, /metrics and /ui stay open.
+    and API routes need `Authorization: Bearer KEY` once any key is configured (`Access`);
+    /health, /metrics and /ui stay open. The caller's `Principal` goes in the scope
+    (`PRINCIPAL`); a user's request to an admin route (`admin_route`) gets 403.
 
     The dashboard cannot put a header on an `EventSource` or a download link, so the key may
     also come in the `corral_key` cookie it sets (SameSite=Strict: other sites cannot send it,
     so a page elsewhere cannot use it)."""
 
-    def __init__(self, app: ASGIApp, keys: list[bytes]) -> None:
+    def __init__(self, app: ASGIApp, access: Access) -> None:
         self.app = app
-        self.keys = keys
+        self.access = access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        if path.startswith(("/v1/", "/upstream/", "/api/", "/v/", "/sdapi/")) or path in _GUARDED:
+        ring = self.access.ring
+        if not ring:
+            scope[PRINCIPAL] = ANYONE
+        elif path.startswith(("/v1/", "/upstream/", "/api/", "/v/", "/sdapi/")) or path in _GUARDED:
             headers = dict(scope["headers"])
             header = headers.get(b"authorization", b"")
             token = header[7:] if header[:7].lower() == b"bearer " else b""
             if not token:
                 token = _cookie(headers.get(b"cookie", b""), b"corral_key")
-            if not any(hmac.compare_digest(token, k) for k in self.keys):
+            who = ring.find(token)
+            if who is None:
                 response = error(
                     401,
                     "missing or wrong API key (Authorization: Bearer KEY)",
@@ -86,11 +95,34 @@ class ApiKeys:
                 )
                 await response(scope, receive, send)
                 return
+            if not who.admin and admin_route(path):
+                response = error(
+                    403,
+                    f"{path} needs the admin role; {who.name} is a {who.role}",
+                    "permission_error",
+                    code="forbidden",
+                )
+                await response(scope, receive, send)
+                return
             if b"corral_key" in headers.get(b"cookie", b""):
                 # The key's cookie is ours: it never reaches a model server or an upstream.
                 scope = dict(scope)
                 scope["headers"] = _without_cookie(scope["headers"], b"corral_key")
+            scope[PRINCIPAL] = who
         await self.app(scope, receive, send)
+
+
+PRINCIPAL = "corral.principal"  # the scope's key for the caller's `Principal`
+
+
+def admin_route(path: str) -> bool:
+    """Whether `path` is an admin route: loading and unloading models (Corral's and
+    llama-swap's routes) and reading their logs."""
+    if path in ("/unload", "/logs", "/logs/stream", "/api/models/unload"):
+        return True
+    if path.startswith("/api/models/unload/"):
+        return True
+    return path.startswith("/api/models/") and path.endswith(("/load", "/unload", "/logs"))
 
 
 class RequestIds:
@@ -121,6 +153,7 @@ class RequestIds:
         await self.app(scope, receive, with_id)
 
 
+log = logging.getLogger("corral.access")
 _PLAIN_ID = re.compile(rb"[A-Za-z0-9._:-]+")
 _MODEL_ROUTES = frozenset(JSON_ROUTES)
 # Model and management routes outside /v1/ and /api/ that need the API key too.
@@ -201,7 +234,7 @@ def create_app(
     to watch and how to read the configuration again (`corral serve --watch`, reload.py)."""
     gateway = Gateway(config, log_dir)
     pool = Upstream(lambda model: gateway.metrics.retries.labels(model).inc())
-    keys = [k.encode() for k in config.server.api_keys]
+    access = _access(config, data_dir)
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
     cluster = (
         Cluster(
@@ -224,13 +257,14 @@ def create_app(
         preload = [m for name in config.server.preload if (m := config.resolve(name))]
         warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
         view = asyncio.ensure_future(cluster.run()) if cluster is not None else None
+        keys = asyncio.ensure_future(access.run())
         watcher = (
             asyncio.ensure_future(Reloader(gateway, *watch).run()) if watch is not None else None
         )
         try:
             yield
         finally:
-            for t in (warm, view, watcher):
+            for t in (warm, view, watcher, keys):
                 if t is not None:
                     t.cancel()
             if batches is not None:
@@ -240,6 +274,7 @@ def create_app(
 
     app = CorralApp(title="Corral", version=__version__, lifespan=lifespan, docs_url=None)
     app.state.gateway = gateway
+    app.state.access = access
     px = Proxy(config, gateway, pool, cluster)
     if batches is not None and cluster is not None:
         batches.leads = cluster.leads
@@ -258,8 +293,7 @@ def create_app(
     # In front of FastAPI's own middleware (its error, telemetry and body-limit layers): the
     # guard, then the API keys, then the model routes' fast path (CorralApp).
     front: ASGIApp = ModelRoutes(app.asgi, px.handle, door.handle, gateway.metrics)
-    if keys:
-        front = ApiKeys(front, keys=keys)
+    front = ApiKeys(front, access)
     app.front = RequestIds(Guard(front, allowed_hosts=config.server.allowed_hosts))
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
@@ -267,6 +301,20 @@ def create_app(
     app.include_router(ollama_routes(door))
     openapi.install(app)
     return app
+
+
+def _access(config: Config, data_dir: Path | None) -> Access:
+    """Who may call: the config's keys and those `corral keys` keeps beside the batch store,
+    in the data directory; said in the log (a warning when open beyond loopback)."""
+    srv = config.server
+    root = Path(srv.data_dir) if srv.data_dir else data_dir
+    configured = configured_keys(
+        srv.api_keys, [(name, p.role, p.keys) for name, p in srv.principals.items()]
+    )
+    access = Access(configured, KeyFile(root) if root is not None else None)
+    loopback = srv.listen.rpartition(":")[0] in ("127.0.0.1", "localhost", "::1", "[::1]")
+    (log.warning if access.open and not loopback else log.info)("%s", access.describe())
+    return access
 
 
 def _batch_runtime(config: Config, gateway: Gateway, data_dir: Path | None) -> BatchRuntime:

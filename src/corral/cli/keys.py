@@ -1,0 +1,132 @@
+"""`corral keys`: the principals' keys `corral serve` checks, kept (as digests) in the data
+directory's `keys.json`; a running `corral serve` on the same directory reads them again within
+a second of a change."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from corral.console import err_console, out_console
+from corral.console import fail as _fail
+from corral.errors import CorralError
+
+if TYPE_CHECKING:
+    from corral.access.keyfile import KeyFile
+
+keys_app = typer.Typer(
+    help="Create, list and revoke the keys of the principals (people, teams, apps) who may "
+    "call `corral serve`.",
+    no_args_is_help=True,
+)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="The folder `corral serve` keeps its data in (server.data_dir; default: "
+        "$XDG_DATA_HOME/corral or ~/.local/share/corral).",
+    ),
+]
+
+
+def _file(folder: Path | None) -> KeyFile:
+    from corral.access.keyfile import KeyFile
+    from corral.config import data_dir
+
+    return KeyFile(folder if folder is not None else data_dir())
+
+
+@keys_app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="The principal: a person, a team or an app.")],
+    role: Annotated[
+        str | None,
+        typer.Option(
+            help="admin (every route) or user (not the admin routes: loading, unloading, "
+            "logs). Default: the principal's role if it has keys already, else user."
+        ),
+    ] = None,
+    folder: DataDir = None,
+) -> None:
+    """Make a new key for NAME and print it as the last line (it is shown once; Corral keeps
+    only its digest)."""
+    from corral.access.principals import ROLES
+
+    if role is not None and role not in ROLES:
+        raise _fail(CorralError(f"--role must be admin or user; got {role!r}"))
+    file = _file(folder)
+    try:
+        key, entry, chosen = file.create(name, role)
+    except (CorralError, ValueError) as exc:
+        raise _fail(exc) from None
+    err_console.print(
+        f"created {entry.id} for {escape(name)} ({chosen}) in {escape(str(file.path))}; "
+        "a `corral serve` on that data directory accepts it within a second. The key:",
+        highlight=False,
+    )
+    print(key)
+
+
+@keys_app.command("list")
+def list_(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    revoked: Annotated[bool, typer.Option("--revoked", help="Revoked keys too.")] = False,
+    folder: DataDir = None,
+) -> None:
+    """The keys in the data directory (their ids, never the keys) and their principals."""
+    file = _file(folder)
+    try:
+        book = file.read()
+    except CorralError as exc:
+        raise _fail(exc) from None
+    for problem in book.problems:
+        err_console.print(f"[yellow]warning[/yellow]: {escape(problem)}", highlight=False)
+    shown = [k for k in book.keys if revoked or k.revoked_at is None]
+    if as_json:
+        for k in shown:
+            print(
+                json.dumps(
+                    {
+                        "id": k.id,
+                        "principal": k.principal,
+                        "role": book.roles.get(k.principal),
+                        "created_at": k.created_at,
+                        "revoked_at": k.revoked_at,
+                    }
+                )
+            )
+        return
+    table = Table("id", "principal", "role", "created", *(["revoked"] if revoked else []))
+    for k in shown:
+        row = [k.id, k.principal, book.roles.get(k.principal, "?"), _when(k.created_at)]
+        table.add_row(*map(escape, row), *([_when(k.revoked_at)] if revoked else []))
+    out_console.print(table)
+    if not shown:
+        err_console.print(f"no keys in {escape(str(file.path))} (corral keys create NAME)")
+
+
+@keys_app.command("revoke")
+def revoke(
+    ref: Annotated[str, typer.Argument(help="A key's id (key_...), or a principal: all its keys.")],
+    folder: DataDir = None,
+) -> None:
+    """Revoke a key, or every key of a principal; a running `corral serve` refuses it within a
+    second."""
+    file = _file(folder)
+    try:
+        done = file.revoke(ref)
+    except CorralError as exc:
+        raise _fail(exc) from None
+    for k in done:
+        err_console.print(f"revoked {k.id} ({escape(k.principal)})", highlight=False)
+
+
+def _when(t: float | None) -> str:
+    return "" if t is None else dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,121 @@
+"""Principals and their keys through a real `corral serve`: keys from `corral keys` (the data
+directory's key file, read again as it changes) and from the config, users refused the admin
+routes with 403, a revoked key refused with 401, and the official client with each key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from corral.backends.process import free_port
+from tests.support.gateway import CORRAL, KEY, SIM, serve, wait_for
+
+pytestmark = pytest.mark.e2e
+
+BOB = "bob-key-in-the-config"
+CAROL = "carol-key-by-digest"
+CONFIG = f"""
+models:
+  alpha:
+    cmd: {SIM} --load-s 0.1
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+  principals:
+    bob: {{role: user, keys: [{BOB}]}}
+    carol: {{role: admin, keys: ["sha256:{hashlib.sha256(CAROL.encode()).hexdigest()}"]}}
+"""
+
+
+def keys(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(data)}
+    return subprocess.run(
+        [CORRAL, "keys", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def code(url: str, key: str | None, method: str = "GET") -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    return httpx.request(method, url, headers=headers, timeout=30).status_code
+
+
+def test_keys_roles_and_revocation_through_a_running_server(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    made = keys(data, "create", "alice", "--role", "user")
+    assert made.returncode == 0, made.stderr
+    alice = made.stdout.strip().splitlines()[-1]  # the key is the last line
+    assert alice.startswith("crl-")
+    assert alice not in (data / "corral" / "keys.json").read_text()  # only its digest is kept
+    with serve(tmp_path, CONFIG, env={"XDG_DATA_HOME": str(data)}) as gw:
+        models, load = f"{gw.url}/v1/models", f"{gw.url}/api/models/alpha/load?wait=true"
+        assert code(models, None) == 401
+        assert code(models, "crl-not-a-key") == 401
+        for user in (alice, BOB):
+            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=user, max_retries=0)
+            assert [m.id for m in client.models.list()] == ["alpha"]
+            done = client.completions.create(model="alpha", prompt="x", max_tokens=2)
+            assert done.choices[0].text
+            r = httpx.post(load, headers={"Authorization": f"Bearer {user}"}, timeout=30)
+            assert r.status_code == 403
+            assert r.json()["error"]["code"] == "forbidden"
+            assert "needs the admin role" in r.json()["error"]["message"]
+            for route in ("/api/models/alpha/logs", "/logs", "/unload"):
+                assert code(gw.url + route, user) == 403, route
+        # Admins: server.api_keys, a principal's key given by its digest, a key made now.
+        made = keys(data, "create", "ops", "--role", "admin")
+        ops = made.stdout.strip().splitlines()[-1]
+        wait_for(lambda: code(models, ops) == 200, timeout_s=30)
+        for admin in (KEY, CAROL, ops):
+            assert code(load, admin, "POST") == 200
+            assert code(f"{gw.url}/api/models/alpha/logs", admin) == 200
+        # Revoked: refused within a second or so; the others keep working.
+        listed = [json.loads(x) for x in keys(data, "list", "--json").stdout.splitlines()]
+        (alice_id,) = [k["id"] for k in listed if k["principal"] == "alice"]
+        assert keys(data, "revoke", alice_id).returncode == 0
+        wait_for(lambda: code(models, alice) == 401, timeout_s=30)
+        assert code(models, ops) == 200
+        assert code(models, BOB) == 200
+        # A damaged key file keeps the keys read before.
+        (data / "corral" / "keys.json").write_text("{not json")
+        assert keys(data, "create", "mallory").returncode != 0  # never overwritten
+        assert code(models, ops) == 200
+        assert code(models, alice) == 401
+    assert "keys read before stay in force" in gw.stderr
+    assert "keys of 4 principals (admin, alice, bob, carol)" in gw.stderr
+
+
+def test_a_server_with_a_damaged_key_file_does_not_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "corral").mkdir(parents=True)
+    (data / "corral" / "keys.json").write_text('{"version": 1, "keys": 7')
+    (tmp_path / "corral.yaml").write_text(f"models:\n  alpha:\n    cmd: {SIM}\n")
+    out = subprocess.run(
+        [
+            CORRAL,
+            "serve",
+            "--config",
+            str(tmp_path / "corral.yaml"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "XDG_DATA_HOME": str(data)},
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "keys.json: not JSON" in out.stderr
+
+
+def test_without_keys_every_route_is_open(tmp_path: Path) -> None:
+    with serve(tmp_path, f"models:\n  alpha:\n    cmd: {SIM} --load-s 0.1\n") as gw:
+        assert code(f"{gw.url}/v1/models", None) == 200
+        assert code(f"{gw.url}/api/models/alpha/load?wait=true", None, "POST") == 200
+    assert "no API keys: every caller may use every route" in gw.stderr
