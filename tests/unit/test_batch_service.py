@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from corral.batch.fields import BatchError
 from corral.batch.files import FileStorage
-from corral.batch.service import BatchError, BatchService
+from corral.batch.service import BatchService
 from corral.config import BatchConfig
 from corral.store import MemoryStore, TaskStatus
 

@@ -15,7 +15,6 @@ after a restart.
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 import uuid
 from collections import Counter
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from corral.batch.fields import BatchError, completion_window_s, expires_after_s, metadata_of
 from corral.batch.files import FileStorage
 from corral.batch.finalize import Finalizer
 from corral.batch.jsonl import ENDPOINTS, check, tasks
@@ -39,24 +39,11 @@ from corral.store import (
 )
 from corral.store.roles import BatchWork
 
-_WINDOW = re.compile(r"^(\d+)([smhd])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ENDED = ("completed", "failed", "expired", "cancelled")
 _LIVE = ("validating", "in_progress", "cancelling", "finalizing")
 WEBHOOK_TRIES = 5
-# OpenAI's bounds on `expires_after.seconds` (one hour to 30 days) and on metadata.
-EXPIRES_MIN_S, EXPIRES_MAX_S = 3600, 2_592_000
-_META_PAIRS, _META_KEY, _META_VALUE = 16, 64, 512
 STORING_GRACE_S = 600.0  # a batch's creator stores 50,000 lines in about 2 s on 2 cores
 _SWEEP_S = 60.0  # how often expired files are deleted
-
-
-class BatchError(Exception):
-    """A request the Batch API refuses: HTTP `status`, OpenAI error `code`, and `param`."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.param = status, code, param
 
 
 @dataclass(frozen=True)
@@ -210,8 +197,8 @@ class BatchService:
             raise BatchError(
                 400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "invalid_value", "endpoint"
             )
-        window_s = _window_s(completion_window, self.limits.completion_windows)
-        metadata = _metadata(metadata)
+        window_s = completion_window_s(completion_window, self.limits.completion_windows)
+        metadata = metadata_of(metadata)
         output_expires_s = (
             None
             if output_expires_after is None
@@ -479,78 +466,6 @@ def _hook_pending(b: Batch) -> bool:
         and not hook.get("delivered_at")
         and (hook.get("tries", 0) < WEBHOOK_TRIES)
     )
-
-
-def expires_after_s(value: Any, param: str) -> int:
-    """`expires_after` (`{"anchor": "created_at", "seconds": N}`, N from one hour to 30 days)
-    as seconds; `BatchError` naming `param` otherwise."""
-    anchor = value.get("anchor") if isinstance(value, dict) else None
-    seconds = value.get("seconds") if isinstance(value, dict) else None
-    if anchor != "created_at":
-        raise BatchError(
-            400, f"{param}.anchor must be 'created_at'; got {anchor!r}", "invalid_value", param
-        )
-    if (
-        isinstance(seconds, str) and seconds.isdigit()  # multipart fields are strings
-    ):
-        seconds = int(seconds)
-    if (
-        not isinstance(seconds, int)
-        or isinstance(seconds, bool)
-        or not EXPIRES_MIN_S <= seconds <= EXPIRES_MAX_S
-    ):
-        raise BatchError(
-            400,
-            f"{param}.seconds must be an integer from {EXPIRES_MIN_S} (one hour) to "
-            f"{EXPIRES_MAX_S} (30 days); got {seconds!r}",
-            "invalid_value",
-            param,
-        )
-    return seconds
-
-
-def _window_s(window: Any, allowed: Sequence[str]) -> float:
-    if window is None:
-        raise BatchError(
-            400,
-            "missing `completion_window` (24h)",
-            "missing_required_parameter",
-            "completion_window",
-        )
-    m = _WINDOW.match(window) if isinstance(window, str) else None
-    if window not in allowed or not m:
-        raise BatchError(
-            400,
-            f"completion_window must be {' or '.join(allowed)}; got {window!r} "
-            "(batch.completion_windows lists the windows offered)",
-            "invalid_value",
-            "completion_window",
-        )
-    return int(m.group(1)) * _UNIT_S[m.group(2)]
-
-
-def _metadata(metadata: Any) -> dict[str, str] | None:
-    if metadata is None:
-        return None
-    if (
-        not isinstance(metadata, dict)
-        or len(metadata) > _META_PAIRS
-        or not all(
-            isinstance(k, str)
-            and isinstance(v, str)
-            and len(k) <= _META_KEY
-            and len(v) <= _META_VALUE
-            for k, v in metadata.items()
-        )
-    ):
-        raise BatchError(
-            400,
-            f"metadata must be at most {_META_PAIRS} pairs of strings, keys up to {_META_KEY} "
-            f"characters and values up to {_META_VALUE}",
-            "invalid_value",
-            "metadata",
-        )
-    return metadata
 
 
 PAGE = 500  # items per store call when every one is walked

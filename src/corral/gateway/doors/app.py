@@ -30,7 +30,7 @@ from corral.access.keyfile import KeyFile
 from corral.access.live import Access
 from corral.access.principals import ANYONE, configured_keys
 from corral.batch.attached import BatchRuntime
-from corral.batch.service import BatchError
+from corral.batch.fields import BatchError
 from corral.config import Config
 from corral.gateway.doors import openapi
 from corral.gateway.doors.admin import admin_routes

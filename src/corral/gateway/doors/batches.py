@@ -15,8 +15,9 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.formparsers import MultiPartParser
 
 from corral.batch.attached import BatchRuntime
+from corral.batch.fields import BatchError, expires_after_s
 from corral.batch.files import FileStorage, TooLarge
-from corral.batch.service import BatchError, BatchService, expires_after_s
+from corral.batch.service import BatchService
 from corral.gateway.doors.openapi import (
     BatchList,
     BatchObject,
