@@ -1,8 +1,8 @@
 """Secrets a configuration holds, and text with them masked: what `corral config
 check`, the start-up line, `/running`, `/logs` and the model servers' log files show.
 
-A secret is an API key (`server.api_keys`, a principal's, a model's `upstream_api_key`), the webhook secret,
-the store URL's password, and the value of a secret-looking flag in a model's `cmd`
+A secret is an API key (`server.api_keys`, a principal's, a model's `upstream_api_key`), the
+webhook secret, the store URL's password, and the value of a secret-looking flag in a model's `cmd`
 (`--api-key X`, `--api-key=X`, `--hf-token X`, ...). Each is shown as its first three and last
 four characters (`sk-...4f2a`), or `***` when that would give away too much of a short one.
 """

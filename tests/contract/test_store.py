@@ -903,6 +903,25 @@ def test_batches_page_newest_first(store: Store) -> None:
     assert [b.id for b in store.batches.list(after="batch-3", status=["completed"])] == ["batch-1"]
 
 
+def test_files_and_batches_keep_their_owner_and_list_by_owner(store: Store) -> None:
+    for i, owner in enumerate(["alice", "bob", None, "alice"]):
+        store.files.add(dataclasses.replace(a_file(i), owner=owner))
+        store.batches.create(dataclasses.replace(a_batch(i), owner=owner), lines(f"batch-{i}", 1))
+    assert store.files.get("file-1").owner == "bob"
+    assert store.files.get("file-2").owner is None
+    assert [f.id for f in store.files.list(owner="alice")] == ["file-3", "file-0"]
+    assert [f.id for f in store.files.list(owner="alice", after="file-3")] == ["file-0"]
+    assert [f.id for f in store.files.list(owner="carol")] == []
+    assert len(store.files.list()) == 4  # no owner given: everyone's
+    assert store.batches.get("batch-1").owner == "bob"
+    assert [b.id for b in store.batches.list(owner="alice")] == ["batch-3", "batch-0"]
+    assert [b.id for b in store.batches.list(owner="bob", status=["in_progress"])] == ["batch-1"]
+    assert store.files.delete("file-0").owner == "alice"
+    done = store.batches.update("batch-3", "completed", {}, expect=["in_progress"])
+    assert done is not None
+    assert done.owner == "alice"
+
+
 def test_update_batch_is_compare_and_set_on_status(store: Store) -> None:
     store.batches.create(a_batch(1), [])
     done = store.batches.update("batch-1", "finalizing", {"n": 2}, expect=["in_progress"])

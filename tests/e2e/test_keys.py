@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from corral.backends.process import free_port
+from tests.support.batches import chat_line, finish, lines_of, upload
 from tests.support.gateway import CORRAL, KEY, SIM, serve, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -119,3 +120,75 @@ def test_without_keys_every_route_is_open(tmp_path: Path) -> None:
         assert code(f"{gw.url}/v1/models", None) == 200
         assert code(f"{gw.url}/api/models/alpha/load?wait=true", None, "POST") == 200
     assert "no API keys: every caller may use every route" in gw.stderr
+
+
+OWNED = f"""
+models:
+  alpha:
+    load_s: 0.2
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+  principals:
+    alice: {{role: user, keys: [alice-key]}}
+    bob: {{role: user, keys: [bob-key]}}
+"""
+
+
+def test_each_user_sees_only_its_own_files_and_batches(tmp_path: Path) -> None:
+    with serve(tmp_path, OWNED) as gw:
+
+        def client(key: str) -> openai.OpenAI:
+            return openai.OpenAI(
+                base_url=f"{gw.url}/v1",
+                api_key=key,
+                max_retries=0,
+                _strict_response_validation=True,
+            )
+
+        alice, bob, admin = client("alice-key"), client("bob-key"), client(KEY)
+        mine = upload(alice, [chat_line(i, "alpha") for i in range(3)])
+        theirs = upload(bob, [chat_line(i, "alpha") for i in range(2)])
+        made = alice.batches.create(
+            input_file_id=mine,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_headers={"Idempotency-Key": "job-1"},
+        )
+        # Another user's ids answer 404 on every route, as if they did not exist.
+        for attempt in (
+            lambda: bob.files.retrieve(mine),
+            lambda: bob.files.content(mine),
+            lambda: bob.files.delete(mine),
+            lambda: bob.batches.retrieve(made.id),
+            lambda: bob.batches.cancel(made.id),
+            lambda: bob.batches.create(
+                input_file_id=mine, endpoint="/v1/chat/completions", completion_window="24h"
+            ),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                attempt()
+        assert [f.id for f in bob.files.list()] == [theirs]
+        assert [b.id for b in bob.batches.list()] == []
+        # The same idempotency key is each user's own.
+        again = bob.batches.create(
+            input_file_id=theirs,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_headers={"Idempotency-Key": "job-1"},
+        )
+        assert again.id != made.id
+        assert [b.id for b in bob.batches.list()] == [again.id]
+        # Its owner reads its results; the other user cannot; an admin sees everything.
+        done = finish(alice, made.id)
+        assert done.status == "completed"
+        assert done.output_file_id is not None
+        assert len(lines_of(alice, done.output_file_id)) == 3
+        with pytest.raises(openai.NotFoundError):
+            bob.files.content(done.output_file_id)
+        assert {f.id for f in alice.files.list()} == {mine, done.output_file_id}
+        assert {b.id for b in admin.batches.list()} == {made.id, again.id}
+        assert {mine, theirs, done.output_file_id} <= {f.id for f in admin.files.list()}
+        assert admin.files.retrieve(mine).id == mine
+        finish(bob, again.id)

@@ -16,7 +16,10 @@ models:
 server:
   api_keys: [sk-eeeeeeeeeeeeeeee5555]
   principals:
-    team: {keys: [team-hhhhhhhhhhhhhhhh8888, "sha256:0000000000000000000000000000000000000000000000000000000000000000"]}
+    team:
+      keys:
+        - team-hhhhhhhhhhhhhhhh8888
+        - "sha256:0000000000000000000000000000000000000000000000000000000000000000"
   store: postgresql://app:pg-ffffffffffffffff6666@db/corral
 batch:
   webhook_secret: whsec_gggggggggggggggg7777

@@ -10,9 +10,9 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Role = Literal["admin", "user"]
 ROLES: tuple[Role, ...] = ("admin", "user")
@@ -39,6 +39,25 @@ class Principal:
 ANYONE = Principal("anyone", "admin")
 # `server.api_keys`: each key an admin's.
 API_KEYS = Principal("admin", "admin")
+SCOPE_KEY = "corral.principal"  # the ASGI scope's key for the caller's `Principal`
+
+
+def caller(scope: Mapping[str, Any]) -> Principal:
+    """The principal that made the request of `scope` (`ANYONE` where no key exists)."""
+    who = scope.get(SCOPE_KEY, ANYONE)
+    assert isinstance(who, Principal)
+    return who
+
+
+def owner_made(who: Principal) -> str | None:
+    """The owner recorded for what `who` makes: its name; None for `ANYONE` (no keys)."""
+    return None if who is ANYONE else who.name
+
+
+def owner_seen(who: Principal) -> str | None:
+    """The owner whose things `who` may see: its own name for a user; None (all) for an
+    admin."""
+    return None if who.admin else who.name
 
 
 def new_key() -> str:

@@ -20,14 +20,15 @@ throttle = Throttle(logging.getLogger("corral.batch"))
 
 class Finalizer:
     """Ends batches (a part of `BatchService`, which calls `finish` from its `tick`).
-    `add_file(file_id, filename, purpose, size, expires_after_s)` records a written file."""
+    `add_file(file_id, filename, purpose, size, expires_after_s, owner)` records a written
+    file (a batch's output files are its owner's)."""
 
     def __init__(
         self,
         store: BatchFiles,
         files: FileStorage,
         clock: Callable[[], float],
-        add_file: Callable[[str, str, str, int, int | None], StoredFile],
+        add_file: Callable[[str, str, str, int, int | None, str | None], StoredFile],
     ) -> None:
         self.store, self.files, self.clock = store, files, clock
         self._add_file = add_file
@@ -104,12 +105,12 @@ class Finalizer:
         data.pop("problem", None)  # written at last
         keep_s = data.get("output_expires_after_s")
         if completed or not failed:
-            self._record(out_id, f"{b.id}_output.jsonl", out_size, keep_s)
+            self._record(out_id, f"{b.id}_output.jsonl", out_size, keep_s, b.owner)
             data["output_file_id"] = out_id
         else:
             self.files.remove(out_id)
         if failed:
-            self._record(err_id, f"{b.id}_errors.jsonl", err_size, keep_s)
+            self._record(err_id, f"{b.id}_errors.jsonl", err_size, keep_s, b.owner)
             data["error_file_id"] = err_id
         else:
             self.files.remove(err_id)
@@ -124,11 +125,13 @@ class Finalizer:
         done = self.store.batches.update(b.id, final, data, ["finalizing"])
         return done if done is not None else self.store.batches.get(b.id)
 
-    def _record(self, file_id: str, filename: str, size: int, keep_s: int | None) -> None:
+    def _record(
+        self, file_id: str, filename: str, size: int, keep_s: int | None, owner: str | None
+    ) -> None:
         try:
             self.store.files.get(file_id)  # recorded by a finalize that crashed after it
         except FileNotFound:
-            self._add_file(file_id, filename, "batch_output", size, keep_s)
+            self._add_file(file_id, filename, "batch_output", size, keep_s, owner)
 
 
 class Usage:

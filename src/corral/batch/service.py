@@ -87,24 +87,27 @@ class BatchService:
         purpose: str,
         size: int,
         expires_after_s: int | None = None,
+        owner: str | None = None,
     ) -> StoredFile:
         """Record a file whose bytes are stored; `expires_after_s` (see `expires_after`): it is
-        deleted that long after now."""
+        deleted that long after now. `owner`: the principal that made it."""
         now = self.clock()
         expires_at = None if expires_after_s is None else now + expires_after_s
-        f = StoredFile(
-            file_id, purpose, filename, size, now, str(self.files.path(file_id)), expires_at
-        )
+        path = str(self.files.path(file_id))
+        f = StoredFile(file_id, purpose, filename, size, now, path, expires_at, owner)
         self.store.files.add(f)
         return f
 
-    def file(self, file_id: str, read: bool = False) -> StoredFile:
+    def file(self, file_id: str, read: bool = False, owner: str | None = None) -> StoredFile:
         """The file's record; `read`: its bytes must be readable here (503 if another node of a
-        cluster wrote them to a folder this one does not share)."""
+        cluster wrote them to a folder this one does not share). `owner`: 404 unless it is that
+        principal's (another's is not revealed)."""
         try:
             f = self.store.files.get(file_id)
         except FileNotFound:
             raise BatchError(404, f"no file with id {file_id!r}", "file_not_found") from None
+        if owner is not None and f.owner != owner:
+            raise BatchError(404, f"no file with id {file_id!r}", "file_not_found")
         if f.expires_at is not None and f.expires_at <= self.clock():
             self._forget(f)
             raise BatchError(404, f"file {file_id!r} has expired", "file_not_found")
@@ -119,24 +122,32 @@ class BatchService:
         return f
 
     def list_files(
-        self, purpose: str | None, after: str | None, limit: int, order: str
+        self,
+        purpose: str | None,
+        after: str | None,
+        limit: int,
+        order: str,
+        owner: str | None = None,
     ) -> tuple[list[StoredFile], bool]:
-        """A page of files (unexpired) and whether more follow; 400 for an unknown `after`."""
+        """A page of files (unexpired; `owner`: only that principal's) and whether more follow;
+        400 for an unknown `after`."""
         now = self.clock()
         return _page(
             after, limit, self.store.files.get, FileNotFound, "file",
             lambda n: self.store.files.list(
-                purpose, after, n, order="asc" if order == "asc" else "desc"
+                purpose, after, n, order="asc" if order == "asc" else "desc", owner=owner
             ),
             lambda f: f.expires_at is None or f.expires_at > now,
         )  # fmt: skip
 
-    def list_batches(self, after: str | None, limit: int) -> tuple[list[Batch], bool]:
-        """A page of batches, newest first, and whether more follow; 400 for an unknown
-        `after`."""
+    def list_batches(
+        self, after: str | None, limit: int, owner: str | None = None
+    ) -> tuple[list[Batch], bool]:
+        """A page of batches (`owner`: only that principal's), newest first, and whether more
+        follow; 400 for an unknown `after`."""
         return _page(
             after, limit, self.store.batches.get, BatchNotFound, "batch",
-            lambda n: self.store.batches.list(after, n),
+            lambda n: self.store.batches.list(after, n, owner=owner),
         )  # fmt: skip
 
     def _forget(self, f: StoredFile) -> None:
@@ -156,7 +167,10 @@ class BatchService:
                 gone += 1
         return gone
 
-    def delete_file(self, file_id: str) -> StoredFile:
+    def delete_file(self, file_id: str, owner: str | None = None) -> StoredFile:
+        """Delete the file (`owner`: 404 unless it is that principal's)."""
+        if owner is not None:
+            self.file(file_id, owner=owner)
         try:
             f = self.store.files.delete(file_id)
         except FileNotFound:
@@ -188,11 +202,14 @@ class BatchService:
         webhook_url: str | None = None,
         model: str | None = None,
         output_expires_after: Any = None,
+        owner: str | None = None,
     ) -> Batch:
         """Check the input file and store the batch with its lines (or, if any line is bad, the
         failed batch with every problem); a file over `validate_inline_mb` is stored
         `validating` and checked by `tick`. `model` (a Corral extension) runs every line on that
-        model whatever its body says. Raises `BatchError` for a bad request."""
+        model whatever its body says. `owner`: the principal making it, whose input file it
+        must be and whose idempotency keys are its own. Raises `BatchError` for a bad
+        request."""
         if endpoint not in ENDPOINTS:
             raise BatchError(
                 400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "invalid_value", "endpoint"
@@ -207,7 +224,7 @@ class BatchService:
         webhook_url = webhook_url or (metadata or {}).get("webhook_url")
         if webhook_url:
             self._check_webhook(webhook_url)
-        source = self.file(input_file_id, read=True)
+        source = self.file(input_file_id, read=True, owner=owner)
         if source.purpose != "batch":
             raise BatchError(
                 400,
@@ -236,12 +253,20 @@ class BatchService:
             "output_expires_after_s": output_expires_s,
         }
         batch_id = f"batch_{uuid.uuid4().hex}"
+        # One principal's idempotency key never names another's batch ('/' is in no name).
+        key = (
+            idempotency_key
+            if owner is None or idempotency_key is None
+            else f"{owner}/{idempotency_key}"
+        )
         if source.bytes > self.limits.validate_inline_mb * 1024 * 1024:
             return self.store.batches.create(
-                Batch(batch_id, "validating", now, data, idempotency_key), []
+                Batch(batch_id, "validating", now, data, key, owner=owner), []
             )
         status, data, lines = self._checked(batch_id, data, Path(source.path), now)
-        return self.store.batches.create(Batch(batch_id, status, now, data, idempotency_key), lines)
+        return self.store.batches.create(
+            Batch(batch_id, status, now, data, key, owner=owner), lines
+        )
 
     def _checked(
         self, batch_id: str, data: dict[str, Any], path: Path, now: float
@@ -307,14 +332,18 @@ class BatchService:
         except WebhookRefused as exc:
             raise BatchError(400, str(exc), "invalid_value", "webhook_url") from None
 
-    def batch(self, batch_id: str) -> Batch:
+    def batch(self, batch_id: str, owner: str | None = None) -> Batch:
+        """The batch (`owner`: 404 unless it is that principal's)."""
         try:
-            return self.store.batches.get(batch_id)
+            b = self.store.batches.get(batch_id)
         except BatchNotFound:
             raise BatchError(404, f"no batch with id {batch_id!r}", "batch_not_found") from None
+        if owner is not None and b.owner != owner:
+            raise BatchError(404, f"no batch with id {batch_id!r}", "batch_not_found")
+        return b
 
-    def cancel(self, batch_id: str) -> Batch:
-        b = self.batch(batch_id)
+    def cancel(self, batch_id: str, owner: str | None = None) -> Batch:
+        b = self.batch(batch_id, owner)
         if b.status in ("cancelling", "cancelled"):
             return b
         if b.status not in ("in_progress", "validating"):

@@ -252,6 +252,7 @@ class StoredFile:
     created_at: float
     path: str
     expires_at: float | None = None  # epoch seconds; None: kept until deleted
+    owner: str | None = None  # the principal that made it; None: an admin's
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,3 +266,4 @@ class Batch:
     data: dict[str, Any]
     idempotency_key: str | None = None
     seq: int = 0
+    owner: str | None = None  # the principal that made it; None: an admin's

@@ -108,3 +108,11 @@ CREATE TABLE corral_residency (
 -- Where a worker that is a `corral serve` node is reached: nodes forward requests
 -- for a model to the node that holds it.
 ALTER TABLE corral_workers ADD COLUMN url TEXT;
+
+-- name: v10
+-- Whose files and batches they are: the principal that made them (NULL: made before
+-- principals, an admin's).
+ALTER TABLE corral_files ADD COLUMN owner TEXT;
+ALTER TABLE corral_batches ADD COLUMN owner TEXT;
+CREATE INDEX corral_files_owner ON corral_files (owner, seq) WHERE owner IS NOT NULL;
+CREATE INDEX corral_batches_owner ON corral_batches (owner, seq) WHERE owner IS NOT NULL;

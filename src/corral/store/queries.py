@@ -97,6 +97,7 @@ def to_file(row: Mapping[str, Any]) -> StoredFile:
         created_at=float(row["created_at"]),
         path=row["path"],
         expires_at=None if row["expires_at"] is None else float(row["expires_at"]),
+        owner=row["owner"],
     )
 
 
@@ -108,6 +109,7 @@ def to_batch(row: Mapping[str, Any]) -> Batch:
         data=json.loads(row["data"]),
         idempotency_key=row["idempotency_key"],
         seq=int(row["seq"]),
+        owner=row["owner"],
     )
 
 

@@ -29,10 +29,10 @@ corral_tasks.batch_id, corral_tasks.interactive, corral_tasks.started_in_group,
 corral_tasks.run_alone
 
 -- name: file_columns
-id, purpose, filename, bytes, created_at, path, expires_at
+id, purpose, filename, bytes, created_at, path, expires_at, owner
 
 -- name: batch_columns
-seq, id, status, created_at, idempotency_key, data
+seq, id, status, created_at, idempotency_key, data, owner
 
 -- name: claimable
 -- A task `t` that `claim` may take now: queued, due, and the oldest of its serial key with
@@ -205,8 +205,8 @@ SELECT t.model, t.interactive, t.priority, COUNT(*) AS n FROM corral_tasks t
 WHERE {claimable} GROUP BY t.model, t.interactive, t.priority
 
 -- name: add_file
-INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, expires_at)
-VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, :expires_at)
+INSERT INTO corral_files (id, purpose, filename, bytes, created_at, path, expires_at, owner)
+VALUES (:id, :purpose, :filename, :bytes, :created_at, :path, :expires_at, :owner)
 RETURNING id
 
 -- name: file_stored
@@ -216,7 +216,7 @@ SELECT id FROM corral_files WHERE id = :id
 SELECT {file_columns} FROM corral_files WHERE id = :id
 
 -- name: list_files
--- {where}: the page and the purpose; {direction}: ASC or DESC.
+-- {where}: the page, the purpose and the owner; {direction}: ASC or DESC.
 SELECT {file_columns} FROM corral_files WHERE {where} ORDER BY seq {direction} LIMIT :limit
 
 -- name: delete_file
@@ -226,8 +226,8 @@ DELETE FROM corral_files WHERE id = :id RETURNING {file_columns}
 SELECT {batch_columns} FROM corral_batches WHERE idempotency_key = :k
 
 -- name: add_batch
-INSERT INTO corral_batches (id, status, created_at, idempotency_key, data)
-VALUES (:id, :status, :created_at, :key, :data) RETURNING {batch_columns}
+INSERT INTO corral_batches (id, status, created_at, idempotency_key, data, owner)
+VALUES (:id, :status, :created_at, :key, :data, :owner) RETURNING {batch_columns}
 
 -- name: start_batch
 UPDATE corral_batches SET status = :status, data = :data
@@ -240,7 +240,7 @@ SELECT 1 AS x FROM corral_batches WHERE id = :id
 SELECT {batch_columns} FROM corral_batches WHERE id = :id
 
 -- name: list_batches
--- {where}: the page and the statuses.
+-- {where}: the page, the statuses and the owner.
 SELECT {batch_columns} FROM corral_batches WHERE {where} ORDER BY seq DESC LIMIT :limit
 
 -- name: update_batch

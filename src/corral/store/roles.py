@@ -251,9 +251,10 @@ class FileStore(Protocol):
         after: str | None = None,
         limit: int = 100,
         order: Literal["asc", "desc"] = "desc",
+        owner: str | None = None,
     ) -> builtins.list[StoredFile]:
         """Files newest first (`order="asc"`: oldest first); `after`: only those past that file
-        id in that order (none if no file has that id)."""
+        id in that order (none if no file has that id); `owner`: only that principal's."""
         ...
 
     def delete(self, file_id: str) -> StoredFile:
@@ -284,10 +285,14 @@ class BatchStore(Protocol):
         ...
 
     def list(
-        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
+        self,
+        after: str | None = None,
+        limit: int = 100,
+        status: Sequence[str] | None = None,
+        owner: str | None = None,
     ) -> builtins.list[Batch]:
         """Batches newest first; `after`: only those older than that batch id; `status`: only
-        those in one of these statuses."""
+        those in one of these statuses; `owner`: only that principal's."""
         ...
 
     def update(

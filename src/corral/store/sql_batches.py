@@ -83,11 +83,15 @@ class SqlFiles:
         after: str | None = None,
         limit: int = 100,
         order: Literal["asc", "desc"] = "desc",
+        owner: str | None = None,
     ) -> builtins.list[StoredFile]:
         where, params = page("corral_files", after, limit, order)
         if purpose is not None:
             where += " AND purpose = :purpose"
             params["purpose"] = purpose
+        if owner is not None:
+            where += " AND owner = :owner"
+            params["owner"] = owner
         direction = "ASC" if order == "asc" else "DESC"
         sql = SQL["list_files"].format(where=where, direction=direction)
         rows = self._guard("files.list", lambda: run_one(self._tx, sql, params))
@@ -171,6 +175,7 @@ class SqlBatches:
                     "created_at": batch.created_at,
                     "key": batch.idempotency_key,
                     "data": json.dumps(data),
+                    "owner": batch.owner,
                 },
             )
             if first:
@@ -276,11 +281,18 @@ class SqlBatches:
         return to_batch(rows[0])
 
     def list(
-        self, after: str | None = None, limit: int = 100, status: Sequence[str] | None = None
+        self,
+        after: str | None = None,
+        limit: int = 100,
+        status: Sequence[str] | None = None,
+        owner: str | None = None,
     ) -> builtins.list[Batch]:
         where, params = page("corral_batches", after, limit)
         if status is not None:
             where += f" AND status IN ({in_list('status', status, params)})"
+        if owner is not None:
+            where += " AND owner = :owner"
+            params["owner"] = owner
         sql = SQL["list_batches"].format(where=where)
         rows = self._guard("batches.list", lambda: run_one(self._tx, sql, params))
         return [to_batch(r) for r in rows]

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral import __version__
 from corral.access.keyfile import KeyFile
 from corral.access.live import Access
-from corral.access.principals import ANYONE, configured_keys
+from corral.access.principals import ANYONE, SCOPE_KEY, configured_keys
 from corral.batch.attached import BatchRuntime
 from corral.batch.fields import BatchError
 from corral.config import Config
@@ -64,7 +64,7 @@ class ApiKeys:
     """Pure ASGI middleware (no per-request task, unlike `@app.middleware`): the OpenAI, upstream
     and API routes need `Authorization: Bearer KEY` once any key is configured (`Access`);
     /health, /metrics and /ui stay open. The caller's `Principal` goes in the scope
-    (`PRINCIPAL`); a user's request to an admin route (`admin_route`) gets 403.
+    (`SCOPE_KEY`); a user's request to an admin route (`admin_route`) gets 403.
 
     The dashboard cannot put a header on an `EventSource` or a download link, so the key may
     also come in the `corral_key` cookie it sets (SameSite=Strict: other sites cannot send it,
@@ -78,7 +78,7 @@ class ApiKeys:
         path = scope["path"] if scope["type"] == "http" else ""
         ring = self.access.ring
         if not ring:
-            scope[PRINCIPAL] = ANYONE
+            scope[SCOPE_KEY] = ANYONE
         elif path.startswith(("/v1/", "/upstream/", "/api/", "/v/", "/sdapi/")) or path in _GUARDED:
             headers = dict(scope["headers"])
             header = headers.get(b"authorization", b"")
@@ -108,11 +108,8 @@ class ApiKeys:
                 # The key's cookie is ours: it never reaches a model server or an upstream.
                 scope = dict(scope)
                 scope["headers"] = _without_cookie(scope["headers"], b"corral_key")
-            scope[PRINCIPAL] = who
+            scope[SCOPE_KEY] = who
         await self.app(scope, receive, send)
-
-
-PRINCIPAL = "corral.principal"  # the scope's key for the caller's `Principal`
 
 
 def admin_route(path: str) -> bool:

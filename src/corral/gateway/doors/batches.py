@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile as StarletteUploadFile
 from starlette.formparsers import MultiPartParser
 
+from corral.access.principals import caller, owner_made, owner_seen
 from corral.batch.attached import BatchRuntime
 from corral.batch.fields import BatchError, expires_after_s
 from corral.batch.files import FileStorage, TooLarge
@@ -101,7 +102,8 @@ async def _upload(svc: BatchService, max_upload_bytes: int, request: Request) ->
                 raise
             return no_space_error(f"the files folder ({svc.files.root})")
         name = part.filename or "upload.jsonl"
-        f = await _call(svc.add_file, file_id, name, purpose, size, keep_s)
+        made = owner_made(caller(request.scope))
+        f = await _call(svc.add_file, file_id, name, purpose, size, keep_s, made)
     finally:
         await form.close()
     return JSONResponse(svc.file_object(f))
@@ -116,26 +118,29 @@ def _file_routes(router: APIRouter, svc: BatchService, max_upload_bytes: int) ->
 
     @router.get("/v1/files", response_model=FileList)
     async def list_files(
+        request: Request,
         purpose: str | None = None,
         after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
         order: Literal["asc", "desc"] = "desc",
     ) -> Response:
-        page, more = await _call(svc.list_files, purpose, after, limit, order)
+        seen = owner_seen(caller(request.scope))
+        page, more = await _call(svc.list_files, purpose, after, limit, order, seen)
         return JSONResponse(_page([svc.file_object(f) for f in page], more))
 
     @router.get("/v1/files/{file_id}", response_model=FileObject)
-    async def get_file(file_id: str) -> Response:
-        return JSONResponse(svc.file_object(await _call(svc.file, file_id)))
+    async def get_file(request: Request, file_id: str) -> Response:
+        seen = owner_seen(caller(request.scope))
+        return JSONResponse(svc.file_object(await _call(svc.file, file_id, False, seen)))
 
     @router.delete("/v1/files/{file_id}", response_model=FileDeleted)
-    async def delete_file(file_id: str) -> Response:
-        f = await _call(svc.delete_file, file_id)
+    async def delete_file(request: Request, file_id: str) -> Response:
+        f = await _call(svc.delete_file, file_id, owner_seen(caller(request.scope)))
         return JSONResponse({"id": f.id, "object": "file", "deleted": True})
 
     @router.get("/v1/files/{file_id}/content", responses=content("application/jsonl"))
-    async def file_content(file_id: str) -> Response:
-        f = await _call(svc.file, file_id, read=True)
+    async def file_content(request: Request, file_id: str) -> Response:
+        f = await _call(svc.file, file_id, True, owner_seen(caller(request.scope)))
         return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
 
 
@@ -165,24 +170,27 @@ def _batch_routes(router: APIRouter, svc: BatchService) -> None:
             body.get("webhook_url"),
             body.get("model"),
             body.get("output_expires_after"),
+            owner_made(caller(request.scope)),
         )
         return JSONResponse(await _call(svc.object, b))
 
     @router.get("/v1/batches", response_model=BatchList)
     async def list_batches(
-        after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+        request: Request, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
     ) -> Response:
-        page, more = await _call(svc.list_batches, after, limit)
+        page, more = await _call(svc.list_batches, after, limit, owner_seen(caller(request.scope)))
         objects = [await _call(svc.object, b) for b in page]
         return JSONResponse(_page(objects, more))
 
     @router.get("/v1/batches/{batch_id}", response_model=BatchObject)
-    async def get_batch(batch_id: str) -> Response:
-        return JSONResponse(await _call(svc.object, await _call(svc.batch, batch_id)))
+    async def get_batch(request: Request, batch_id: str) -> Response:
+        b = await _call(svc.batch, batch_id, owner_seen(caller(request.scope)))
+        return JSONResponse(await _call(svc.object, b))
 
     @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchObject)
-    async def cancel_batch(batch_id: str) -> Response:
-        return JSONResponse(await _call(svc.object, await _call(svc.cancel, batch_id)))
+    async def cancel_batch(request: Request, batch_id: str) -> Response:
+        b = await _call(svc.cancel, batch_id, owner_seen(caller(request.scope)))
+        return JSONResponse(await _call(svc.object, b))
 
 
 async def refused(_: Request, exc: Exception) -> Response:
