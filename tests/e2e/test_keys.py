@@ -192,3 +192,62 @@ def test_each_user_sees_only_its_own_files_and_batches(tmp_path: Path) -> None:
         assert {mine, theirs, done.output_file_id} <= {f.id for f in admin.files.list()}
         assert admin.files.retrieve(mine).id == mine
         finish(bob, again.id)
+
+
+TWO = f"""
+models:
+  alpha:
+    load_s: 0.2
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+  beta:
+    load_s: 0.2
+    aliases: [b]
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+  principals:
+    narrow: {{role: user, keys: [narrow-key], models: ["alp*"]}}
+"""
+
+
+def test_a_principal_uses_and_sees_only_its_models_on_every_door(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    made = keys(data, "create", "cli-narrow", "--model", "beta")
+    assert made.returncode == 0, made.stderr
+    cli_key = made.stdout.strip().splitlines()[-1]
+    listed = [json.loads(x) for x in keys(data, "list", "--json").stdout.splitlines()]
+    assert listed[0]["models"] == ["beta"]
+    with serve(tmp_path, TWO, env={"XDG_DATA_HOME": str(data)}) as gw:
+        narrow = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="narrow-key", max_retries=0)
+        assert [m.id for m in narrow.models.list()] == ["alpha"]
+        assert narrow.completions.create(model="alpha", prompt="x", max_tokens=2).choices[0].text
+        for name in ("beta", "b"):  # by name or alias: 404, as a model not served
+            with pytest.raises(openai.NotFoundError) as refused:
+                narrow.completions.create(model=name, prompt="x", max_tokens=2)
+            assert "beta" not in str(refused.value).replace(f"'{name}'", "")
+            with pytest.raises(openai.NotFoundError):
+                narrow.models.retrieve(name)
+        auth = {"Authorization": "Bearer narrow-key"}
+        tags = httpx.get(f"{gw.url}/api/tags", headers=auth, timeout=30).json()
+        assert [t["name"] for t in tags["models"]] == ["alpha:latest"]
+        chat = {"model": "beta", "messages": [{"role": "user", "content": "x"}], "stream": False}
+        assert (
+            httpx.post(f"{gw.url}/api/chat", json=chat, headers=auth, timeout=30).status_code == 404
+        )
+        r = httpx.post(f"{gw.url}/upstream/beta/v1/models", headers=auth, timeout=30)
+        assert r.status_code == 404
+        # A batch line naming a model its maker may not use fails, named; the rest never run.
+        file_id = upload(narrow, [chat_line(0, "alpha"), chat_line(1, "beta")])
+        b = narrow.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert b.status == "failed"
+        assert b.errors is not None
+        (problem,) = b.errors.data or []
+        assert problem.line == 2
+        # The key file's principal: its own models.
+        mine = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=cli_key, max_retries=0)
+        assert [m.id for m in mine.models.list()] == ["beta"]
+        admin = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
+        assert sorted(m.id for m in admin.models.list()) == ["alpha", "beta"]

@@ -53,7 +53,10 @@ def test_the_config_names_principals_and_refuses_bad_names_and_digests() -> None
     )
     srv = cfg.server
     access = Access(
-        configured_keys(srv.api_keys, [(n, p.role, p.keys) for n, p in srv.principals.items()]),
+        configured_keys(
+            srv.api_keys,
+            [(Principal(n, p.role, tuple(p.models)), p.keys) for n, p in srv.principals.items()],
+        ),
         None,
     )
     assert access.ring.find(b"k0") == API_KEYS
@@ -69,8 +72,8 @@ def test_the_config_names_principals_and_refuses_bad_names_and_digests() -> None
 
 def test_the_key_file_keeps_digests_one_role_a_principal_and_revokes(tmp_path: Path) -> None:
     file = KeyFile(tmp_path)
-    key, entry, role = file.create("alice", None)
-    assert role == "user"
+    key, entry, who = file.create("alice", None)
+    assert who == ALICE
     assert key not in file.path.read_text()
     assert digest(key) in file.path.read_text()
     assert file.path.stat().st_mode & 0o777 == 0o600
@@ -155,3 +158,32 @@ def test_keys_created_at_once_by_several_processes_are_all_kept(tmp_path: Path) 
 )
 def test_admin_routes(path: str, admin: bool) -> None:
     assert admin_route(path) is admin
+
+
+def test_a_principal_may_use_the_models_its_globs_match() -> None:
+    narrow = Principal("ci", "user", ("qwen*", "embed"))
+    assert narrow.may_use("qwen3-8b")
+    assert narrow.may_use("embed")
+    assert not narrow.may_use("embed-large")
+    assert not narrow.may_use("Qwen3")  # case-sensitive, as model names are
+    assert ALICE.may_use("anything")  # no globs: every model
+
+
+def test_the_key_file_keeps_a_principals_models(tmp_path: Path) -> None:
+    file = KeyFile(tmp_path)
+    key, _, who = file.create("ci", None, ["qwen*"])
+    assert who.models == ("qwen*",)
+    _, _, again = file.create("ci", None)  # another key keeps them
+    assert again.models == ("qwen*",)
+    found = Access([], file).ring.find(key.encode())
+    assert found is not None
+    assert found.models == ("qwen*",)
+    assert not found.may_use("gemma")
+    _, _, wider = file.create("ci", None, [])  # an empty list: every model
+    assert wider.models == ()
+    data = json.loads(file.path.read_text())
+    data["principals"]["ci"]["models"] = "qwen*"
+    file.path.write_text(json.dumps(data))
+    book = file.read()
+    assert any("models is not a list" in p for p in book.problems)
+    assert book.live() == []  # its keys are not accepted with a principal not understood

@@ -1,7 +1,7 @@
 """The keys `corral keys` keeps: `keys.json` in the data directory, digests only.
 
     {"version": 1,
-     "principals": {"alice": {"role": "user"}},
+     "principals": {"alice": {"role": "user", "models": ["qwen*"]}},
      "keys": [{"id": "key_...", "principal": "alice", "sha256": "<hex>",
                "created_at": 1733100000.0, "revoked_at": null}]}
 
@@ -54,19 +54,19 @@ class StoredKey:
 
 @dataclass(frozen=True)
 class KeyBook:
-    """What the file holds: each principal's role, every key (revoked ones too), and the
-    entries skipped as malformed (`problems`, each naming its entry)."""
+    """What the file holds: each principal (its role and models), every key (revoked ones
+    too), and the entries skipped as malformed (`problems`, each naming its entry)."""
 
-    roles: dict[str, Role]
+    principals: dict[str, Principal]
     keys: list[StoredKey]
     problems: list[str]
 
     def live(self) -> list[tuple[str, Principal]]:
-        """(digest, principal) of each key not revoked whose principal has a role."""
+        """(digest, principal) of each key not revoked whose principal is well formed."""
         return [
-            (k.sha256, Principal(k.principal, self.roles[k.principal]))
+            (k.sha256, self.principals[k.principal])
             for k in self.keys
-            if k.revoked_at is None and k.principal in self.roles
+            if k.revoked_at is None and k.principal in self.principals
         ]
 
 
@@ -107,10 +107,13 @@ class KeyFile:
             raise KeyFileError(f'{self.path}: not a Corral key file (no "version": 1)')
         return _book(self.path, data)
 
-    def create(self, principal: str, role: Role | None) -> tuple[str, StoredKey, Role]:
+    def create(
+        self, principal: str, role: Role | None, models: list[str] | None = None
+    ) -> tuple[str, StoredKey, Principal]:
         """A new key for `principal` (made with `role`, default user, if new): the key itself
-        (shown once, never kept), its entry and the principal's role. KeyFileError if
-        `principal` exists with another role."""
+        (shown once, never kept), its entry and the principal. `models` (names or globs)
+        replaces the models it may use. KeyFileError if `principal` exists with another
+        role."""
         check_name(principal)
         with self._locked():
             data = self._data()
@@ -122,13 +125,15 @@ class KeyFile:
                     f"and create them under another name, or leave out --role)"
                 )
             chosen: Role = had if had in ROLES else (role or "user")
-            roles[principal] = {"role": chosen}
+            spec = roles.get(principal) if isinstance(roles.get(principal), dict) else {}
+            kept = models if models is not None else spec.get("models", [])
+            roles[principal] = {"role": chosen, **({"models": kept} if kept else {})}
             key = new_key()
             hexed = digest(key)
             entry = StoredKey(key_id(hexed), principal, hexed, time.time())
             data.setdefault("keys", []).append(entry.__dict__.copy())
             self._write(data)
-        return key, entry, chosen
+        return key, entry, Principal(principal, chosen, tuple(kept))
 
     def revoke(self, ref: str) -> list[StoredKey]:
         """Revoke the key with id `ref`, or every key of principal `ref`: the keys revoked now.
@@ -176,7 +181,7 @@ class KeyFile:
 
 def _book(path: Path, data: dict[str, Any]) -> KeyBook:
     problems: list[str] = []
-    roles: dict[str, Role] = {}
+    found: dict[str, Principal] = {}
     principals = data.get("principals", {})
     if not isinstance(principals, dict):
         problems.append(f'{path}: "principals" is not an object; no principal read')
@@ -186,7 +191,11 @@ def _book(path: Path, data: dict[str, Any]) -> KeyBook:
         if role not in ROLES:
             problems.append(f"{path}: principal {name!r}: role {role!r} is not admin or user")
             continue
-        roles[name] = role
+        models = spec.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            problems.append(f"{path}: principal {name!r}: models is not a list of names")
+            continue
+        found[name] = Principal(name, role, tuple(models))
     keys: list[StoredKey] = []
     entries = data.get("keys", [])
     if not isinstance(entries, list):
@@ -197,7 +206,7 @@ def _book(path: Path, data: dict[str, Any]) -> KeyBook:
             keys.append(_stored(k))
         except (TypeError, ValueError) as exc:
             problems.append(f"{path}: keys[{i}] skipped: {exc}")
-    return KeyBook(roles, keys, problems)
+    return KeyBook(found, keys, problems)
 
 
 def _stored(k: object) -> StoredKey:

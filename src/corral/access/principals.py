@@ -6,6 +6,7 @@ presented key is hashed and its digest compared in constant time with the one st
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 import re
@@ -24,15 +25,27 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 @dataclass(frozen=True)
 class Principal:
-    """Who made a request: a name and a role (`admin` may do everything; `user` may not use
-    the admin routes)."""
+    """Who made a request: a name, a role (`admin` may do everything; `user` may not use the
+    admin routes) and the models it may use (names or globs; none: every model)."""
 
     name: str
     role: Role
+    models: tuple[str, ...] = ()
 
     @property
     def admin(self) -> bool:
         return self.role == "admin"
+
+    def may_use(self, model: str) -> bool:
+        """Whether this principal may use `model` (a served model's name, aliases resolved)."""
+        return may_use(self.models, model)
+
+
+def may_use(globs: Iterable[str], model: str) -> bool:
+    """Whether `model` matches one of `globs` (shell-style, case-sensitive); no globs: every
+    model."""
+    globs = tuple(globs)
+    return not globs or any(fnmatch.fnmatchcase(model, g) for g in globs)
 
 
 # The caller when no key is configured at all: Corral is open, as it was before keys.
@@ -97,13 +110,13 @@ def check_name(name: str) -> str:
 
 
 def configured_keys(
-    api_keys: Iterable[str], principals: Iterable[tuple[str, Role, list[str]]]
+    api_keys: Iterable[str], principals: Iterable[tuple[Principal, list[str]]]
 ) -> list[tuple[str, Principal]]:
     """(digest, principal) of each key a configuration names: `server.api_keys` (each an
-    admin's) and each principal's (name, role, keys)."""
+    admin's) and each principal's keys."""
     out = [(digest(k), API_KEYS) for k in api_keys]
-    for name, role, keys in principals:
-        out += [(digest_of_configured(k), Principal(name, role)) for k in keys]
+    for who, keys in principals:
+        out += [(digest_of_configured(k), who) for k in keys]
     return out
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from corral.access.principals import may_use
 from corral.batch.fields import BatchError, completion_window_s, expires_after_s, metadata_of
 from corral.batch.files import FileStorage
 from corral.batch.finalize import Finalizer
@@ -203,13 +204,15 @@ class BatchService:
         model: str | None = None,
         output_expires_after: Any = None,
         owner: str | None = None,
+        models: Sequence[str] = (),
     ) -> Batch:
         """Check the input file and store the batch with its lines (or, if any line is bad, the
         failed batch with every problem); a file over `validate_inline_mb` is stored
         `validating` and checked by `tick`. `model` (a Corral extension) runs every line on that
         model whatever its body says. `owner`: the principal making it, whose input file it
-        must be and whose idempotency keys are its own. Raises `BatchError` for a bad
-        request."""
+        must be and whose idempotency keys are its own; `models`: the names or globs of the
+        models it may use (none: all), a line naming another failing as one naming a model not
+        served. Raises `BatchError` for a bad request."""
         if endpoint not in ENDPOINTS:
             raise BatchError(
                 400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "invalid_value", "endpoint"
@@ -233,13 +236,7 @@ class BatchService:
                 "input_file_id",
             )
         self._check_room()
-        override = None
-        if model is not None:
-            override = self.resolve(model) if isinstance(model, str) else None
-            if override is None:
-                raise BatchError(
-                    404, f"model {model!r} is not served here", "model_not_found", "model"
-                )
+        override = None if model is None else self._override(model, models)
         now = self.clock()
         data: dict[str, Any] = {
             "endpoint": endpoint,
@@ -252,6 +249,8 @@ class BatchService:
             "model": override,
             "output_expires_after_s": output_expires_s,
         }
+        if models:
+            data["models_allowed"] = list(models)
         batch_id = f"batch_{uuid.uuid4().hex}"
         # One principal's idempotency key never names another's batch ('/' is in no name).
         key = (
@@ -268,15 +267,29 @@ class BatchService:
             Batch(batch_id, status, now, data, key, owner=owner), lines
         )
 
+    def _override(self, model: Any, models: Sequence[str]) -> str:
+        """The served model `model` (a batch's `model`, for every line) names; 404 unless it
+        is served and one of `models` (names or globs; none: all)."""
+        override = self.resolve(model) if isinstance(model, str) else None
+        if override is None or not may_use(models, override):
+            raise BatchError(404, f"model {model!r} is not served here", "model_not_found", "model")
+        return override
+
     def _checked(
         self, batch_id: str, data: dict[str, Any], path: Path, now: float
     ) -> tuple[str, dict[str, Any], Iterable[NewTask]]:
         """Check the input file: the batch's status, data and lines (`failed` with every
         problem, or `in_progress`). `BatchError` if the queue has no room for its lines."""
+        allowed = data.get("models_allowed") or ()
+
+        def resolve(name: str) -> str | None:
+            model = self.resolve(name)
+            return model if model is not None and may_use(allowed, model) else None
+
         checked = check(
             path,
             data["endpoint"],
-            self.resolve,
+            resolve,
             self.limits.max_lines,
             override=data["model"],
             max_line_bytes=self.max_line_bytes,

@@ -18,7 +18,7 @@ from corral.console import fail as _fail
 from corral.errors import CorralError
 
 if TYPE_CHECKING:
-    from corral.access.keyfile import KeyFile
+    from corral.access.keyfile import KeyBook, KeyFile
 
 keys_app = typer.Typer(
     help="Create, list and revoke the keys of the principals (people, teams, apps) who may "
@@ -53,6 +53,14 @@ def create(
             "logs). Default: the principal's role if it has keys already, else user."
         ),
     ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="A model NAME may use (a name or a glob like 'qwen*'; repeat for more). "
+            "Replaces the ones it had; without any, every model.",
+        ),
+    ] = None,
     folder: DataDir = None,
 ) -> None:
     """Make a new key for NAME and print it as the last line (it is shown once; Corral keeps
@@ -63,11 +71,12 @@ def create(
         raise _fail(CorralError(f"--role must be admin or user; got {role!r}"))
     file = _file(folder)
     try:
-        key, entry, chosen = file.create(name, role)
+        key, entry, who = file.create(name, role, model)
     except (CorralError, ValueError) as exc:
         raise _fail(exc) from None
     err_console.print(
-        f"created {entry.id} for {escape(name)} ({chosen}) in {escape(str(file.path))}; "
+        f"created {entry.id} for {escape(name)} ({who.role}; models: "
+        f"{escape(', '.join(who.models) or 'all')}) in {escape(str(file.path))}; "
         "a `corral serve` on that data directory accepts it within a second. The key:",
         highlight=False,
     )
@@ -96,16 +105,18 @@ def list_(
                     {
                         "id": k.id,
                         "principal": k.principal,
-                        "role": book.roles.get(k.principal),
+                        "role": _role(book, k.principal),
+                        "models": list(_models(book, k.principal)),
                         "created_at": k.created_at,
                         "revoked_at": k.revoked_at,
                     }
                 )
             )
         return
-    table = Table("id", "principal", "role", "created", *(["revoked"] if revoked else []))
+    table = Table("id", "principal", "role", "models", "created", *(["revoked"] if revoked else []))
     for k in shown:
-        row = [k.id, k.principal, book.roles.get(k.principal, "?"), _when(k.created_at)]
+        models = ", ".join(_models(book, k.principal)) or "all"
+        row = [k.id, k.principal, _role(book, k.principal) or "?", models, _when(k.created_at)]
         table.add_row(*map(escape, row), *([_when(k.revoked_at)] if revoked else []))
     out_console.print(table)
     if not shown:
@@ -126,6 +137,16 @@ def revoke(
         raise _fail(exc) from None
     for k in done:
         err_console.print(f"revoked {k.id} ({escape(k.principal)})", highlight=False)
+
+
+def _role(book: KeyBook, name: str) -> str | None:
+    who = book.principals.get(name)
+    return who.role if who is not None else None
+
+
+def _models(book: KeyBook, name: str) -> tuple[str, ...]:
+    who = book.principals.get(name)
+    return who.models if who is not None else ()
 
 
 def _when(t: float | None) -> str:

@@ -28,6 +28,12 @@ class PrincipalConfig(Strict):
         "so this file need not hold the secret). `corral keys create` keeps keys in the data "
         "directory instead.",
     )
+    models: list[str] = Field(
+        default_factory=list,
+        description="The models it may use: names or globs (`qwen*`), matched against the "
+        "served name an alias resolves to; others answer 404 as if not served, and are not "
+        "listed. Empty: every model.",
+    )
 
     @field_validator("keys")
     @classmethod

@@ -171,6 +171,7 @@ def _batch_routes(router: APIRouter, svc: BatchService) -> None:
             body.get("model"),
             body.get("output_expires_after"),
             owner_made(caller(request.scope)),
+            caller(request.scope).models,
         )
         return JSONResponse(await _call(svc.object, b))
 

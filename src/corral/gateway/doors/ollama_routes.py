@@ -29,6 +29,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 
+from corral.access.principals import ANYONE, Principal, caller
 from corral.config import Config, ModelConfig
 from corral.gateway.doors.ollama_answers import OllamaAnswer, error_body
 from corral.gateway.doors.ollama_shapes import (
@@ -118,32 +119,34 @@ class OllamaDoor:
             self.px.metrics.refused(exc)
             return ollama_failure(exc)
 
-    def lookup(self, name: Any) -> str | None:
-        """The served model `name` (or `name` without `:latest`) refers to, or None."""
+    def lookup(self, name: Any, who: Principal = ANYONE) -> str | None:
+        """The served model `name` (or `name` without `:latest`) refers to, if `who` may use
+        it, or None."""
         if not isinstance(name, str) or not name:
             return None
         model = self.config.resolve(name)
         if model is None and name.endswith(":latest"):
             model = self.config.resolve(name[: -len(":latest")])
-        return model if model is not None and model in self.gateway.backends else None
+        served = model is not None and model in self.gateway.backends and who.may_use(model)
+        return model if served else None
 
-    def unknown(self, name: Any) -> str:
-        """Why `lookup(name)` found nothing."""
+    def unknown(self, name: Any, who: Principal = ANYONE) -> str:
+        """Why `lookup(name, who)` found nothing."""
         if not isinstance(name, str) or not name:
             return "missing `model`: say which model should answer"
         why = skipped_why(name, self.config)
         if why is not None:
             return f"model '{name}' is not served: {why}"
-        listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway)))
+        listed = ", ".join(sorted(tag_of(n) for n in _listed(self.config, self.gateway, who)))
         return f"model '{name}' not found; Corral serves: {listed}"
 
-    def resolve(self, name: Any) -> str:
-        model = self.lookup(name)
+    def resolve(self, name: Any, who: Principal = ANYONE) -> str:
+        model = self.lookup(name, who)
         if model is not None:
             return model
         if not isinstance(name, str) or not name:
-            raise InvalidRequest(self.unknown(name), param="model")
-        raise ModelNotFound(self.unknown(name), param="model")
+            raise InvalidRequest(self.unknown(name, who), param="model")
+        raise ModelNotFound(self.unknown(name, who), param="model")
 
     async def read(self, request: Request) -> dict[str, Any]:
         return json_object(await read_body(request, self.px.max_body) or b"{}")
@@ -152,7 +155,7 @@ class OllamaDoor:
         sent = await read_body(request, self.px.max_body) or b"{}"
         data = json_object(sent)
         name = data.get("model")
-        model = self.resolve(name)
+        model = self.resolve(name, caller(request.scope))
         assert isinstance(name, str)
         call = Call(request, model, "", sent, sent, priority_of(request, data))
         # Another node that holds the model answers in Ollama's shape itself.
@@ -236,27 +239,29 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     the model-store commands."""
     router = APIRouter(include_in_schema=False, route_class=OllamaRoute)
     config, gateway = door.config, door.gateway
-    resolve, read = door.resolve, door.read
+    read = door.read
 
     @router.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
         return PlainTextResponse("Ollama is running")
 
     @router.api_route("/api/tags", methods=["GET", "HEAD"])
-    async def tags() -> Response:
+    async def tags(request: Request) -> Response:
+        listed = _listed(config, gateway, caller(request.scope))
         return JSONResponse({"models": [_tag(n, config.models[n], gateway.state_of(n))
-                                        for n in _listed(config, gateway)]})  # fmt: skip
+                                        for n in listed]})  # fmt: skip
 
     @router.get("/api/ps")
-    async def ps() -> Response:
+    async def ps(request: Request) -> Response:
         status = gateway.status()["models"]
-        loaded = [n for n in _listed(config, gateway) if status[n]["state"] == "ready"]
+        listed = _listed(config, gateway, caller(request.scope))
+        loaded = [n for n in listed if status[n]["state"] == "ready"]
         return JSONResponse({"models": [_loaded(n, config.models[n], status[n]) for n in loaded]})
 
     @router.post("/api/show")
     async def show(request: Request) -> Response:
         data = await read(request)
-        model = resolve(data.get("model") or data.get("name"))
+        model = door.resolve(data.get("model") or data.get("name"), caller(request.scope))
         m = config.models[model]
         details = _details(m)
         arch = details["family"] or "unknown"
@@ -282,10 +287,11 @@ def ollama_routes(door: OllamaDoor) -> APIRouter:
     async def pull(request: Request) -> Response:
         data = await read(request)
         name = data.get("model") or data.get("name")
-        if door.lookup(name) is None:
+        who = caller(request.scope)
+        if door.lookup(name, who) is None:
             return ollama_error(
                 404,
-                f"{door.unknown(name)}. Corral serves the models already on "
+                f"{door.unknown(name, who)}. Corral serves the models already on "
                 "disk and downloads nothing: run `ollama pull` (Corral reads Ollama's store) or "
                 "put the GGUF file in a models folder (corral serve --models DIR)",
             )
@@ -345,8 +351,9 @@ def _keep_alive(gateway: Gateway, model: str, seconds: float) -> None:
     sched.on_keep_alive(model, seconds)
 
 
-def _listed(config: Config, gateway: Gateway) -> list[str]:
-    return [n for n in gateway.backends if not config.models[n].unlisted]
+def _listed(config: Config, gateway: Gateway, who: Principal) -> list[str]:
+    """The models Ollama's lists show `who`."""
+    return [n for n in gateway.backends if not config.models[n].unlisted and who.may_use(n)]
 
 
 def _cpu(device: str | None) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
+from corral.access.principals import caller
 from corral.config import Config
 from corral.gateway.doors.openapi import (
     ChatCompletionRequest,
@@ -74,7 +75,7 @@ def _model_routes(router: APIRouter, px: Proxy) -> None:
         responses=content("*/*"),
     )
     async def upstream(request: Request, model: str, path: str) -> Response:
-        resolved = px.reader.model(model)
+        resolved = px.reader.model(model, caller(request.scope))
         refused = managed(request.method, path, model)
         if refused is not None:
             raise Forbidden(refused, code="managed_by_corral")
@@ -135,26 +136,28 @@ def _responses(router: APIRouter) -> None:
 
 def _models(router: APIRouter, config: Config, gateway: Gateway) -> None:
     @router.get("/v1/models/{model_id:path}", response_model=ModelObject)
-    async def model(model_id: str) -> Response:
+    async def model(request: Request, model_id: str) -> Response:
         """One model, as `client.models.retrieve(id)` reads it (aliases answer too)."""
         resolved = config.resolve(model_id)
-        if resolved is None or resolved not in gateway.backends:
-            raise unknown_model(model_id, config)
+        who = caller(request.scope)
+        if resolved is None or resolved not in gateway.backends or not who.may_use(resolved):
+            raise unknown_model(model_id, config, who)
         created = int(gateway.tally.started_at)
         return JSONResponse(
             {"id": model_id, "object": "model", "created": created, "owned_by": "corral"}
         )
 
     @router.get("/v1/models", response_model=ModelList)
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
         created = int(gateway.tally.started_at)
+        who = caller(request.scope)
         return JSONResponse(
             {
                 "object": "list",
                 "data": [
                     listed_model(listed, name, config, created, gateway.state_of(name))
                     for name in gateway.backends
-                    if not config.models[name].unlisted
+                    if not config.models[name].unlisted and who.may_use(name)
                     for listed in (
                         [name, *config.models[name].aliases]
                         if config.server.list_aliases

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from fastapi import Request
 from starlette.formparsers import MultiPartParser
 
+from corral.access.principals import ANYONE, Principal, caller
 from corral.backends.base import Backend
 from corral.config import Config, FiltersConfig
 from corral.gateway.errors import BodyTooLarge, InvalidRequest, ModelNotFound
@@ -113,7 +114,7 @@ class Reader:
         sent = await read_body(request, self.max_body)
         data = json_object(sent)
         name = data.get("model")
-        model = self.model(name)
+        model = self.model(name, caller(request.scope))
         priority = priority_of(request, data)
         data, body = self.outgoing(model, str(name), data, sent)
         stream = bool(data.get("stream"))
@@ -132,14 +133,14 @@ class Reader:
         except Exception as exc:  # the parser's errors have no common base to catch
             raise InvalidRequest(f"bad multipart body: {exc}") from None
         try:
-            model = self.model(form.get("model"))
+            model = self.model(form.get("model"), caller(request.scope))
         finally:
             await form.close()
         return Call(request, model, path, sent, sent, priority_of(request, {}), openai=True)
 
     async def query(self, request: Request, path: str) -> Call:
         """A GET route that names its model in the query (`/props?model=...`)."""
-        model = self.model(request.query_params.get("model"))
+        model = self.model(request.query_params.get("model"), caller(request.scope))
         priority = priority_of(request, {})
         return Call(request, model, path, b"", b"", priority, stream=False, openai=True)
 
@@ -149,9 +150,13 @@ class Reader:
         sent = await read_body(request, self.max_body)
         return Call(request, model, path, sent, sent, priority_of(request, {}))
 
-    def model(self, name: Any) -> str:
-        """The served model `name` names (an alias resolved), or 400/404 saying why not."""
-        return model_of(name, self.config, self.served)
+    def model(self, name: Any, who: Principal = ANYONE) -> str:
+        """The served model `name` names (an alias resolved), or 400/404 saying why not (404
+        too for one `who` may not use)."""
+        model = model_of(name, self.config, self.served)
+        if not who.may_use(model):
+            raise unknown_model(str(name), self.config, who)
+        return model
 
     def outgoing(
         self, model: str, name: str, data: dict[str, Any], sent: bytes | None = None
@@ -209,15 +214,20 @@ def rewrite(data: dict[str, Any], filters: FiltersConfig, name: str) -> None:
     data.update(filters.set_params_by_id.get(name, {}))
 
 
-def unknown_model(name: str, config: Config) -> ModelNotFound:
-    """The error for a model name nothing serves, listing the valid ids (raise it); for a model
-    a folder offered but Corral skipped, why it is not served."""
+def unknown_model(name: str, config: Config, who: Principal = ANYONE) -> ModelNotFound:
+    """The error for a model name nothing serves (or `who` may not use), listing the valid ids
+    `who` may use (raise it); for a model a folder offered but Corral skipped, why it is not
+    served."""
     why = skipped_why(name, config)
     if why is not None:
         return ModelNotFound(
             f"model {name!r} is not served: {why}", param="model", code="model_not_served"
         )
-    valid = sorted(n for n, m in config.models.items() if (m.cmd or m.upstream) and not m.unlisted)
+    valid = sorted(
+        n
+        for n, m in config.models.items()
+        if (m.cmd or m.upstream) and not m.unlisted and who.may_use(n)
+    )
     return ModelNotFound(
         f"model {name!r} not found; valid ids: {', '.join(valid)}",
         param="model",

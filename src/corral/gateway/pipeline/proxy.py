@@ -19,6 +19,7 @@ from aiohttp import ClientResponse
 from fastapi import Request
 from fastapi.responses import Response
 
+from corral.access.principals import caller
 from corral.backends.base import Backend
 from corral.config import Config, data_dir
 from corral.gateway.errors import (
@@ -30,7 +31,7 @@ from corral.gateway.errors import (
     upstream_message,
 )
 from corral.gateway.pipeline.admission import Slot, Turns, disconnected
-from corral.gateway.pipeline.calls import Call, Reader
+from corral.gateway.pipeline.calls import Call, Reader, unknown_model
 from corral.gateway.pipeline.cluster import Cluster, Unreachable
 from corral.gateway.pipeline.coalesce import Coalescer
 from corral.gateway.pipeline.loading import LoadingStream
@@ -79,8 +80,12 @@ class Proxy:
     async def route(self, call: Call, here: Here | None = None) -> Response:
         """The call's answer: the cluster node's that holds its model (the body as it came:
         that node reads it itself), else this node's, from `here` (by default `serve_here`).
-        A refusal raised on the way names the call's model (its door counts and answers it)."""
+        A refusal raised on the way names the call's model (its door counts and answers it).
+        A model the caller may not use answers 404, as one not served does."""
         try:
+            who = caller(call.request.scope)
+            if not who.may_use(call.model):
+                raise unknown_model(call.model, self.config, who)
             if self.cluster is not None:
                 node = self.cluster.destination(call)
                 if node is not None:
