@@ -4,10 +4,12 @@ routes with 403, a revoked key refused with 401, and the official client with ea
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -251,3 +253,74 @@ def test_a_principal_uses_and_sees_only_its_models_on_every_door(tmp_path: Path)
         assert [m.id for m in mine.models.list()] == ["beta"]
         admin = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0)
         assert sorted(m.id for m in admin.models.list()) == ["alpha", "beta"]
+
+
+LIMITED = f"""
+models:
+  alpha:
+    load_s: 0.2
+    cmd: {SIM} --load-s 0.2 --tokens-per-s 2000
+  late:
+    load_s: 30
+    cmd: {SIM} --load-s 30
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+  principals:
+    rpm: {{keys: [rpm-key], limits: {{requests_per_minute: 2}}}}
+    one: {{keys: [one-key], limits: {{in_flight: 1}}}}
+    waits: {{keys: [waits-key], limits: {{queued: 1}}}}
+"""
+
+
+def test_over_a_limit_a_call_gets_429_with_retry_after_and_takes_nothing(tmp_path: Path) -> None:
+    with serve(tmp_path, LIMITED) as gw:
+        url = f"{gw.url}/v1/completions"
+        body = {"model": "alpha", "prompt": "x", "max_tokens": 2}
+
+        def auth(key: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {key}"}
+
+        def post(key: str, timeout_s: float = 120, **kw: object) -> httpx.Response:
+            return httpx.post(url, json={**body, **kw}, headers=auth(key), timeout=timeout_s)
+
+        # Requests per minute: two pass, the third waits about half a minute.
+        assert [post("rpm-key").status_code for _ in range(2)] == [200, 200]
+        r = post("rpm-key")
+        assert r.status_code == 429
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(r.headers["Retry-After"]) <= 30
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(
+                base_url=f"{gw.url}/v1", api_key="rpm-key", max_retries=0
+            ).completions.create(model="alpha", prompt="x", max_tokens=2)
+        assert post(KEY).status_code == 200  # others are not held back
+
+        # In flight and queued: a call waiting for a model that takes 30 s to load holds
+        # both until its client leaves (after 5 s).
+        def waiting(key: str) -> None:
+            with contextlib.suppress(httpx.TimeoutException):
+                httpx.post(url, json={**body, "model": "late"}, headers=auth(key), timeout=5)
+
+        def admitted(key: str, model: str = "alpha") -> bool:
+            """Whether a call now is let in (answered, or still waiting after 2 s)."""
+            try:
+                return post(key, model=model, timeout_s=2).status_code != 429
+            except httpx.TimeoutException:
+                return True
+
+        threads = [threading.Thread(target=waiting, args=(k,)) for k in ("one-key", "waits-key")]
+        for t in threads:
+            t.start()
+        wait_for(lambda: gw.status(auth=True)["models"]["late"]["queued"] >= 2, timeout_s=30)
+        r = post("one-key")
+        assert r.status_code == 429
+        assert "in flight" in r.json()["error"]["message"]
+        r = post("waits-key", model="late")
+        assert r.status_code == 429
+        assert "waiting for a model" in r.json()["error"]["message"]
+        for t in threads:
+            t.join(60)
+        wait_for(lambda: admitted("one-key"), timeout_s=30)
+        wait_for(lambda: admitted("waits-key", "late"), timeout_s=30)
+    assert gw.stderr.count("refused with 429") == 3  # each limit said once

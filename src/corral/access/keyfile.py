@@ -1,7 +1,8 @@
 """The keys `corral keys` keeps: `keys.json` in the data directory, digests only.
 
     {"version": 1,
-     "principals": {"alice": {"role": "user", "models": ["qwen*"]}},
+     "principals": {"alice": {"role": "user", "models": ["qwen*"],
+                              "limits": {"requests_per_minute": 60}}},
      "keys": [{"id": "key_...", "principal": "alice", "sha256": "<hex>",
                "created_at": 1733100000.0, "revoked_at": null}]}
 
@@ -14,6 +15,7 @@ a key file is damaged) and, later, keeps the keys read before."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from corral.access.limits import Limits
 from corral.access.principals import (
     ROLES,
     Principal,
@@ -108,12 +111,16 @@ class KeyFile:
         return _book(self.path, data)
 
     def create(
-        self, principal: str, role: Role | None, models: list[str] | None = None
+        self,
+        principal: str,
+        role: Role | None,
+        models: list[str] | None = None,
+        limits: Limits | None = None,
     ) -> tuple[str, StoredKey, Principal]:
         """A new key for `principal` (made with `role`, default user, if new): the key itself
         (shown once, never kept), its entry and the principal. `models` (names or globs)
-        replaces the models it may use. KeyFileError if `principal` exists with another
-        role."""
+        replaces the models it may use, `limits` its limits. KeyFileError if `principal`
+        exists with another role."""
         check_name(principal)
         with self._locked():
             data = self._data()
@@ -127,13 +134,22 @@ class KeyFile:
             chosen: Role = had if had in ROLES else (role or "user")
             spec = roles.get(principal) if isinstance(roles.get(principal), dict) else {}
             kept = models if models is not None else spec.get("models", [])
-            roles[principal] = {"role": chosen, **({"models": kept} if kept else {})}
+            bounds = (
+                {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
+                if limits is not None
+                else spec.get("limits", {})
+            )
+            roles[principal] = {
+                "role": chosen,
+                **({"models": kept} if kept else {}),
+                **({"limits": bounds} if bounds else {}),
+            }
             key = new_key()
             hexed = digest(key)
             entry = StoredKey(key_id(hexed), principal, hexed, time.time())
             data.setdefault("keys", []).append(entry.__dict__.copy())
             self._write(data)
-        return key, entry, Principal(principal, chosen, tuple(kept))
+        return key, entry, Principal(principal, chosen, tuple(kept), Limits(**bounds))
 
     def revoke(self, ref: str) -> list[StoredKey]:
         """Revoke the key with id `ref`, or every key of principal `ref`: the keys revoked now.
@@ -195,7 +211,18 @@ def _book(path: Path, data: dict[str, Any]) -> KeyBook:
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             problems.append(f"{path}: principal {name!r}: models is not a list of names")
             continue
-        found[name] = Principal(name, role, tuple(models))
+        bounds = spec.get("limits", {})
+        fields = Limits.__dataclass_fields__
+        if not isinstance(bounds, dict) or not all(
+            k in fields and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            for k, v in bounds.items()
+        ):
+            problems.append(
+                f"{path}: principal {name!r}: limits must map {', '.join(fields)} to whole "
+                "numbers of at least 1"
+            )
+            continue
+        found[name] = Principal(name, role, tuple(models), Limits(**bounds))
     keys: list[StoredKey] = []
     entries = data.get("keys", [])
     if not isinstance(entries, list):

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from corral.access.limits import NO_LIMITS, Limits
+
 Role = Literal["admin", "user"]
 ROLES: tuple[Role, ...] = ("admin", "user")
 KEY_PREFIX = "crl-"
@@ -26,11 +28,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 @dataclass(frozen=True)
 class Principal:
     """Who made a request: a name, a role (`admin` may do everything; `user` may not use the
-    admin routes) and the models it may use (names or globs; none: every model)."""
+    admin routes), the models it may use (names or globs; none: every model) and the limits
+    on its model calls."""
 
     name: str
     role: Role
     models: tuple[str, ...] = ()
+    limits: Limits = NO_LIMITS
 
     @property
     def admin(self) -> bool:

@@ -4,6 +4,7 @@ a second of a change."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -61,17 +62,29 @@ def create(
             "Replaces the ones it had; without any, every model.",
         ),
     ] = None,
+    requests_per_minute: Annotated[
+        int | None, typer.Option(min=1, help="NAME's model calls started per minute.")
+    ] = None,
+    in_flight: Annotated[
+        int | None, typer.Option(min=1, help="NAME's model calls at once (waiting or answered).")
+    ] = None,
+    queued: Annotated[
+        int | None, typer.Option(min=1, help="NAME's model calls waiting for a model at once.")
+    ] = None,
     folder: DataDir = None,
 ) -> None:
     """Make a new key for NAME and print it as the last line (it is shown once; Corral keeps
-    only its digest)."""
+    only its digest). Limits given replace the ones NAME had; over one, a call gets 429."""
+    from corral.access.limits import Limits
     from corral.access.principals import ROLES
 
     if role is not None and role not in ROLES:
         raise _fail(CorralError(f"--role must be admin or user; got {role!r}"))
     file = _file(folder)
     try:
-        key, entry, who = file.create(name, role, model)
+        given = (requests_per_minute, in_flight, queued)
+        limits = Limits(*given) if any(x is not None for x in given) else None
+        key, entry, who = file.create(name, role, model, limits)
     except (CorralError, ValueError) as exc:
         raise _fail(exc) from None
     err_console.print(
@@ -107,16 +120,22 @@ def list_(
                         "principal": k.principal,
                         "role": _role(book, k.principal),
                         "models": list(_models(book, k.principal)),
+                        "limits": _limits(book, k.principal),
                         "created_at": k.created_at,
                         "revoked_at": k.revoked_at,
                     }
                 )
             )
         return
-    table = Table("id", "principal", "role", "models", "created", *(["revoked"] if revoked else []))
+    table = Table(
+        "id", "principal", "role", "models", "limits", "created",
+        *(["revoked"] if revoked else []),
+    )  # fmt: skip
     for k in shown:
         models = ", ".join(_models(book, k.principal)) or "all"
-        row = [k.id, k.principal, _role(book, k.principal) or "?", models, _when(k.created_at)]
+        limits = ", ".join(f"{n} {v}" for n, v in _limits(book, k.principal).items()) or "none"
+        role = _role(book, k.principal) or "?"
+        row = [k.id, k.principal, role, models, limits, _when(k.created_at)]
         table.add_row(*map(escape, row), *([_when(k.revoked_at)] if revoked else []))
     out_console.print(table)
     if not shown:
@@ -147,6 +166,13 @@ def _role(book: KeyBook, name: str) -> str | None:
 def _models(book: KeyBook, name: str) -> tuple[str, ...]:
     who = book.principals.get(name)
     return who.models if who is not None else ()
+
+
+def _limits(book: KeyBook, name: str) -> dict[str, int]:
+    who = book.principals.get(name)
+    if who is None:
+        return {}
+    return {k: v for k, v in dataclasses.asdict(who.limits).items() if v is not None}
 
 
 def _when(t: float | None) -> str:

@@ -14,6 +14,21 @@ from corral.access.principals import check_name, digest_of_configured
 from corral.config.models import ModelConfig, Strict
 
 
+class LimitsConfig(Strict):
+    """A principal's limits on its model calls (each call to a model, on any door); over one, a
+    call gets 429 with Retry-After and nothing is queued."""
+
+    requests_per_minute: int | None = Field(
+        default=None, ge=1, description="Model calls started per minute (bursts up to it)."
+    )
+    in_flight: int | None = Field(
+        default=None, ge=1, description="Model calls at once, waiting or being answered."
+    )
+    queued: int | None = Field(
+        default=None, ge=1, description="Model calls waiting for their model's turn at once."
+    )
+
+
 class PrincipalConfig(Strict):
     """A principal of `server.principals`: a person, a team or an app, with its keys."""
 
@@ -34,6 +49,7 @@ class PrincipalConfig(Strict):
         "served name an alias resolves to; others answer 404 as if not served, and are not "
         "listed. Empty: every model.",
     )
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Its limits.")
 
     @field_validator("keys")
     @classmethod

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
 from corral.access.keyfile import KeyFile
+from corral.access.limits import Limits
 from corral.access.live import Access
 from corral.access.principals import ANYONE, SCOPE_KEY, Principal, configured_keys
 from corral.batch.attached import BatchRuntime
@@ -307,7 +308,10 @@ def _access(config: Config, data_dir: Path | None) -> Access:
     root = Path(srv.data_dir) if srv.data_dir else data_dir
     configured = configured_keys(
         srv.api_keys,
-        [(Principal(n, p.role, tuple(p.models)), p.keys) for n, p in srv.principals.items()],
+        [
+            (Principal(n, p.role, tuple(p.models), Limits(**p.limits.model_dump())), p.keys)
+            for n, p in srv.principals.items()
+        ],
     )
     access = Access(configured, KeyFile(root) if root is not None else None)
     loopback = srv.listen.rpartition(":")[0] in ("127.0.0.1", "localhost", "::1", "[::1]")

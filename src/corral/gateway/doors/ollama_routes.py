@@ -227,8 +227,9 @@ class OllamaDoor:
             return Response(reply.bare("unload"), media_type="application/json")
         if keep is not None:
             _keep_alive(self.gateway, model, keep)
+        gone = functools.partial(disconnected, call.request)
         async with self.px.turns.admit(
-            model, call.priority, functools.partial(disconnected, call.request)
+            model, call.priority, gone, caller(call.request.scope)
         ) as slot:
             pass  # the model is loaded: the turn ends at once, using no slot
         return Response(reply.bare("load", slot.wait_s), media_type="application/json")

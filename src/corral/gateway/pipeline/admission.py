@@ -7,6 +7,7 @@ on exit, unless a stream took the slot over (`Slot.keep`), which then ends it.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -15,11 +16,16 @@ from typing import Any
 from fastapi import Request
 
 from corral import core
+from corral.access.limits import OverLimit, Quotas, Ticket
+from corral.access.principals import ANYONE, Principal
 from corral.config import Config
 from corral.gateway.errors import ClientLeft, ModelUnavailable, QueueFull, WaitTimeout
 from corral.gateway.servers.intake import Intake, Rejected
 from corral.gateway.servers.metrics import Metrics
 from corral.gateway.servers.runtime import Gateway
+from corral.ratelog import Throttle
+
+log = logging.getLogger("corral.access")
 
 
 async def disconnected(request: Request) -> None:
@@ -33,13 +39,21 @@ async def disconnected(request: Request) -> None:
 class Slot:
     """One request's turn: the scheduler's request, its turn (a future), and when it came."""
 
-    __slots__ = ("_intake", "_over", "arrived", "kept", "model", "queued", "turn", "wait_s")
+    __slots__ = (
+        "_intake", "_over", "arrived", "kept", "model", "queued", "ticket", "turn", "wait_s",
+    )  # fmt: skip
 
     def __init__(
-        self, intake: Intake, model: str, queued: core.Request, turn: asyncio.Future[None]
+        self,
+        intake: Intake,
+        model: str,
+        queued: core.Request,
+        turn: asyncio.Future[None],
+        ticket: Ticket | None = None,
     ) -> None:
         self._intake = intake
         self._over = False
+        self.ticket = ticket  # its principal's hold on its limits, if it has any
         self.model = model
         self.queued = queued
         self.turn = turn
@@ -74,6 +88,8 @@ class Slot:
         if not self._over:
             self._over = True
             self._intake.finished(self.queued)
+            if self.ticket is not None:
+                self.ticket.close()
 
 
 class Turns:
@@ -83,9 +99,34 @@ class Turns:
         self.config = config
         self.gateway = gateway
         self.metrics = metrics
+        self.quotas = Quotas()
+        self._said = Throttle(log)
 
-    def submit(self, model: str, priority: int) -> Slot:
-        """Queue a request for `model`; 429 if `max_queue` interactive requests already wait."""
+    def submit(self, model: str, priority: int, who: Principal = ANYONE) -> Slot:
+        """Queue a request for `model` by `who`; 429 with Retry-After if `who` is over one of
+        its limits, or if `max_queue` interactive requests already wait."""
+        ticket = self.enter(who)
+        try:
+            return self._submit(model, priority, ticket)
+        except BaseException:
+            if ticket is not None:
+                ticket.close()
+            raise
+
+    def enter(self, who: Principal) -> Ticket | None:
+        """`who`'s hold on its limits for one more call (None without limits); 429 with
+        Retry-After over one, said in the log once a minute per principal and limit."""
+        try:
+            return self.quotas.enter(who.name, who.limits)
+        except OverLimit as exc:
+            self._said.warning(f"{who.name} {exc.limit}", "refused with 429: %s", exc)
+            raise QueueFull(
+                f"{exc}; retry after {exc.retry_after_s} s",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(exc.retry_after_s)},
+            ) from None
+
+    def _submit(self, model: str, priority: int, ticket: Ticket | None) -> Slot:
         m = self.config.models[model]
         if self.gateway.intake.pending(model) >= m.max_queue:
             raise QueueFull(
@@ -94,7 +135,7 @@ class Turns:
                 headers={"Retry-After": str(max(1, round(m.load_s)))},
             )
         queued, turn = self.gateway.intake.submit(model, priority)
-        return Slot(self.gateway.intake, model, queued, turn)
+        return Slot(self.gateway.intake, model, queued, turn, ticket)
 
     async def wait(self, slot: Slot, gone: Callable[[], Awaitable[Any]] | None = None) -> None:
         """Wait for the slot's turn. `gone` returns when nobody wants the answer any more. On
@@ -119,18 +160,24 @@ class Turns:
                     f"waited {m.request_timeout_s:g} s for model {slot.model} (request_timeout_s)",
                     code="queue_timeout",
                 )
+        if slot.ticket is not None:
+            slot.ticket.started()
         slot.ready()
         slot.wait_s = time.monotonic() - slot.arrived
         self.metrics.wait_seconds.labels(slot.model).observe(slot.wait_s)
 
     @asynccontextmanager
     async def admit(
-        self, model: str, priority: int, gone: Callable[[], Awaitable[Any]] | None = None
+        self,
+        model: str,
+        priority: int,
+        gone: Callable[[], Awaitable[Any]] | None = None,
+        who: Principal = ANYONE,
     ) -> AsyncIterator[Slot]:
-        """`async with turns.admit(model, priority, gone) as slot:` the body runs in the
+        """`async with turns.admit(model, priority, gone, who) as slot:` the body runs in the
         model's turn (`gone`: see `wait`); the request ends on exit (or when a stream that
         `keep`s it ends)."""
-        async with self.turn(self.submit(model, priority), gone) as slot:
+        async with self.turn(self.submit(model, priority, who), gone) as slot:
             yield slot
 
     @asynccontextmanager

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from fastapi.responses import Response, StreamingResponse
 
+from corral.access.principals import caller
 from corral.config import Config
 from corral.gateway.errors import GatewayError, stream_error
 from corral.gateway.pipeline.admission import Slot, Turns
@@ -63,7 +64,7 @@ class LoadingStream:
         self.answer = answer
 
     async def serve(self, call: Call) -> Response:
-        slot = self.turns.submit(call.model, call.priority)
+        slot = self.turns.submit(call.model, call.priority, caller(call.request.scope))
         if slot.turn.done():  # ready with a free slot: nothing to tell
             async with self.turns.turn(slot) as held:
                 return await self.answer(call, held)

@@ -107,9 +107,16 @@ class Proxy:
             if m.coalesce is not None and call.path in ("/v1/embeddings", "/embeddings"):
                 coalescer = self.coalescer(call.model)
                 if coalescer.takes(dict(data)):
-                    return await coalescer.submit(
-                        call.request, dict(data), call.priority, call.path
-                    )
+                    # Coalesced calls share one turn; each holds its principal's limits
+                    # until its own answer (whole, never streamed) is back.
+                    ticket = self.turns.enter(caller(call.request.scope))
+                    try:
+                        return await coalescer.submit(
+                            call.request, dict(data), call.priority, call.path
+                        )
+                    finally:
+                        if ticket is not None:
+                            ticket.close()
             if call.stream and call.path == "/v1/chat/completions" and m.send_loading_state:
                 return await self._loading.serve(call)
         return await self.serve(call)
@@ -135,7 +142,8 @@ class Proxy:
         if refused is not None:
             raise InvalidRequest(refused, param="tools", code="tools_not_supported")
         gone = functools.partial(disconnected, call.request)
-        async with self.turns.admit(call.model, call.priority, gone) as slot:
+        who = caller(call.request.scope)
+        async with self.turns.admit(call.model, call.priority, gone, who) as slot:
             answering = asyncio.ensure_future(self.answer(call, slot))
             left = asyncio.ensure_future(gone())
             try:
