@@ -467,7 +467,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_wait_past_the_bound_504(
   alpha:
     upstream: {echo}
     max_queue: 1
-    request_timeout_s: 0.3
+    request_timeout_s: 3
 """
 
     async def test(c: Corral) -> None:
@@ -475,7 +475,10 @@ def test_a_full_queue_is_429_with_retry_after_and_a_wait_past_the_bound_504(
         while not c.echo.seen:  # the first request holds the model's only slot
             await asyncio.sleep(0.01)
         waiter = asyncio.ensure_future(c.client.post("/v1/chat/completions", json=chat()))
+        # Long enough a bound that a busy machine sees the waiter queued before it times out
+        # (with 0.3 s, a poll that slept past it waited for a queue that had emptied).
         while c.app.state.gateway.intake.pending("alpha") < 1:
+            assert not waiter.done(), "the waiter timed out before it was seen queued"
             await asyncio.sleep(0.01)
         full = await c.client.post("/v1/chat/completions", json=chat())
         assert full.status_code == 429
