@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -103,14 +102,16 @@ def row(driver: WebDriver, batch_id: str) -> dict[str, str]:
 
 
 def click_cancel(driver: WebDriver, batch_id: str) -> None:
-    for _ in range(10):  # the row is redrawn live: find the button again if it went stale
-        try:
-            tr = driver.find_element(By.CSS_SELECTOR, f'tr[data-id="{batch_id}"]')
-            tr.find_element(By.CSS_SELECTOR, "button.cancel").click()
-            return
-        except (StaleElementReferenceException, NoSuchElementException):
-            continue
-    raise AssertionError(f"no cancel button for {batch_id}")
+    """Click the batch's cancel button, found and clicked in one script: the list is redrawn
+    live, so a button found in one call may be stale at the next (a busy machine redraws
+    between them for seconds on end)."""
+    clicked = (
+        "const b = document.querySelector(`tr[data-id='${arguments[0]}'] button.cancel`);"
+        "if (b) b.click(); return !!b;"
+    )
+    WebDriverWait(driver, 30, poll_frequency=0.2).until(
+        lambda d: d.execute_script(clicked, batch_id), f"no cancel button for {batch_id}"
+    )
 
 
 def test_submit_a_file_watch_it_finish_and_cancel_another(
