@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.access.limits import Limits
+from corral.access.limits import NO_LIMITS, Limits
 from corral.access.principals import (
     ROLES,
     Principal,
@@ -90,11 +90,15 @@ class KeyFile:
     def read(self) -> KeyBook:
         """The book (empty if there is no file); KeyFileError if the file cannot be read or is
         not a key file at all."""
+        return _book(self.path, self._data())
+
+    def _data(self) -> dict[str, Any]:
+        """The file's object (an empty key file's if there is none); KeyFileError as `read`."""
         try:
             with self.path.open("rb") as f:
                 raw = f.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
-            return KeyBook({}, [], [])
+            return {"version": 1, "principals": {}, "keys": []}
         except OSError as exc:
             raise KeyFileError(f"{self.path}: cannot read the key file: {exc}") from exc
         if len(raw) > MAX_FILE_BYTES:
@@ -108,7 +112,7 @@ class KeyFile:
             ) from exc
         if not isinstance(data, dict) or data.get("version") != 1:
             raise KeyFileError(f'{self.path}: not a Corral key file (no "version": 1)')
-        return _book(self.path, data)
+        return data
 
     def create(
         self,
@@ -123,25 +127,26 @@ class KeyFile:
         exists with another role."""
         check_name(principal)
         with self._locked():
-            data = self._data()
+            data = self._data()  # a file this cannot parse is never overwritten
             roles = data.setdefault("principals", {})
-            had = roles.get(principal, {}).get("role") if isinstance(roles, dict) else None
-            if had is not None and role is not None and had != role:
+            if not isinstance(roles, dict):
+                raise KeyFileError(f'{self.path}: "principals" is not an object; mend it first')
+            had = _book(self.path, data).principals.get(principal)
+            if had is not None and role is not None and had.role != role:
                 raise KeyFileError(
-                    f"{principal} is already a {had}; a principal has one role (revoke its keys "
-                    f"and create them under another name, or leave out --role)"
+                    f"{principal} is already a {had.role}; a principal has one role (revoke its "
+                    "keys and create them under another name, or leave out --role)"
                 )
-            chosen: Role = had if had in ROLES else (role or "user")
-            spec = roles.get(principal) if isinstance(roles.get(principal), dict) else {}
-            kept = models if models is not None else spec.get("models", [])
-            bounds = (
-                {k: v for k, v in dataclasses.asdict(limits).items() if v is not None}
-                if limits is not None
-                else spec.get("limits", {})
+            who = Principal(
+                principal,
+                had.role if had is not None else (role or "user"),
+                tuple(models) if models is not None else (had.models if had else ()),
+                limits if limits is not None else (had.limits if had else NO_LIMITS),
             )
+            bounds = {k: v for k, v in dataclasses.asdict(who.limits).items() if v is not None}
             roles[principal] = {
-                "role": chosen,
-                **({"models": kept} if kept else {}),
+                "role": who.role,
+                **({"models": list(who.models)} if who.models else {}),
                 **({"limits": bounds} if bounds else {}),
             }
             key = new_key()
@@ -149,7 +154,7 @@ class KeyFile:
             entry = StoredKey(key_id(hexed), principal, hexed, time.time())
             data.setdefault("keys", []).append(entry.__dict__.copy())
             self._write(data)
-        return key, entry, Principal(principal, chosen, tuple(kept), Limits(**bounds))
+        return key, entry, who
 
     def revoke(self, ref: str) -> list[StoredKey]:
         """Revoke the key with id `ref`, or every key of principal `ref`: the keys revoked now.
@@ -171,13 +176,6 @@ class KeyFile:
                 )
             self._write(data)
         return [_stored(k) for k in done]
-
-    def _data(self) -> dict[str, Any]:
-        if not self.path.exists():
-            return {"version": 1, "principals": {}, "keys": []}
-        self.read()  # a file this cannot parse is never overwritten
-        data: dict[str, Any] = json.loads(self.path.read_bytes())
-        return data
 
     def _write(self, data: dict[str, Any]) -> None:
         replace_text(self.path, json.dumps(data, indent=1) + "\n")
