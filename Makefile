@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls bench-shares compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -182,6 +182,9 @@ bench-devices: $(STAMP)
 # best other policy per metric, and any request never served (~2 min).
 bench-intake: $(STAMP)
 	$(BIN)/python benchmarks/bench_intake.py
+
+bench-shares: $(STAMP)
+	$(BIN)/python benchmarks/bench_shares.py --json out/bench-shares.json
 
 bench-robust: $(STAMP)
 	$(BIN)/python benchmarks/bench_robust.py --json out/bench-robust.json

@@ -85,9 +85,14 @@ class Harness:
         return self
 
     def arrive(
-        self, rid: str, model: str | None = None, priority: int = 0, batch: bool = False
+        self,
+        rid: str,
+        model: str | None = None,
+        priority: int = 0,
+        batch: bool = False,
+        principal: str | None = None,
     ) -> Request:
-        r = Request(rid, model or rid.rstrip("0123456789"), priority, batch)
+        r = Request(rid, model or rid.rstrip("0123456789"), priority, batch, principal=principal)
         self.requests[rid] = r
         self.s.on_request(r)
         return r

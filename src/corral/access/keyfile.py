@@ -27,9 +27,11 @@ from typing import Any
 
 from corral.access.limits import NO_LIMITS, Limits
 from corral.access.principals import (
+    CLASSES,
     ROLES,
     Principal,
     Role,
+    ServiceClass,
     check_name,
     digest,
     key_id,
@@ -120,11 +122,14 @@ class KeyFile:
         role: Role | None,
         models: list[str] | None = None,
         limits: Limits | None = None,
+        weight: float | None = None,
+        highest_class: ServiceClass | None = None,
     ) -> tuple[str, StoredKey, Principal]:
         """A new key for `principal` (made with `role`, default user, if new): the key itself
         (shown once, never kept), its entry and the principal. `models` (names or globs)
-        replaces the models it may use, `limits` its limits. KeyFileError if `principal`
-        exists with another role."""
+        replaces the models it may use, `limits` its limits, `weight` its weight in fair
+        shares, `highest_class` the highest service class it may ask for. KeyFileError if
+        `principal` exists with another role."""
         check_name(principal)
         with self._locked():
             data = self._data()  # a file this cannot parse is never overwritten
@@ -142,12 +147,20 @@ class KeyFile:
                 had.role if had is not None else (role or "user"),
                 tuple(models) if models is not None else (had.models if had else ()),
                 limits if limits is not None else (had.limits if had else NO_LIMITS),
+                weight if weight is not None else (had.weight if had else 1.0),
+                highest_class or (had.highest_class if had else "interactive"),
             )
             bounds = {k: v for k, v in dataclasses.asdict(who.limits).items() if v is not None}
             roles[principal] = {
                 "role": who.role,
                 **({"models": list(who.models)} if who.models else {}),
                 **({"limits": bounds} if bounds else {}),
+                **({"weight": who.weight} if who.weight != 1.0 else {}),
+                **(
+                    {"highest_class": who.highest_class}
+                    if who.highest_class != "interactive"
+                    else {}
+                ),
             }
             key = new_key()
             hexed = digest(key)
@@ -220,7 +233,23 @@ def _book(path: Path, data: dict[str, Any]) -> KeyBook:
                 "numbers of at least 1"
             )
             continue
-        found[name] = Principal(name, role, tuple(models), Limits(**bounds))
+        weight = spec.get("weight", 1.0)
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not 0 < weight <= 1000
+        ):
+            problems.append(
+                f"{path}: principal {name!r}: weight must be a number above 0, at most 1000"
+            )
+            continue
+        highest = spec.get("highest_class", "interactive")
+        if highest not in CLASSES:
+            problems.append(
+                f"{path}: principal {name!r}: highest_class must be interactive or batch"
+            )
+            continue
+        found[name] = Principal(name, role, tuple(models), Limits(**bounds), float(weight), highest)
     keys: list[StoredKey] = []
     entries = data.get("keys", [])
     if not isinstance(entries, list):

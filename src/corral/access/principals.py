@@ -19,6 +19,8 @@ from corral.access.limits import NO_LIMITS, Limits
 
 Role = Literal["admin", "user"]
 ROLES: tuple[Role, ...] = ("admin", "user")
+ServiceClass = Literal["interactive", "batch"]
+CLASSES: tuple[ServiceClass, ...] = ("interactive", "batch")
 KEY_PREFIX = "crl-"
 DIGEST_PREFIX = "sha256:"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
@@ -28,13 +30,16 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 @dataclass(frozen=True)
 class Principal:
     """Who made a request: a name, a role (`admin` may do everything; `user` may not use the
-    admin routes), the models it may use (names or globs; none: every model) and the limits
-    on its model calls."""
+    admin routes), the models it may use (names or globs; none: every model), the limits
+    on its model calls, its weight in fair shares (core/shares.py) and the highest service
+    class it may ask for (`batch`: its calls run as background work)."""
 
     name: str
     role: Role
     models: tuple[str, ...] = ()
     limits: Limits = NO_LIMITS
+    weight: float = 1.0
+    highest_class: ServiceClass = "interactive"
 
     @property
     def admin(self) -> bool:

@@ -71,20 +71,40 @@ def create(
     queued: Annotated[
         int | None, typer.Option(min=1, help="NAME's model calls waiting for a model at once.")
     ] = None,
+    weight: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            max=1000,
+            help="NAME's share of the devices against other principals' while several wait "
+            "(default 1).",
+        ),
+    ] = None,
+    highest_class: Annotated[
+        str | None,
+        typer.Option(
+            help="The highest service class NAME may ask for: interactive (default) or batch "
+            "(its calls run as background work)."
+        ),
+    ] = None,
     folder: DataDir = None,
 ) -> None:
     """Make a new key for NAME and print it as the last line (it is shown once; Corral keeps
     only its digest). Limits given replace the ones NAME had; over one, a call gets 429."""
     from corral.access.limits import Limits
-    from corral.access.principals import ROLES
+    from corral.access.principals import CLASSES, ROLES
 
     if role is not None and role not in ROLES:
         raise _fail(CorralError(f"--role must be admin or user; got {role!r}"))
+    if highest_class is not None and highest_class not in CLASSES:
+        raise _fail(
+            CorralError(f"--highest-class must be interactive or batch; got {highest_class!r}")
+        )
     file = _file(folder)
     try:
         given = (requests_per_minute, in_flight, queued)
         limits = Limits(*given) if any(x is not None for x in given) else None
-        key, entry, who = file.create(name, role, model, limits)
+        key, entry, who = file.create(name, role, model, limits, weight, highest_class)
     except (CorralError, ValueError) as exc:
         raise _fail(exc) from None
     err_console.print(

@@ -401,6 +401,13 @@ class SchedulerConfig(Strict):
         "max_wait_s can force it out: swapping never takes more than 1/(1+x) of the device.",
     )
     cost: CostConfig = Field(default=CostConfig(), description="The `cost` policy's own settings.")
+    fair_shares: bool = Field(
+        default=True,
+        description="Inside each service class, share the devices between principals (keys' "
+        "owners) by weight, charging each the device time of its requests and the loads its "
+        "work causes; false: requests of a class are served by model and arrival, whoever "
+        "sent them.",
+    )
     sleepers: Literal["predicted", "lru"] = Field(
         default="predicted",
         description="Which models sleep when host memory is short: `predicted` keeps those "

@@ -50,6 +50,19 @@ class PrincipalConfig(Strict):
         "listed. Empty: every model.",
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Its limits.")
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Its share of the devices against other principals' inside a service "
+        "class: device time (service and the loads its work causes) is shared in proportion "
+        "to weights while several principals wait.",
+    )
+    highest_class: Literal["interactive", "batch"] = Field(
+        default="interactive",
+        description="The highest service class it may ask for: batch runs all its calls as "
+        "background work, after every interactive request.",
+    )
 
     @field_validator("keys")
     @classmethod

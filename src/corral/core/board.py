@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from corral.config import Config
+from corral.core.shares import Shares
 from corral.core.state import DeviceRecord, ModelRecord, first_pending
 from corral.core.types import Request, RequestState
 
@@ -19,15 +20,22 @@ from corral.core.types import Request, RequestState
 class Board:
     """The records of one scheduler. `weight(priority)`: a request's weight in its model's
     queue (the policy's, computed once per priority); `strict`: keep the arrival order (the
-    policy serves the oldest request of all first)."""
+    policy serves the oldest request of all first). `shares`: the principals' fair shares,
+    told of every request that becomes pending and every one that leaves unserved."""
 
     def __init__(
-        self, config: Config, classes: bool, weight: Callable[[int], float], strict: bool
+        self,
+        config: Config,
+        classes: bool,
+        weight: Callable[[int], float],
+        strict: bool,
+        shares: Shares,
     ) -> None:
         self.classes = classes
-        self.models: dict[str, ModelRecord] = {
-            name: ModelRecord(name, spec, classes) for name, spec in config.models.items()
-        }
+        self.shares = shares
+        self.models: dict[str, ModelRecord] = {}
+        for name, spec in config.models.items():
+            self.record(name, ModelRecord(name, spec, classes))
         self.devices: list[DeviceRecord] = [DeviceRecord(d) for d in config.devices]
         # Models with pending work, in the order their first pending request came (a dict as
         # an ordered set: the parts iterate it every decision).
@@ -38,6 +46,11 @@ class Board:
         self._policy_weight = weight
         self._weights: dict[int, float] = {}
 
+    def record(self, name: str, m: ModelRecord) -> None:
+        """Keep `m` as model `name`'s record (its queue served by the board's shares)."""
+        m.shares = self.shares
+        self.models[name] = m
+
     def weight(self, priority: int) -> float:
         w = self._weights.get(priority)
         if w is None:
@@ -47,6 +60,7 @@ class Board:
     def add(self, m: ModelRecord, r: Request) -> None:
         """Pending request `r` joins model `m`'s queue."""
         m.enqueue(r, self.weight(r.priority))
+        self.shares.arrived(r)
         if m.count == 1:
             self.pending[m] = None
         if self._strict:
@@ -63,6 +77,7 @@ class Board:
         m = self.models[r.model]
         r.state = state
         m.discard(r, self.weight(r.priority))
+        self.shares.left(r)
         if m.count == 0:
             del self.pending[m]
 

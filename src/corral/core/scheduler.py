@@ -35,8 +35,9 @@ from corral.core.pagecache import PageCache
 from corral.core.placement import Plan, plan_placement
 from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
+from corral.core.shares import Shares
 from corral.core.sleep import Sleepers
-from corral.core.state import BATCH_BELOW, ModelRecord
+from corral.core.state import ModelRecord, next_due, who_top
 from corral.core.stretch import WaitBound
 from corral.core.swaps import LINGER_TIMER, Swaps
 from corral.core.tiers import SchedulerBug, Tiers
@@ -78,10 +79,8 @@ class Scheduler:
         self._clock = clock
         self._classes = classes = self.policy.classes
         self._strict = self.policy.strict_order
-        # Built in dependency order: the wait bound and the board first, then each part from
-        # the parts it uses (a part never names one built after it).
-        # The wait bound, per class, configured and as the load leaves room for it
-        # (core/stretch.py): one value every part reads.
+        # Built in dependency order, each part from the parts it uses. The wait bound, per
+        # class, configured and as the load leaves room for it (core/stretch.py).
         bounded = self.policy.bounded_wait
         self.wait = WaitBound(
             config.scheduler.max_wait_s if bounded else None,
@@ -89,7 +88,10 @@ class Scheduler:
         )
         self.stretch = self.wait.stretch
         self.policy.wait = self.wait
-        self.board = board = Board(config, classes, self.policy.weight, self._strict)
+        # Fair shares inside each class (core/shares.py), weighted as the config says.
+        weights = {n: p.weight for n, p in config.server.principals.items()}
+        self.shares = shares = Shares(weights, config.scheduler.fair_shares)
+        self.board = board = Board(config, classes, self.policy.weight, self._strict, shares)
         self.models = board.models
         self.devices = board.devices
         # Each model's file in the host's page cache, as measured (core/pagecache.py).
@@ -188,6 +190,7 @@ class Scheduler:
         m = self.models[model]
         rec = _copy(m, device)
         woke = rec.state is Lifecycle.WAKING
+        self.shares.loaded(model, who_top(m), m.top_batch, self._clock() - rec.load_started_at)
         self.tiers.move(rec, _READY)
         assert rec.device is not None
         rec.device.loading = None
@@ -214,6 +217,7 @@ class Scheduler:
         rec = _copy(m, device)
         dev = rec.device
         assert dev is not None
+        self.shares.loaded(model, who_top(m), m.top_batch, self._clock() - rec.load_started_at)
         dev.loading = None
         self.tiers.leave(rec)
         if rec is not m:  # a replica: the model is served; do not try again at once
@@ -256,6 +260,7 @@ class Scheduler:
         m = self.models[r.model]
         if r.dispatched_at is not None:
             m.est.observe_service(now - r.dispatched_at)
+        self.shares.ended(r, now, m.concurrency)
         if m.copies:
             m = m.copy_on(r.device) or m
         m.in_flight -= 1
@@ -297,6 +302,7 @@ class Scheduler:
             r.state = RequestState.CANCELLED
             r.finished_at = now
             m = self.models[r.model]
+            self.shares.ended(r, now, m.concurrency)
             if m.copies:
                 m = m.copy_on(r.device) or m
             m.in_flight -= 1
@@ -368,7 +374,7 @@ class Scheduler:
 
     # --- the configuration changes (`corral serve --watch`) ----------------------------------
     def on_model_added(self, name: str, spec: ModelConfig) -> None:
-        self.models[name] = ModelRecord(name, spec, self._classes)
+        self.board.record(name, ModelRecord(name, spec, self._classes))
         self.conversations.add_model(name, spec)
         self._solo = self.board.one_at_a_time()
 
@@ -468,7 +474,10 @@ class Scheduler:
             if m.in_flight == 0:
                 self._need_decide = True
         elif m.queue.count:
-            self._dispatch(m, now)
+            if self.shares.enabled and len(self.board.pending) > 1:
+                self._need_decide = True  # a principal waiting elsewhere may be owed its share
+            else:
+                self._dispatch(m, now)
         if m.queue.count == 0 and m.in_flight == 0 and m.state is _READY:
             self._went_idle(m, now)
         self._settle(now)
@@ -499,15 +508,8 @@ class Scheduler:
         device = m.device.name
         wait = self.wait
         while m.in_flight < m.concurrency and q.count:
-            r = q.best()
-            assert r is not None
             # The configured bound: this order forces no swap (core/stretch.py, WaitBound).
-            max_wait = wait.batch_s if r.level < BATCH_BELOW else wait.interactive_s
-            if max_wait is not None:
-                # The oldest of r's class (one class queued: the plain, cheaper scan).
-                old = q.oldest() if q.icount == q.count else q.oldest(r.level < BATCH_BELOW)
-                if old is not None and old.arrived_at + max_wait <= now:
-                    r = old
+            r = next_due(q, wait.interactive_s, wait.batch_s, now)
             if self._strict and m.served:  # an unserved model gets its round (progress rule)
                 head = board.head()
                 hm = models[head.model] if head is not None else m
@@ -517,6 +519,7 @@ class Scheduler:
                     self._need_decide = self._need_decide or not self._deciding
                     return
             board.take(q, r)
+            self.shares.dispatched(r, q.est.service_s / q.concurrency)
             r.state = _RUNNING
             r.dispatched_at = now
             r.device = device

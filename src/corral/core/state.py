@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import insort
 from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
 
 from corral.config import DeviceConfig, ModelConfig
 from corral.core.estimates import Estimates
 from corral.core.types import ON_DEVICE, Lifecycle, Request, RequestState
+
+
+class FairOrder(Protocol):
+    """What a queue reads of fair shares (core/shares.py, `Shares`) to order its levels."""
+
+    enabled: bool
+    vtimes: tuple[dict[str | None, float], dict[str | None, float]]
+
+    def before(self, overdue: Request, fair: Request) -> bool: ...
+
 
 _PENDING = RequestState.PENDING
 # Queue levels are one int per (class, priority): batch levels sit this far below every
@@ -42,9 +55,11 @@ def first_pending(q: deque[Request]) -> Request | None:
 class ModelRecord:
     """One model's queue, residency and running estimates.
 
-    The queue keeps one FIFO per (service class, request priority) level, so the next request
-    (interactive first, then highest priority, then oldest) and the oldest request are found in
-    O(levels); cancelled entries leave lazily.
+    The queue keeps one FIFO per (service class, request priority) level and principal, so the
+    next request (interactive first, then highest priority, then the principal furthest behind
+    its fair share, then oldest) and the oldest request are found in O(levels x principals);
+    cancelled entries leave lazily. Without fair shares (`shares` None or not enabled) a level
+    is served oldest first, whoever sent it.
 
     Policies see the model's *top class*: its interactive work while it has any, else its batch
     work (`top_batch`). `n_top`, `w_top` and `wa_top` are that class's count, Σweight and
@@ -86,6 +101,7 @@ class ModelRecord:
         "rent_timer_at",
         "restarting",
         "served",
+        "shares",
         "spec",
         "state",
         "used_at",
@@ -93,6 +109,8 @@ class ModelRecord:
         "w_sum",
         "wa_batch",
         "wa_sum",
+        "who_b",
+        "who_i",
         "yielding",
     )
 
@@ -129,8 +147,13 @@ class ModelRecord:
         self.wa_sum = 0.0
         self.w_batch = 0.0  # ... and of pending batch requests
         self.wa_batch = 0.0
-        self._levels: dict[int, deque[Request]] = {}
+        # Per level, one FIFO per principal.
+        self._levels: dict[int, dict[str | None, deque[Request]]] = {}
         self._order: list[int] = []  # negated levels, ascending = first to run first
+        self.shares: FairOrder | None = None  # the scheduler's fair shares (core/shares.py)
+        # Pending requests per principal: interactive (as the policy sees them) and batch.
+        self.who_i: dict[str | None, int] = {}
+        self.who_b: dict[str | None, int] = {}
         self.yielding = False  # stops taking new work: it is to make room for another model
         self.lost = False  # its server died: no new work; unloaded once in-flight work ends
         # Lost on purpose, and why ("restart": its command changed; its device overfilled): it
@@ -247,12 +270,17 @@ class ModelRecord:
         level = r.level = r.priority - _BATCH_SHIFT if batch else r.priority
         if not r.background:
             self.asked += 1
-        q = self._levels.get(level)
-        if q is None:
-            q = self._levels[level] = deque()
+        lv = self._levels.get(level)
+        if lv is None:
+            lv = self._levels[level] = {}
             insort(self._order, -level)
+        q = lv.get(r.principal)
+        if q is None:
+            q = lv[r.principal] = deque()
         q.append(r)
         self.count += 1
+        who = self.who_b if batch else self.who_i
+        who[r.principal] = who.get(r.principal, 0) + 1
         if batch:
             self.w_batch += weight
             self.wa_batch += weight * r.arrived_at
@@ -263,9 +291,9 @@ class ModelRecord:
 
     def best(self) -> Request | None:
         """The next request by the shared rule: interactive first, then highest request
-        priority, then oldest."""
+        priority, then the principal furthest behind its share, then oldest."""
         for neg in self._order:
-            r = first_pending(self._levels[-neg])
+            r = _first(self._levels[-neg], self.shares)
             if r is not None:
                 return r
         return None
@@ -276,9 +304,10 @@ class ModelRecord:
         for neg in self._order:
             if batch is not None and (neg > _BATCH_HALF) is not batch:
                 continue
-            r = first_pending(self._levels[-neg])
-            if r is not None and (found is None or r.seq < found.seq):
-                found = r
+            for q in self._levels[-neg].values():
+                r = first_pending(q)
+                if r is not None and (found is None or r.seq < found.seq):
+                    found = r
         return found
 
     def oldest_top(self) -> Request | None:
@@ -287,7 +316,7 @@ class ModelRecord:
 
     def take(self, r: Request, weight: float) -> None:
         """Remove `r`, which `best()` or `oldest()` just returned."""
-        self._levels[r.level].popleft()
+        self._levels[r.level][r.principal].popleft()
         self._forget(r, weight)
 
     def discard(self, r: Request, weight: float) -> None:
@@ -298,6 +327,12 @@ class ModelRecord:
         self.count -= 1
         if not r.background:
             self.asked -= 1
+        who = self.who_b if r.level < BATCH_BELOW else self.who_i
+        n = who.get(r.principal, 0)
+        if n > 1:
+            who[r.principal] = n - 1
+        else:
+            who.pop(r.principal, None)
         if r.level < BATCH_BELOW:
             if self.count > self.icount:
                 self.w_batch -= weight
@@ -317,12 +352,71 @@ class ModelRecord:
         O(n) without a limit)."""
         out: list[Request] = []
         for neg in self._order:
-            for r in self._levels[-neg]:
+            level = self._levels[-neg]
+            rs: Iterator[Request] = (
+                iter(next(iter(level.values())))
+                if len(level) == 1
+                else heapq.merge(*level.values(), key=_seq)
+            )
+            for r in rs:
                 if r.state is _PENDING:
                     if limit is not None and len(out) >= limit:
                         return out
                     out.append(r)
         return out
+
+
+def _seq(r: Request) -> int:
+    return r.seq
+
+
+def who_top(m: ModelRecord) -> dict[str | None, int]:
+    """`m`'s pending requests of its top class, per principal."""
+    return m.who_i if m.icount else m.who_b
+
+
+def next_due(
+    q: ModelRecord, max_wait_s: float | None, batch_max_wait_s: float | None, now: float
+) -> Request:
+    """The request of `q`'s queue to dispatch next: `best()`, unless the oldest of its class
+    has waited past its class's bound and its principal is not ahead of best's in fair shares
+    (`Shares.before`). `q` must have pending work."""
+    r = q.best()
+    assert r is not None
+    max_wait = batch_max_wait_s if r.level < BATCH_BELOW else max_wait_s
+    if max_wait is not None:
+        # The oldest of r's class (one class queued: the plain, cheaper scan).
+        old = q.oldest() if q.icount == q.count else q.oldest(r.level < BATCH_BELOW)
+        if (
+            old is not None
+            and old.arrived_at + max_wait <= now
+            and (q.shares is None or q.shares.before(old, r))
+        ):
+            return old
+    return r
+
+
+def _first(level: dict[str | None, deque[Request]], shares: FairOrder | None) -> Request | None:
+    """A level's next request: the least virtual time's first (ties: the oldest)."""
+    if len(level) == 1:
+        for q in level.values():
+            return first_pending(q)
+    vtime = None
+    if shares is not None and shares.enabled:
+        for q in level.values():  # one class per level: any request says which
+            if q:
+                vtime = shares.vtimes[q[0].level < BATCH_BELOW]
+                break
+    found: Request | None = None
+    key = (0.0, 0)
+    for who, q in level.items():
+        r = first_pending(q)
+        if r is None:
+            continue
+        k = (vtime.get(who, 0.0) if vtime is not None else 0.0, r.seq)
+        if found is None or k < key:
+            found, key = r, k
+    return found
 
 
 class DeviceRecord:

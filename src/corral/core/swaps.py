@@ -16,7 +16,7 @@ from corral.core.effects import Effects
 from corral.core.placement import DeviceView, ResidentView, overflow, plan_placement
 from corral.core.policies import Policy, lingering
 from corral.core.replicas import Replicas
-from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, backlog_s
+from corral.core.state import BATCH_BELOW, DeviceRecord, ModelRecord, backlog_s, who_top
 from corral.core.stretch import WaitBound
 from corral.core.types import Lifecycle, Request
 
@@ -104,20 +104,56 @@ class Swaps:
                     return True  # the same rule as `_class_preempts`, for one victim
             elif r.icount:
                 return False  # batch work never displaces interactive work
+            if self.board.shares.enabled and self._owed(r, c):
+                return True
         if self.replicas.enabled and r.count == 0 and not self.replicas.spare(r, now):
             return False  # idle for a moment, but its arrivals keep a device busy
         return self.policy.should_yield(r, c, now)
 
+    def _owed(self, r: ModelRecord, c: ModelRecord) -> bool:
+        """Fair shares (core/shares.py): resident `r` still has work of `c`'s class, and the
+        principal furthest behind among those waiting for `c` is behind every principal
+        waiting for `r` by more than the round trip that yielding costs (so each swap it
+        forces is paid for by the share it restores, and the loads it causes are charged to
+        whoever waited for them)."""
+        q = r.queue
+        if not q.count or not c.count or (q.icount > 0) is not (c.icount > 0):
+            return False
+        shares = self.board.shares
+        round_trip_s = r.leave_s + c.return_s + c.leave_s + r.comeback_s
+        batch = c.top_batch
+        return shares.least(who_top(c), batch) + round_trip_s < shares.least(who_top(q), batch)
+
     def _rank(self, candidates: list[ModelRecord], now: float) -> list[ModelRecord]:
         """Models to bring in, best first: interactive ones before batch ones, each class in
-        the policy's order."""
+        the policy's order, except that a model whose waiting principal is owed more than a
+        load's worth of device time against the policy's first goes before it."""
         if not self._classes:
             return self.policy.rank(candidates, now)
         interactive = [m for m in candidates if m.icount]
         if not interactive or len(interactive) == len(candidates):
-            return self.policy.rank(candidates, now)
+            return self._fair(self.policy.rank(candidates, now))
         batch = [m for m in candidates if not m.icount]
-        return self.policy.rank(interactive, now) + self.policy.rank(batch, now)
+        return self._fair(self.policy.rank(interactive, now)) + self._fair(
+            self.policy.rank(batch, now)
+        )
+
+    def _fair(self, order: list[ModelRecord]) -> list[ModelRecord]:
+        """`order` (one class) with the most owed principal's model first, where it is owed
+        more than the policy's first choice's load against that model's principals."""
+        shares = self.board.shares
+        if not shares.enabled or len(order) < 2:
+            return order
+        top = order[0]
+        batch = top.top_batch
+
+        def least(m: ModelRecord) -> float:
+            return shares.least(who_top(m), batch)
+
+        owed = min(order, key=least)
+        if owed is top or least(owed) + top.return_s >= least(top):
+            return order
+        return [owed] + [m for m in order if m is not owed]
 
     def views(self, target: ModelRecord, now: float, forced: bool = False) -> list[DeviceView]:
         """What placement sees for `target`; `forced` (an overdue target): a copy of a model

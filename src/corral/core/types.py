@@ -55,11 +55,11 @@ class Grant(Protocol):
 class Request:
     """One unit of work for one model.
 
-    Adapters create it with `model`, `priority`, its service class, an opaque `id` and the
-    `grant` to tell of its outcome (None where the `Effects` themselves hear it); the
-    scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at`, `device` (which copy of
-    the model serves it), `swaps_waited` and `state`. Subclass
-    it to carry payloads.
+    Adapters create it with `model`, `priority`, its service class, an opaque `id`, its
+    `principal` and the `grant` to tell of its outcome (None where the `Effects` themselves
+    hear it); the scheduler stamps `seq` (arrival order), `arrived_at`, `dispatched_at`,
+    `device` (which copy of the model serves it), `swaps_waited` and `state`. Subclass it to
+    carry payloads.
 
     The class: `background=False` is interactive (someone is waiting: gateway requests),
     `background=True` is batch work, in the background (Batch API lines, queue tasks by
@@ -70,6 +70,7 @@ class Request:
     __slots__ = (
         "arrived_at",
         "background",
+        "charged_s",
         "context_tokens",
         "conversation",
         "device",
@@ -81,6 +82,7 @@ class Request:
         "model",
         "prefill_s",
         "prefill_tokens",
+        "principal",
         "priority",
         "seq",
         "state",
@@ -94,8 +96,13 @@ class Request:
         priority: int = 0,
         background: bool = False,
         grant: Grant | None = None,
+        principal: str | None = None,
     ) -> None:
         self.id = id
+        # Whose work it is (a principal's name; None: anonymous): fair shares inside a class
+        # are kept between principals (core/shares.py).
+        self.principal = principal
+        self.charged_s = 0.0  # device-seconds charged to its principal so far
         self.grant = grant
         self.model = model
         self.priority = priority

@@ -51,7 +51,7 @@ class SimRequest(Request):
     __slots__ = ("line", "service_s", "session")
 
     def __init__(self, src: TraceLine) -> None:
-        super().__init__(src.line, src.model, src.priority, src.background)
+        super().__init__(src.line, src.model, src.priority, src.background, None, src.principal)
         self.line = src.line
         self.service_s = src.service_s
         self.session = src.session
@@ -178,6 +178,8 @@ class Run:
     aborted: dict[str, int] = field(default_factory=dict)  # of `loads`, those stopped midway
     prompts: Prompts | None = None  # conversations: prefill, saves and restores (if any)
     files: SimPageCache | None = None  # the host's page cache (if modelled)
+    # Per principal: (service_s, load_s) charged by the scheduler's fair shares.
+    charged: dict[str | None, tuple[float, float]] = field(default_factory=dict)
 
 
 class Simulation:
@@ -529,6 +531,8 @@ class Simulation:
 
     def _ended(self) -> Run:
         """The run, once no event is left: residencies closed, every request checked."""
+        if isinstance(self.scheduler, Scheduler):
+            self._run.charged = self.scheduler.shares.charged()
         for (model, device), since in self._resident_since.items():
             self._run.segments.append(Segment(device, model, "resident", since, self.now))
         if self.check:

@@ -174,7 +174,26 @@ def summarize(run: Run) -> dict[str, Any]:
         "per_model": per_model,
         "per_class": per_class(done, wait, lat),
     }
+    if any(r.principal is not None for r in done):
+        result["per_principal"] = per_principal(run, done, wait)
     return result
+
+
+def per_principal(run: Run, done: list[SimRequest], wait: Floats) -> dict[str, dict[str, float]]:
+    """Each principal's requests, waits, and the device-seconds of service and of loads the
+    scheduler charged it (core/shares.py)."""
+    who = np.array([r.principal or "" for r in done])
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted(set(who.tolist())):
+        mask = who == name
+        service_s, load_s = run.charged.get(name or None, (0.0, 0.0))
+        out[name or "(none)"] = {
+            "requests": int(mask.sum()),
+            **_stats("wait", wait[mask]),
+            "service_s": service_s,
+            "load_s": load_s,
+        }
+    return out
 
 
 def per_class(done: list[SimRequest], wait: Floats, lat: Floats) -> dict[str, dict[str, float]]:

@@ -36,6 +36,7 @@ def _trace(name: str, lines: list[dict[str, object]]) -> Trace:
                 think_s=float(x.get("think_s", 0.0)),  # type: ignore[arg-type]
                 background=x.get("class") == "batch",
                 context_tokens=int(x.get("context_tokens", 0)),  # type: ignore[call-overload]
+                principal=str(x["principal"]) if "principal" in x else None,
             )
         )
     return Trace(out, f"<scenario {name}>")
@@ -348,6 +349,101 @@ def beside_batch() -> Scenario:
     return Scenario("beside-batch", beside_batch.__doc__ or "", cfg, _trace("beside-batch", lines))
 
 
+SHARED_BOX_CONFIG = """
+models:
+  chat-8b: {load_s: 8, unload_s: 2, service_s: 3, concurrency: 2}
+  coder-14b: {load_s: 12, unload_s: 2, service_s: 6}
+  bulk-8b: {load_s: 8, unload_s: 2, service_s: 1}
+server:
+  principals:
+    heavy: {}
+    agent: {}
+    alice: {}
+    bob: {}
+    carol: {}
+    etl: {}
+scheduler: {policy: cost, max_wait_s: 120}
+"""
+LIGHT_USERS = ("alice", "bob", "carol")
+
+
+def shared_box_lines(seed: int, heavy: bool = True, hours: float = 1.0) -> list[dict[str, object]]:
+    """The shared box's traffic (`shared_box`), drawn from `seed`; `heavy` False leaves the
+    heavy user's flood out (the light users' waits without it)."""
+    rng = random.Random(seed)
+    end_s = 3600.0 * hours
+    lines: list[dict[str, object]] = [
+        {
+            "t": 0.0,
+            "model": "bulk-8b",
+            "class": "batch",
+            "principal": "etl",
+            "service_s": round(rng.uniform(0.6, 1.4), 3),
+        }
+        for _ in range(int(1000 * hours))
+    ]
+    # The agent: two loops, each an orchestrator step on the chat model, then a coder step.
+    for loop in range(2):
+        first = True
+        t = 0.0
+        while t < end_s:
+            for model, svc in (("chat-8b", 2.0), ("coder-14b", 6.0)):
+                line: dict[str, object] = {
+                    "session": f"agent-{loop}",
+                    "principal": "agent",
+                    "model": model,
+                    "service_s": round(svc * rng.uniform(0.6, 1.4), 2),
+                    "think_s": round(rng.uniform(0.5, 2.0), 2),
+                }
+                if first:
+                    line["t"] = round(rng.uniform(0, 30), 2)
+                    first = False
+                lines.append(line)
+                t += svc + 1.25 + 4.0  # the loop's pace, waits included, to bound its length
+    # Chat users: closed loops on the chat model, 20-90 s to read and type.
+    for who in LIGHT_USERS:
+        t = rng.uniform(0, 60)
+        first = True
+        while t < end_s:
+            think = round(rng.uniform(20, 90), 1)
+            line = {
+                "session": who,
+                "principal": who,
+                "model": "chat-8b",
+                "service_s": round(rng.uniform(2, 4), 2),
+                "think_s": think,
+            }
+            if first:
+                line["t"] = round(t, 2)
+                first = False
+            lines.append(line)
+            t += think + 3.0
+    if heavy:
+        # The heavy user: a script floods the chat model (interactive) for half the run at
+        # about 1.5 times what the model serves.
+        t = 0.25 * end_s
+        while (t := t + rng.expovariate(1.0)) < 0.75 * end_s:
+            lines.append(
+                {
+                    "t": round(t, 3),
+                    "principal": "heavy",
+                    "model": "chat-8b",
+                    "service_s": round(rng.uniform(2, 4), 2),
+                }
+            )
+    return lines
+
+
+def shared_box() -> Scenario:
+    """A team shares one device for an hour: a heavy user's script floods the chat model with
+    interactive requests for half of it (about 1.5x what the model serves), an agent runs two
+    loops over the chat and coder models, three people chat with the chat model, and an ETL
+    job queues 1,000 batch lines for a third model. Each is a principal (fair shares)."""
+    cfg = parse_config(SHARED_BOX_CONFIG, "<scenario shared-box>")
+    lines = shared_box_lines(6301)
+    return Scenario("shared-box", shared_box.__doc__ or "", cfg, _trace("shared-box", lines))
+
+
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "approvals": approvals,
     "agents": agents,
@@ -359,6 +455,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "sleepers": sleepers,
     "beside-batch": beside_batch,
     "conversations": conversations,
+    "shared-box": shared_box,
 }
 
 

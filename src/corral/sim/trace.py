@@ -3,8 +3,10 @@
 Open loop:   {"t": 12.5, "model": "m", "service_s": 3.2, "priority": 0}
 Closed loop: {"session": "agent-1", "think_s": 0.8, "model": "m", "service_s": 3.2}
 A conversation: {"session": "agent-1", "model": "m", "service_s": 0.9, "context_tokens": 8200}
-A line's `class` is "interactive" (the default: someone waits for it) or "batch" (background
-work, like a Batch API line); `priority` orders requests inside their class.
+A line's `principal` names whose work it is (fair shares between principals: the weights are
+the config's `server.principals`). A line's `class` is "interactive" (the default: someone
+waits for it) or "batch" (background work, like a Batch API line); `priority` orders requests
+inside their class.
 A session's first request arrives at its `t` (default 0); each later one arrives `think_s` after
 the session's previous request finished. A session's lines are in order.
 `context_tokens` (a session's lines): the tokens of the prompt the request sends, its
@@ -25,7 +27,8 @@ from corral.errors import Problem, TraceError
 from corral.limits import PRIORITY_MAX, PRIORITY_MIN
 
 ALLOWED_KEYS = (
-    "t", "session", "think_s", "model", "service_s", "priority", "class", "context_tokens"
+    "t", "session", "think_s", "model", "service_s", "priority", "class", "context_tokens",
+    "principal",
 )  # fmt: skip
 CLASSES = ("interactive", "batch")
 _MAX_PROBLEMS = 20
@@ -42,6 +45,7 @@ class TraceLine:
     think_s: float = 0.0
     background: bool = False  # the line's class: batch (background work), else interactive
     context_tokens: int = 0  # a conversation's prompt tokens (the session is the conversation)
+    principal: str | None = None  # whose work it is (fair shares)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -61,6 +65,8 @@ class TraceLine:
             out["class"] = "batch"
         if self.context_tokens:
             out["context_tokens"] = self.context_tokens
+        if self.principal is not None:
+            out["principal"] = self.principal
         return out
 
 
@@ -129,6 +135,9 @@ def _line(
         errs.append(f"context_tokens must be an integer from 0 to {1 << 24}; got {context!r}")
     elif context and obj.get("session") is None:
         errs.append("context_tokens needs a 'session' (the conversation it belongs to)")
+    principal = obj.get("principal")
+    if principal is not None and (not isinstance(principal, str) or not 0 < len(principal) <= 64):
+        errs.append(f"principal must be a name of 1 to 64 characters; got {principal!r}")
     klass = obj.get("class", "interactive")
     if klass not in CLASSES:
         errs.append(f"class must be 'interactive' or 'batch'; got {klass!r}")
@@ -159,6 +168,7 @@ def _line(
         think_s or 0.0,
         klass == "batch",
         context if isinstance(context, int) else 0,
+        principal if isinstance(principal, str) else None,
     )
 
 

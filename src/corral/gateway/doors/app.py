@@ -309,7 +309,17 @@ def _access(config: Config, data_dir: Path | None) -> Access:
     configured = configured_keys(
         srv.api_keys,
         [
-            (Principal(n, p.role, tuple(p.models), Limits(**p.limits.model_dump())), p.keys)
+            (
+                Principal(
+                    n,
+                    p.role,
+                    tuple(p.models),
+                    Limits(**p.limits.model_dump()),
+                    p.weight,
+                    p.highest_class,
+                ),
+                p.keys,
+            )
             for n, p in srv.principals.items()
         ],
     )

@@ -17,7 +17,7 @@ from fastapi import Request
 
 from corral import core
 from corral.access.limits import OverLimit, Quotas, Ticket
-from corral.access.principals import ANYONE, Principal
+from corral.access.principals import ANYONE, Principal, owner_made
 from corral.config import Config
 from corral.gateway.errors import ClientLeft, ModelUnavailable, QueueFull, WaitTimeout
 from corral.gateway.servers.intake import Intake, Rejected
@@ -107,7 +107,7 @@ class Turns:
         its limits, or if `max_queue` interactive requests already wait."""
         ticket = self.enter(who)
         try:
-            return self._submit(model, priority, ticket)
+            return self._submit(model, priority, ticket, who)
         except BaseException:
             if ticket is not None:
                 ticket.close()
@@ -126,7 +126,7 @@ class Turns:
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from None
 
-    def _submit(self, model: str, priority: int, ticket: Ticket | None) -> Slot:
+    def _submit(self, model: str, priority: int, ticket: Ticket | None, who: Principal) -> Slot:
         m = self.config.models[model]
         if self.gateway.intake.pending(model) >= m.max_queue:
             raise QueueFull(
@@ -134,7 +134,9 @@ class Turns:
                 code="queue_full",
                 headers={"Retry-After": str(max(1, round(m.load_s)))},
             )
-        queued, turn = self.gateway.intake.submit(model, priority)
+        queued, turn = self.gateway.intake.submit(
+            model, priority, owner_made(who), who.highest_class == "batch", who.weight
+        )
         return Slot(self.gateway.intake, model, queued, turn, ticket)
 
     async def wait(self, slot: Slot, gone: Callable[[], Awaitable[Any]] | None = None) -> None:

@@ -28,13 +28,25 @@ class Intake:
         self._waiting: dict[object, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
 
-    def submit(self, model: str, priority: int) -> tuple[Request, asyncio.Future[None]]:
-        """Queue an interactive request for `model` (a client waits for it; batch lines come
-        through the attached worker); the future completes when it may use the backend."""
-        r = Request(next(self._ids), model, priority, grant=self)
+    def submit(
+        self,
+        model: str,
+        priority: int,
+        principal: str | None = None,
+        background: bool = False,
+        weight: float = 1.0,
+    ) -> tuple[Request, asyncio.Future[None]]:
+        """Queue a client's request for `model` by `principal` (interactive, unless the
+        principal may ask for batch work only; Batch API lines come through the attached
+        worker); the future completes when it may use the backend. `weight`: the principal's
+        weight in fair shares, as its keys say now."""
+        r = Request(next(self._ids), model, priority, background, self, principal)
         fut: asyncio.Future[None] = self._loop().create_future()
         self._waiting[r.id] = fut
-        self._sched().on_request(r)
+        sched = self._sched()
+        if principal is not None:
+            sched.shares.weigh(principal, weight)
+        sched.on_request(r)
         return r, fut
 
     def finished(self, r: Request) -> None:

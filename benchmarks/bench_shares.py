@@ -1,0 +1,195 @@
+"""Fair shares on a shared box (the `shared-box` scenario, drawn on several seeds): with fair
+shares, with them off (`scheduler.fair_shares: false`), and without the heavy user's flood.
+
+Figures, per seed, then the worst over seeds:
+- light users' interactive p95 wait with the flood, divided by the same user's without it (the
+  target: at most 1.5x, each of alice, bob and carol);
+- total loads with fair shares divided by the same run without them (target: at most 1.10);
+- Jain's fairness index over weighted device time in the flood window: each interactive
+  principal's device-seconds served there over its max-min fair share of what the window
+  offered (demand: the service of its requests that were there to serve in the window, so a
+  light user wants little), capped at 1, so 1 is every principal given its fair share (target:
+  at least 0.9), with fair shares and without;
+- the heavy user's share of what is left: its device-seconds served in the flood window over
+  the window's device time less the swaps and the other principals' service there (target: at
+  least 0.9: fairness never idles the device while the heavy user waits).
+
+Run: `make bench-shares` (or `.venv/bin/python benchmarks/bench_shares.py [--seeds 6301 ...]
+[--json out/bench-shares.json]`). Deterministic; under a minute per seed on the 2-core VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from corral.config import Config, parse_config
+from corral.sim.engine import Run, Simulation
+from corral.sim.metrics import jain, summarize
+from corral.sim.scenarios import LIGHT_USERS, SHARED_BOX_CONFIG, _trace, shared_box_lines
+
+FLOOD = (900.0, 2700.0)  # the heavy user's flood, seconds into the hour (shared_box_lines)
+
+
+def _config(fair: bool) -> Config:
+    text = SHARED_BOX_CONFIG.replace(
+        "scheduler: {policy: cost, max_wait_s: 120}",
+        f"scheduler: {{policy: cost, max_wait_s: 120, fair_shares: {str(fair).lower()}}}",
+    )
+    return parse_config(text, "<bench shares>")
+
+
+def _run(seed: int, fair: bool, heavy: bool) -> Run:
+    trace = _trace("shared-box", shared_box_lines(seed, heavy))
+    return Simulation(_config(fair), trace, check=True).run()
+
+
+def _served(run: Run, start_s: float, end_s: float) -> dict[str, float]:
+    """Device-seconds of interactive service per principal between `start_s` and `end_s`."""
+    out: dict[str, float] = {}
+    conc = {n: m.concurrency for n, m in run.config.models.items()}
+    for r in run.requests:
+        if r.background or r.dispatched_at is None or r.finished_at is None:
+            continue
+        overlap = min(r.finished_at, end_s) - max(r.dispatched_at, start_s)
+        if overlap > 0:
+            who = r.principal or ""
+            out[who] = out.get(who, 0.0) + overlap / conc[r.model]
+    return out
+
+
+def _demand(run: Run, start_s: float, end_s: float) -> dict[str, float]:
+    """Device-seconds of interactive work each principal had for the window: its requests that
+    arrived before its end and had not finished by its start (their service, whole)."""
+    out: dict[str, float] = {}
+    conc = {n: m.concurrency for n, m in run.config.models.items()}
+    for r in run.requests:
+        if r.background or r.finished_at is None or r.arrived_at >= end_s:
+            continue
+        if r.finished_at > start_s:
+            who = r.principal or ""
+            out[who] = out.get(who, 0.0) + r.service_s / conc[r.model]
+    return out
+
+
+def _jain(run: Run) -> float:
+    """Jain's index over each interactive principal's service in the flood window divided by
+    its max-min fair share of the window (its demand capped)."""
+    start_s, end_s = FLOOD
+    served = _served(run, start_s, end_s)
+    share = _max_min(_demand(run, start_s, end_s), end_s - start_s - _swap_s(run, start_s, end_s))
+    return jain(np.array([min(served.get(p, 0.0) / f, 1.0) for p, f in share.items() if f > 0]))
+
+
+def _swap_s(run: Run, start_s: float, end_s: float) -> float:
+    return sum(
+        max(0.0, min(s.end_s, end_s) - max(s.start_s, start_s))
+        for s in run.segments
+        if s.kind != "resident"
+    )
+
+
+def _max_min(demand: dict[str, float], capacity: float) -> dict[str, float]:
+    """Max-min fair shares of `capacity` under `demand` (the scenario's weights are all 1)."""
+    share: dict[str, float] = {}
+    left = dict(demand)
+    cap = capacity
+    while left:
+        each = cap / len(left)
+        small = {p: d for p, d in left.items() if d <= each}
+        if not small:
+            share.update(dict.fromkeys(left, each))
+            break
+        for p, d in small.items():
+            share[p] = d
+            cap -= d
+            del left[p]
+    return share
+
+
+def measure(seed: int) -> dict[str, Any]:
+    fair, unfair, alone = _run(seed, True, True), _run(seed, False, True), _run(seed, True, False)
+    s_fair, s_unfair, s_alone = summarize(fair), summarize(unfair), summarize(alone)
+    light = {
+        who: {
+            "p95_flood_s": s_fair["per_principal"][who]["wait_p95_s"],
+            "p95_flood_unfair_s": s_unfair["per_principal"][who]["wait_p95_s"],
+            "p95_alone_s": s_alone["per_principal"][who]["wait_p95_s"],
+        }
+        for who in LIGHT_USERS
+    }
+    for v in light.values():
+        v["ratio"] = v["p95_flood_s"] / max(v["p95_alone_s"], 1e-9)
+        v["ratio_unfair"] = v["p95_flood_unfair_s"] / max(v["p95_alone_s"], 1e-9)
+    start_s, end_s = FLOOD
+    served = _served(fair, start_s, end_s)
+    window_s = end_s - start_s - _swap_s(fair, start_s, end_s)
+    others_s = sum(v for p, v in served.items() if p != "heavy")
+    return {
+        "seed": seed,
+        "light": light,
+        "light_ratio_worst": max(v["ratio"] for v in light.values()),
+        "light_ratio_worst_unfair": max(v["ratio_unfair"] for v in light.values()),
+        "loads": s_fair["loads"],
+        "loads_unfair": s_unfair["loads"],
+        "loads_ratio": s_fair["loads"] / max(s_unfair["loads"], 1),
+        "jain": _jain(fair),
+        "jain_unfair": _jain(unfair),
+        "heavy_share_of_left": served.get("heavy", 0.0) / max(window_s - others_s, 1e-9),
+        "served_in_flood_s": served,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[6301, 6302, 6303, 6304, 6305])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rows = [measure(s) for s in args.seeds]
+    t = Table(title="fair shares on the shared box (flood vs without it; fair vs off)")
+    for col in (
+        "seed",
+        "light p95 ratio (fair)",
+        "(off)",
+        "loads fair / off",
+        "Jain (fair)",
+        "(off)",
+        "heavy share of left",
+    ):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["seed"]),
+            f"{r['light_ratio_worst']:.2f}",
+            f"{r['light_ratio_worst_unfair']:.2f}",
+            f"{r['loads']} / {r['loads_unfair']} ({r['loads_ratio']:.2f})",
+            f"{r['jain']:.3f}",
+            f"{r['jain_unfair']:.3f}",
+            f"{r['heavy_share_of_left']:.3f}",
+        )
+    Console().print(t)
+    worst = {
+        "light_ratio_worst": max(r["light_ratio_worst"] for r in rows),
+        "loads_ratio_worst": max(r["loads_ratio"] for r in rows),
+        "jain_worst": min(r["jain"] for r in rows),
+        "heavy_share_of_left_worst": min(r["heavy_share_of_left"] for r in rows),
+    }
+    print(json.dumps(worst))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps({"machine": platform.platform(), "seeds": rows, "worst": worst}, indent=1)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
