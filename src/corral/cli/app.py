@@ -21,6 +21,7 @@ from corral.cli.keys import keys_app
 from corral.cli.launch import launch_cmd
 from corral.cli.models import CONTEXT_HELP, devices_cmd, models_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
+from corral.cli.usage import usage_cmd
 from corral.cli.zoo import zoo_cmd
 from corral.console import err_console, out_console
 from corral.console import fail as _fail
@@ -56,6 +57,7 @@ app.command(name="models")(models_cmd)
 app.command(name="devices")(devices_cmd)
 app.command(name="zoo")(zoo_cmd)
 app.command(name="launch")(launch_cmd)
+app.command(name="usage")(usage_cmd)
 
 
 @app.command()

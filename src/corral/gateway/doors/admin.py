@@ -19,9 +19,11 @@ from fastapi.responses import (
 )
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from corral.access.principals import caller
+from corral.access.usage import PERIODS
 from corral.batch.attached import BatchRuntime
 from corral.config import Config
-from corral.gateway.errors import Conflict, ModelUnavailable
+from corral.gateway.errors import Conflict, InvalidRequest, ModelUnavailable
 from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.pipeline.cluster import Cluster
 from corral.gateway.servers.runtime import Gateway
@@ -141,6 +143,25 @@ def _views(
     @router.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/api/usage")
+    async def usage(
+        request: Request,
+        by: str = "hour",
+        since: float | None = None,
+        until: float | None = None,
+        principal: str | None = None,
+    ) -> dict[str, Any]:
+        """Who used what, per principal, model and period (`by`: hour, day or total) of the
+        hours starting in [`since`, `until`) (epoch seconds): model calls, input and output
+        tokens, seconds waited, and the device-seconds of service and of loads charged. A user
+        sees its own; an admin everyone's, or `principal`'s."""
+        if by not in PERIODS:
+            raise InvalidRequest(f"by must be one of {', '.join(PERIODS)}; got {by!r}", param="by")
+        who = caller(request.scope)
+        seen = principal if who.admin else who.name
+        rows = gateway.usage.rows(by, since, until, seen)
+        return {"object": "list", "by": by, "data": rows}
 
     @router.get("/api/status")
     async def status() -> dict[str, Any]:

@@ -361,10 +361,15 @@ class Proxy:
         and activity are recorded, once. Its prompt's size and prefill (`tail`, the answer's
         last bytes) go to the scheduler with it."""
         r = slot.queued
-        if status < 400 and r.conversation is not None:
-            r.context_tokens, r.prefill_tokens, r.prefill_s = prefill(tail)
+        context = 0
+        if status < 400:
+            context, prefilled, prefill_s = prefill(tail)
+            if r.conversation is not None:
+                r.context_tokens, r.prefill_tokens, r.prefill_s = context, prefilled, prefill_s
         slot.release()
         model = call.model
+        who = caller(call.request.scope)
+        self.gateway.usage.record(who.name, r.principal, model, context, tokens or 0, slot.wait_s)
         self.metrics.latency_seconds.labels(model).observe(time.monotonic() - slot.arrived)
         self.metrics.requests.labels(model, str(status)).inc()
         self.gateway.activity.record(

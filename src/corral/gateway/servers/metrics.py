@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from corral.access.usage import Usage
 from corral.gateway.errors import GatewayError
 from corral.gateway.servers.epp import ProtocolMetrics
 from corral.machine import GpuWatch
@@ -144,6 +145,7 @@ class Metrics:
         status: Callable[[], dict[str, Any]],
         gpus: GpuWatch | None = None,
         vllm_names: bool = False,
+        usage: Usage | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -218,8 +220,48 @@ class Metrics:
         r.register(ProtocolMetrics(status, vllm_names))  # llm-d's endpoint picker reads these
         if gpus is not None:
             r.register(_Gpus(gpus))
+        if usage is not None:
+            r.register(UsageMetrics(usage))
 
     def refused(self, exc: GatewayError) -> None:
         """Count a model request the gateway refused, once, where its refusal is answered: by
         its model where known (a name no model has is not a label: "" instead)."""
         self.requests.labels(exc.model or "", str(exc.status)).inc()
+
+
+class UsageMetrics(Collector):
+    """`/metrics`: the counters of `Usage`, with `principal` and `model` labels."""
+
+    def __init__(self, usage: Usage) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        labels = ["principal", "model"]
+        calls = CounterMetricFamily(
+            "corral_principal_requests", "Model calls answered, per principal.", labels=labels
+        )
+        tokens_in = CounterMetricFamily(
+            "corral_principal_input_tokens", "Prompt tokens, per principal.", labels=labels
+        )
+        tokens_out = CounterMetricFamily(
+            "corral_principal_output_tokens", "Generated tokens, per principal.", labels=labels
+        )
+        waits = CounterMetricFamily(
+            "corral_principal_wait_seconds",
+            "Seconds its calls waited for their model.",
+            labels=labels,
+        )
+        device = CounterMetricFamily(
+            "corral_principal_device_seconds",
+            "Device-seconds charged to it by fair shares: its service and the loads it caused.",
+            labels=[*labels, "kind"],
+        )
+        for r in self._usage.totals():
+            who = [r.principal, r.model]
+            calls.add_metric(who, r.requests)
+            tokens_in.add_metric(who, r.input_tokens)
+            tokens_out.add_metric(who, r.output_tokens)
+            waits.add_metric(who, r.wait_s)
+            device.add_metric([*who, "service"], r.service_s)
+            device.add_metric([*who, "load"], r.load_s)
+        yield from (calls, tokens_in, tokens_out, waits, device)

@@ -19,6 +19,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from corral.access.usage import Usage
 from corral.backends.base import Backend
 from corral.backends.orphans import DirLock
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
@@ -87,7 +88,10 @@ class Gateway:
             self.redact,
             self.files,
         )
-        self.metrics = Metrics(self.status, self.gpus, config.server.vllm_metric_names)
+        # Who used what: per principal, model and hour (access/usage.py), with the device
+        # time the scheduler's fair shares charged each.
+        self.usage = Usage(lambda: self.scheduler.shares.ledger if self.scheduler else {})
+        self.metrics = Metrics(self.status, self.gpus, config.server.vllm_metric_names, self.usage)
         self.events = Events()  # GET /api/events (gateway/servers/events.py)
         self.publish = self.events.publish
         self.scheduler: Scheduler | None = None

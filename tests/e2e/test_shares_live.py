@@ -1,0 +1,129 @@
+"""Fair shares and usage through a real `corral serve`: a light user's request goes before a
+heavy user's queued backlog on the same model, and each principal's usage (`/api/usage`,
+`/metrics`, `corral usage`) adds up to the server's own token counts."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import CORRAL, KEY, SIM, serve, wait_for
+
+pytestmark = pytest.mark.e2e
+
+HEAVY, LIGHT, BOSS = "heavy-key", "light-key", "boss-key"
+CONFIG = f"""
+models:
+  alpha:
+    cmd: {SIM} --load-s 0.1 --tokens-per-s 20 --answer-tokens 10
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+  principals:
+    heavy: {{keys: [{HEAVY}]}}
+    light: {{keys: [{LIGHT}]}}
+    boss: {{role: admin, keys: [{BOSS}]}}
+"""
+N_HEAVY = 8
+
+
+def queued(url: str) -> int:
+    status = httpx.get(
+        f"{url}/api/status", headers={"Authorization": f"Bearer {BOSS}"}, timeout=30
+    ).json()
+    return int(status["models"]["alpha"]["queued"])
+
+
+def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Path) -> None:
+    with serve(tmp_path, CONFIG) as gw:
+        clients = {
+            who: openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0, timeout=120)
+            for who, key in (("heavy", HEAVY), ("light", LIGHT))
+        }
+        tokens: dict[str, int] = {"heavy": 0, "light": 0}
+        done: list[str] = []
+        lock = threading.Lock()
+
+        def call(who: str) -> None:
+            answer = clients[who].chat.completions.create(
+                model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=10
+            )
+            assert answer.usage is not None
+            with lock:
+                tokens[who] += answer.usage.completion_tokens
+                done.append(who)
+
+        call("light")  # loads the model
+        done.clear()
+        heavy = [threading.Thread(target=call, args=("heavy",)) for _ in range(N_HEAVY)]
+        for t in heavy:
+            t.start()
+        # The heavy backlog is queued (one runs, the rest wait) before the light user asks.
+        wait_for(lambda: queued(gw.url) >= N_HEAVY - 2, timeout_s=60)
+        light = threading.Thread(target=call, args=("light",))
+        light.start()
+        for t in [*heavy, light]:
+            t.join(timeout=180)
+        assert sorted(done) == ["heavy"] * N_HEAVY + ["light"]
+        # Served after at most the heavy request running and one more (a tie), never after
+        # the backlog that came before it (arrival order would put it last).
+        assert done.index("light") <= 3, done
+
+        def usage(key: str) -> list[dict[str, object]]:
+            r = httpx.get(
+                f"{gw.url}/api/usage",
+                params={"by": "total"},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            rows: list[dict[str, object]] = r.json()["data"]
+            return rows
+
+        mine = usage(LIGHT)  # a user sees its own use only
+        assert [(r["principal"], r["requests"]) for r in mine] == [("light", 2)]
+        everyone = {str(r["principal"]): r for r in usage(BOSS)}
+        assert set(everyone) == {"heavy", "light"}
+        for who in ("heavy", "light"):
+            assert everyone[who]["output_tokens"] == tokens[who]  # the server's own counts
+            assert float(everyone[who]["service_s"]) > 0  # type: ignore[arg-type]
+        assert float(everyone["light"]["load_s"]) > 0  # type: ignore[arg-type]  # it loaded alpha
+        bad = httpx.get(
+            f"{gw.url}/api/usage",
+            params={"by": "week"},
+            headers={"Authorization": f"Bearer {BOSS}"},
+        )
+        assert bad.status_code == 400
+        assert "by must be one of" in bad.json()["error"]["message"]
+        metrics = httpx.get(
+            f"{gw.url}/metrics", headers={"Authorization": f"Bearer {BOSS}"}, timeout=30
+        ).text
+        assert (
+            f'corral_principal_requests_total{{model="alpha",principal="heavy"}} {N_HEAVY}.0'
+            in metrics
+        )
+        out = subprocess.run(
+            [CORRAL, "usage", "--by", "total", "--csv", "--url", gw.url, "--api-key", LIGHT],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        rows = list(csv.DictReader(io.StringIO(out.stdout)))
+        assert [(r["principal"], r["requests"]) for r in rows] == [("light", "2")]
+        table = subprocess.run(
+            [CORRAL, "usage", "--url", gw.url, "--api-key", BOSS],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert table.returncode == 0, table.stderr
+        assert "heavy" in table.stdout
+        assert "light" in table.stdout
