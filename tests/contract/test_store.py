@@ -1085,3 +1085,23 @@ def test_the_attempt_that_starts_a_batch_drops_what_a_dead_one_held_back(
     assert store.ready_counts() == {}  # held back: none of them can run
     assert store.batches.start("batch-1", "in_progress", {}, lines("batch-1", 3)) is not None
     assert store.batches.counts("batch-1") == {TaskStatus.QUEUED: 3}
+
+
+def test_the_audit_log_keeps_who_did_what_and_when(store: Store, clock: Clock) -> None:
+    store.audit.record("ops", "model.load", "alpha", "POST /api/models/alpha/load")
+    clock.t += 10
+    store.audit.record("bob", "model.unload", "alpha")
+    for _ in range(2):  # a key change told twice (a restart reads the key file again)
+        store.audit.record("local", "key.create", "alice:key_1", "role user", at=5.0, once=True)
+    entries = store.audit.list()
+    assert [(e.principal, e.action, e.target) for e in entries] == [
+        ("local", "key.create", "alice:key_1"),
+        ("bob", "model.unload", "alpha"),
+        ("ops", "model.load", "alpha"),
+    ]  # newest first (by when it was kept)
+    assert entries[0].at == 5.0
+    assert entries[2].detail == "POST /api/models/alpha/load"
+    assert [e.action for e in store.audit.list(since=clock.t)] == ["model.unload"]
+    assert len(store.audit.list(limit=1)) == 1
+    store.audit.record("x" * 5000, "a", "t")  # bounded, whatever a field holds
+    assert len(store.audit.list(limit=1)[0].principal) == 2000

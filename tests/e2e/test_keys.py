@@ -88,6 +88,7 @@ def test_keys_roles_and_revocation_through_a_running_server(tmp_path: Path) -> N
         # A damaged key file keeps the keys read before.
         (data / "corral" / "keys.json").write_text("{not json")
         assert keys(data, "create", "mallory").returncode != 0  # never overwritten
+        wait_for(lambda: "keys read before stay in force" in gw.logged(), timeout_s=30)
         assert code(models, ops) == 200
         assert code(models, alice) == 401
     assert "keys read before stay in force" in gw.stderr
@@ -324,3 +325,36 @@ def test_over_a_limit_a_call_gets_429_with_retry_after_and_takes_nothing(tmp_pat
         wait_for(lambda: admitted("one-key"), timeout_s=30)
         wait_for(lambda: admitted("waits-key", "late"), timeout_s=30)
     assert gw.stderr.count("refused with 429") == 3  # each limit said once
+
+
+def test_the_audit_log_keeps_admin_actions_and_key_changes(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    made = keys(data, "create", "alice", "--role", "user")
+    alice = made.stdout.strip().splitlines()[-1]
+    env = {"XDG_DATA_HOME": str(data)}
+    audit = "/api/audit"
+
+    def entries(url: str) -> list[tuple[str, str, str]]:
+        r = httpx.get(url + audit, headers={"Authorization": f"Bearer {CAROL}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        return [(e["principal"], e["action"], e["target"]) for e in r.json()["data"]]
+
+    with serve(tmp_path, CONFIG, env=env) as gw:
+        assert code(f"{gw.url}/api/models/alpha/load?wait=true", alice, "POST") == 403
+        assert code(f"{gw.url}/api/models/alpha/load?wait=true", CAROL, "POST") == 200
+        assert code(f"{gw.url}/api/models/alpha/unload", KEY, "POST") in (200, 202)
+        assert code(gw.url + audit, alice) == 403  # the audit log is an admin's
+        keys(data, "revoke", "alice")
+        wait_for(lambda: any(a == "key.revoke" for _, a, _ in entries(gw.url)), timeout_s=30)
+        seen = entries(gw.url)
+        assert ("carol", "model.load", "alpha") in seen
+        assert ("admin", "model.unload", "alpha") in seen
+        assert not any(p == "alice" for p, _, _ in seen)  # refused: not an action taken
+        made_by = [(p, t) for p, a, t in seen if a == "key.create"]
+        assert len(made_by) == 1
+        assert made_by[0][1].startswith("alice:key_")
+        assert made_by[0][0]  # the account that ran `corral keys create`
+    with serve(tmp_path, CONFIG, env=env) as gw:  # read again at start: kept once
+        again = entries(gw.url)
+        assert sum(1 for _, a, _ in again if a == "key.create") == 1
+        assert sum(1 for _, a, _ in again if a == "key.revoke") == 1

@@ -37,6 +37,11 @@ class Gateway:
         self.url = url
         self.folder = folder  # its config, logs and data, when `serve` started it
         self.stderr = ""  # what it logged, once `serve` has stopped it
+        self.lines: list[str] = []  # what it has logged so far, while `serve` runs it
+
+    def logged(self) -> str:
+        """What it has logged so far."""
+        return "".join(self.lines)
 
     def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(
@@ -72,15 +77,19 @@ def serve(folder: Path, config_text: str, env: dict[str, str] | None = None) -> 
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_http_ok(f"{url}/health")
     gw = Gateway(url, folder)
+    assert proc.stderr is not None
+    reader = threading.Thread(target=gw.lines.extend, args=(proc.stderr,), daemon=True)
+    reader.start()  # read as it logs, so a test can wait for a line
+    wait_http_ok(f"{url}/health")
     try:
         yield gw
     finally:
         pids = [m["pid"] for m in gw.status(auth=True)["models"].values() if m["pid"]]
         proc.terminate()  # uvicorn shuts down gracefully, then re-raises SIGTERM
-        _, err = proc.communicate(timeout=30)
-        gw.stderr = err
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+        err = gw.stderr = gw.logged()
         assert proc.returncode in (0, -signal.SIGTERM), err
         assert not [pid for pid in pids if alive(pid)]  # it stopped its model servers
 

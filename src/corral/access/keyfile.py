@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import getpass
 import json
 import os
 import time
@@ -55,6 +56,8 @@ class StoredKey:
     sha256: str
     created_at: float
     revoked_at: float | None = None
+    created_by: str = ""  # the account that ran `corral keys create` (the audit log's who)
+    revoked_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ class KeyFile:
             }
             key = new_key()
             hexed = digest(key)
-            entry = StoredKey(key_id(hexed), principal, hexed, time.time())
+            entry = StoredKey(key_id(hexed), principal, hexed, time.time(), None, _account())
             data.setdefault("keys", []).append(entry.__dict__.copy())
             self._write(data)
         return key, entry, who
@@ -181,6 +184,7 @@ class KeyFile:
                     continue
                 if ref in (k.get("id"), k.get("principal")):
                     k["revoked_at"] = now
+                    k["revoked_by"] = _account()
                     done.append(k)
             if not done:
                 raise KeyFileError(
@@ -285,4 +289,14 @@ def _stored(k: object) -> StoredKey:
         hexed.lower(),
         float(created),
         None if revoked is None else float(revoked),
+        str(k.get("created_by") or "")[:64],
+        str(k.get("revoked_by") or "")[:64],
     )
+
+
+def _account() -> str:
+    """The account running this command (who made or revoked a key, for the audit log)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's)
+        return f"uid {os.getuid()}"

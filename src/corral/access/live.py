@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from corral.access.audit import AuditTrail
 from corral.access.keyfile import KeyBook, KeyFile, KeyFileError
 from corral.access.principals import KeyRing, Principal
 
@@ -26,9 +27,11 @@ class Access:
         self._configured = configured
         self.file = file
         self._stamp = file.stamp() if file is not None else None
-        book = file.read() if file is not None else KeyBook({}, [], [])
+        self.book = file.read() if file is not None else KeyBook({}, [], [])
         self._said: set[str] = set()
-        self.ring = self._ring(book)
+        self.ring = self._ring(self.book)
+        # The audit log's writer (set once the store is open): key changes go there.
+        self.trail: AuditTrail | None = None
 
     @property
     def open(self) -> bool:
@@ -55,7 +58,10 @@ class Access:
         return KeyRing([*self._configured, *book.live()])
 
     async def run(self) -> None:
-        """Read the key file again each time it changes, until cancelled."""
+        """Read the key file again each time it changes, until cancelled; the audit log is
+        told of the keys made and revoked (at start too: changes made while stopped)."""
+        if self.trail is not None:
+            self.trail.keys(self.book)
         file = self.file
         if file is None:
             return
@@ -75,7 +81,10 @@ class Access:
             failed = False
             self._stamp = stamp
             before = len(self.ring)
+            self.book = book
             self.ring = self._ring(book)
+            if self.trail is not None:
+                self.trail.keys(book)
             log.info(
                 "keys: %d now (%d before), from %s and the config",
                 len(self.ring),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from corral.store.base import (
     MAX_PAYLOAD_BYTES,
+    AuditEntry,
     BadTask,
     Batch,
     BatchNotFound,
@@ -28,6 +29,7 @@ from corral.store.base import (
 )
 from corral.store.memory import MemoryStore
 from corral.store.roles import (
+    Audit,
     BatchStore,
     FileStore,
     Membership,
@@ -40,6 +42,8 @@ from corral.store.wakeups import Wakeups
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
+    "Audit",
+    "AuditEntry",
     "BadTask",
     "Batch",
     "BatchNotFound",

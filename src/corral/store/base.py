@@ -211,6 +211,19 @@ class Residency:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One admin action or key change: who (`principal`), what (`action`, on `target`, with
+    `detail`) and when (`at`, epoch seconds)."""
+
+    seq: int
+    at: float
+    principal: str
+    action: str
+    target: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A success for `finish_many`: the result already as JSON text (`json.dumps`)."""
 

@@ -116,3 +116,16 @@ ALTER TABLE corral_files ADD COLUMN owner TEXT;
 ALTER TABLE corral_batches ADD COLUMN owner TEXT;
 CREATE INDEX corral_files_owner ON corral_files (owner, seq) WHERE owner IS NOT NULL;
 CREATE INDEX corral_batches_owner ON corral_batches (owner, seq) WHERE owner IS NOT NULL;
+
+-- name: v11
+-- The audit log: admin actions and key changes, who did them and when.
+CREATE TABLE corral_audit (
+    seq {serial_pk},
+    at {real} NOT NULL,
+    principal TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX corral_audit_at ON corral_audit (at);
+CREATE INDEX corral_audit_action ON corral_audit (action, target);

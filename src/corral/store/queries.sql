@@ -316,3 +316,18 @@ DELETE FROM corral_tasks WHERE batch_id = :b AND status = 'queued' AND run_after
 -- name: drop_storing_batch
 -- A batch whose creation failed while it stored its lines.
 DELETE FROM corral_batches WHERE id = :id AND status = 'validating'
+
+-- name: audit_record
+INSERT INTO corral_audit (at, principal, action, target, detail)
+VALUES (:at, :principal, :action, :target, :detail)
+
+-- name: audit_record_once
+-- An event that has one occurrence (a key made, a key revoked): kept once however often it
+-- is reported.
+INSERT INTO corral_audit (at, principal, action, target, detail)
+SELECT :at, :principal, :action, :target, :detail
+WHERE NOT EXISTS (SELECT 1 FROM corral_audit WHERE action = :action AND target = :target)
+
+-- name: audit_list
+SELECT seq, at, principal, action, target, detail FROM corral_audit
+WHERE at >= :since ORDER BY seq DESC LIMIT :limit

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol
 
 from corral.store.base import (
+    AuditEntry,
     Batch,
     Finished,
     Lease,
@@ -234,6 +235,27 @@ class Membership(Protocol):
         ...
 
 
+class Audit(Protocol):
+    """The audit log: admin actions and key changes (docs/design/access.md)."""
+
+    def record(
+        self,
+        principal: str,
+        action: str,
+        target: str,
+        detail: str = "",
+        at: float | None = None,
+        once: bool = False,
+    ) -> None:
+        """Keep that `principal` did `action` on `target` at `at` (default now); `once`: an
+        event with one occurrence (a key made or revoked), kept once however often told."""
+        ...
+
+    def list(self, since: float = 0.0, limit: int = 100) -> builtins.list[AuditEntry]:
+        """The newest entries at or after `since`, newest first, at most `limit`."""
+        ...
+
+
 class FileStore(Protocol):
     """The Batch API's files (their records: the bytes live on disk)."""
 
@@ -348,6 +370,9 @@ class Store(TaskQueue, TaskControl, Protocol):
 
     @property
     def members(self) -> Membership: ...
+
+    @property
+    def audit(self) -> Audit: ...
 
     @property
     def schema(self) -> Schema: ...

@@ -24,6 +24,7 @@ from corral.store.base import (
 from corral.store.migrations import Dialect, Schema
 from corral.store.outage import Guard, guarded, unguarded
 from corral.store.queries import SQL, Transactions, Tx, run_one, task_filters, task_rows, to_task
+from corral.store.sql_audit import SqlAudit
 from corral.store.sql_batches import SqlBatches, SqlFiles
 from corral.store.sql_cluster import SqlMembership
 from corral.store.wakeups import Wakeups
@@ -54,6 +55,7 @@ class SqlStore:
         self.files = SqlFiles(self._tx, guard)
         self.batches = SqlBatches(self._tx, guard, clock, self._insert, self._woken, self._announce)
         self.members = SqlMembership(self._tx, guard, clock)
+        self.audit = SqlAudit(self._tx, guard, clock)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         return self._wakeups.add(wake)

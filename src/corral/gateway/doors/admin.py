@@ -4,6 +4,7 @@ logs and load/unload controls."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -162,6 +163,15 @@ def _views(
         seen = principal if who.admin else who.name
         rows = gateway.usage.rows(by, since, until, seen)
         return {"object": "list", "by": by, "data": rows}
+
+    @router.get("/api/audit")
+    async def audit(since: float = 0.0, limit: int = 100) -> dict[str, Any]:
+        """The audit log (admins only): admin actions and key changes, newest first, at or
+        after `since` (epoch seconds), at most `limit` (up to 10,000)."""
+        if batches is None:  # no store: nothing is kept
+            return {"object": "list", "data": []}
+        entries = await asyncio.to_thread(batches.store.audit.list, since, limit)
+        return {"object": "list", "data": [dataclasses.asdict(e) for e in entries]}
 
     @router.get("/api/status")
     async def status() -> dict[str, Any]:

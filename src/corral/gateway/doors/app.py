@@ -26,10 +26,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral import __version__
+from corral.access.audit import AuditTrail
 from corral.access.keyfile import KeyFile
 from corral.access.limits import Limits
 from corral.access.live import Access
-from corral.access.principals import ANYONE, SCOPE_KEY, Principal, configured_keys
+from corral.access.principals import ANYONE, SCOPE_KEY, Principal, caller, configured_keys
 from corral.batch.attached import BatchRuntime
 from corral.batch.fields import BatchError
 from corral.config import Config
@@ -110,13 +111,26 @@ class ApiKeys:
                 scope = dict(scope)
                 scope["headers"] = _without_cookie(scope["headers"], b"corral_key")
             scope[SCOPE_KEY] = who
-        await self.app(scope, receive, send)
+        trail = self.access.trail
+        if trail is None or not admin_route(path):
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def seen(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, seen)
+        trail.action(caller(scope).name, scope["method"], path, status)
 
 
 def admin_route(path: str) -> bool:
     """Whether `path` is an admin route: loading and unloading models (Corral's and
-    llama-swap's routes) and reading their logs."""
-    if path in ("/unload", "/logs", "/logs/stream", "/api/models/unload"):
+    llama-swap's routes), reading their logs, and the audit log."""
+    if path in ("/unload", "/logs", "/logs/stream", "/api/models/unload", "/api/audit"):
         return True
     if path.startswith("/api/models/unload/"):
         return True
@@ -234,6 +248,7 @@ def create_app(
     pool = Upstream(lambda model: gateway.metrics.retries.labels(model).inc())
     access = _access(config, data_dir)
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
+    access.trail = trail = AuditTrail(batches.store.audit if batches is not None else None)
     cluster = (
         Cluster(
             batches.store.members,
@@ -263,8 +278,8 @@ def create_app(
             yield
         finally:
             for t in (warm, view, watcher, keys):
-                if t is not None:
-                    t.cancel()
+                t.cancel() if t is not None else None
+            await trail.close()
             if batches is not None:
                 await batches.close()
             await gateway.close()

@@ -145,7 +145,6 @@ class Metrics:
         status: Callable[[], dict[str, Any]],
         gpus: GpuWatch | None = None,
         vllm_names: bool = False,
-        usage: Usage | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -220,8 +219,6 @@ class Metrics:
         r.register(ProtocolMetrics(status, vllm_names))  # llm-d's endpoint picker reads these
         if gpus is not None:
             r.register(_Gpus(gpus))
-        if usage is not None:
-            r.register(UsageMetrics(usage))
 
     def refused(self, exc: GatewayError) -> None:
         """Count a model request the gateway refused, once, where its refusal is answered: by
