@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -241,3 +242,27 @@ def test_the_activity_view_lists_recent_requests_with_waits_and_tokens(
     assert "swaps waited" in header
     assert "tokens/s" in header
     shot(browser, "overview-activity")
+
+
+def test_the_usage_page_shows_each_principals_calls_tokens_and_device_time(
+    gw: Gateway, browser: WebDriver
+) -> None:
+    answer = gw.client().chat.completions.create(
+        model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert answer.usage is not None
+    total = httpx.get(f"{gw.url}/api/usage", params={"by": "total"}, timeout=30).json()["data"]
+    (alpha,) = [u for u in total if u["model"] == "alpha"]
+    assert alpha["principal"] == "anyone"  # no keys: everyone is one principal
+    browser.get("about:blank")
+    browser.get(f"{gw.url}/ui#usage")
+    wait = WebDriverWait(browser, 30, poll_frequency=0.2)
+    rows = "#usage-list tbody tr"
+    wait.until(lambda d: any("alpha" in r.text for r in d.find_elements(By.CSS_SELECTOR, rows)))
+    (shown,) = [r.text for r in browser.find_elements(By.CSS_SELECTOR, rows) if "alpha" in r.text]
+    cells = shown.split()
+    assert cells[cells.index("anyone") + 1] == "alpha"
+    assert int(cells[cells.index("alpha") + 1].replace(",", "")) >= alpha["requests"]
+    Select(browser.find_element(By.ID, "usage-by")).select_by_value("hour")
+    wait.until(lambda d: "since start" not in d.find_element(By.CSS_SELECTOR, rows).text)
+    shot(browser, "usage")

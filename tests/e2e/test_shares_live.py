@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import subprocess
 import threading
 from pathlib import Path
@@ -67,6 +68,28 @@ def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Pa
             t.start()
         # The heavy backlog is queued (one runs, the rest wait) before the light user asks.
         wait_for(lambda: queued(gw.url) >= N_HEAVY - 2, timeout_s=60)
+        # A user sees the machine's state, and of the requests, its own only.
+        as_light = httpx.get(
+            f"{gw.url}/api/status", headers={"Authorization": f"Bearer {LIGHT}"}, timeout=30
+        ).json()
+        as_boss = httpx.get(
+            f"{gw.url}/api/status", headers={"Authorization": f"Bearer {BOSS}"}, timeout=30
+        ).json()
+        assert as_light["models"]["alpha"]["queued"] == as_boss["models"]["alpha"]["queued"]
+        assert as_light["models"]["alpha"]["queue"] == []
+        assert {q["principal"] for q in as_boss["models"]["alpha"]["queue"]} == {"heavy"}
+        assert [a["principal"] for a in as_light["activity"]] == ["light"]
+        with httpx.stream(
+            "GET",
+            f"{gw.url}/api/events",
+            headers={"Authorization": f"Bearer {LIGHT}"},
+            timeout=30,
+        ) as events:
+            lines = events.iter_lines()
+            assert next(lines) == "event: status"
+            first = json.loads(next(lines).removeprefix("data: "))
+        assert first["models"]["alpha"]["queue"] == []
+        assert {a["principal"] for a in first["activity"]} == {"light"}
         light = threading.Thread(target=call, args=("light",))
         light.start()
         for t in [*heavy, light]:

@@ -226,6 +226,7 @@ class BatchRuntime:
             out.append(
                 {
                     "id": b.id,
+                    "owner": b.owner,
                     "status": b.status,
                     "models": models,
                     "request_counts": counts,

@@ -28,6 +28,7 @@ from corral.gateway.errors import Conflict, InvalidRequest, ModelUnavailable
 from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.pipeline.cluster import Cluster
 from corral.gateway.servers.runtime import Gateway
+from corral.gateway.servers.status import own_view
 
 
 class EventStream(StreamingResponse):
@@ -115,12 +116,15 @@ def _views(
 
     @router.get("/api/events", response_class=EventStream)
     async def events(request: Request) -> Response:
-        """Server-sent events: the current status first, then every state change."""
+        """Server-sent events: the current status first (a user's own view), then every state
+        change of the machine."""
+        who = caller(request.scope)
         q = gateway.events.listen()
 
         async def stream() -> AsyncIterator[bytes]:
             try:
-                yield _sse("status", gateway.status())
+                first = gateway.status()
+                yield _sse("status", first if who.admin else own_view(first, who.name))
                 while True:
                     try:
                         event = await asyncio.wait_for(q.get(), 15)
@@ -174,15 +178,17 @@ def _views(
         return {"object": "list", "data": [dataclasses.asdict(e) for e in entries]}
 
     @router.get("/api/status")
-    async def status() -> dict[str, Any]:
+    async def status(request: Request) -> dict[str, Any]:
         """The gateway's state: devices, models and their queues (per class), recent swaps and
         decisions, the batches not yet ended with their progress and ETA, and the cluster's
-        nodes with the models each holds."""
+        nodes with the models each holds. A user sees the machine's state and, of requests and
+        batches, its own (`own_view`)."""
         out = gateway.status()
         if cluster is not None:
             out["cluster"] = cluster.status()
         out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
-        return out
+        who = caller(request.scope)
+        return out if who.admin else own_view(out, who.name)
 
 
 def _sse(kind: str, data: dict[str, Any]) -> bytes:

@@ -161,7 +161,7 @@ class Proxy:
             slot.release()  # counted where the refusal is answered (the door), logged here
             self.gateway.activity.record(
                 call.model, call.request.scope["path"], ClientLeft.status, slot.device,
-                slot.wait_s, slot.swaps_waited, slot.arrived, None, None,
+                slot.wait_s, slot.swaps_waited, slot.arrived, None, None, slot.queued.principal,
             )  # fmt: skip
             raise ClientLeft()
 
@@ -374,5 +374,5 @@ class Proxy:
         self.metrics.requests.labels(model, str(status)).inc()
         self.gateway.activity.record(
             model, call.request.scope["path"], status, slot.device, slot.wait_s,
-            slot.swaps_waited, slot.arrived, first_byte, tokens,
+            slot.swaps_waited, slot.arrived, first_byte, tokens, r.principal,
         )  # fmt: skip

@@ -67,6 +67,7 @@ class Served:
     duration_s: float  # arrival to the last byte
     tokens: int | None
     tokens_per_s: float | None  # after the first byte (a whole answer: after its dispatch)
+    principal: str | None = None  # whose call it was (None: no keys)
 
 
 class Activity:
@@ -84,6 +85,7 @@ class Activity:
         arrived: float,
         first_byte: float | None,
         tokens: int | None,
+        principal: str | None = None,
     ) -> None:
         """One request done; `arrived` and `first_byte` on the monotonic clock (`first_byte`
         None: a whole answer, whose tokens/s count from its dispatch)."""
@@ -102,6 +104,7 @@ class Activity:
                 duration_s=round(now - arrived, 4),
                 tokens=tokens,
                 tokens_per_s=round(tokens / gen_s, 1) if tokens and gen_s > 0.001 else None,
+                principal=principal,
             )
         )
 

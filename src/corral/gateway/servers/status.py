@@ -139,6 +139,7 @@ class StatusView:
                     "position": i,
                     "class": "batch" if r.background else "interactive",
                     "priority": r.priority,
+                    "principal": r.principal,
                     "waited_s": round(now - r.arrived_at, 3),
                 }
                 for i, r in enumerate(m.pending(limit=20), 1)
@@ -191,3 +192,17 @@ class StatusView:
             "proxy": self.redact(b.proxy_url) if up and b is not None else None,
             "pid": b.pid if up and b is not None else None,
         }
+
+
+def own_view(status: dict[str, Any], principal: str) -> dict[str, Any]:
+    """`status` as a user (`principal`) sees it: the machine's state whole (devices, models,
+    counts, swaps and decisions), and of the requests and batches, its own only."""
+    out = dict(status)
+    out["models"] = {
+        name: {**m, "queue": [q for q in m["queue"] if q["principal"] == principal]}
+        for name, m in status["models"].items()
+    }
+    out["activity"] = [a for a in status["activity"] if a["principal"] == principal]
+    if "batches" in status:
+        out["batches"] = [b for b in status["batches"] if b.get("owner") == principal]
+    return out
