@@ -19,7 +19,7 @@ from tests.support.gateway import CORRAL, KEY, SIM, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 
-HEAVY, LIGHT, BOSS = "heavy-key", "light-key", "boss-key"
+HEAVY, LIGHT, BOSS, BULK = "heavy-key", "light-key", "boss-key", "bulk-key"
 CONFIG = f"""
 models:
   alpha:
@@ -31,6 +31,10 @@ server:
     heavy: {{keys: [{HEAVY}]}}
     light: {{keys: [{LIGHT}]}}
     boss: {{role: admin, keys: [{BOSS}]}}
+    bulk:
+      keys: [{BULK}]
+      highest_class: batch
+      limits: {{tokens_per_minute: 10}}
 """
 N_HEAVY = 8
 
@@ -150,3 +154,32 @@ def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Pa
         assert table.returncode == 0, table.stderr
         assert "heavy" in table.stdout
         assert "light" in table.stdout
+
+
+def test_a_principals_highest_class_and_tokens_per_minute(tmp_path: Path) -> None:
+    with serve(tmp_path, CONFIG) as gw:
+        bulk = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=BULK, max_retries=0, timeout=60)
+        answer = bulk.chat.completions.create(
+            model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=10
+        )
+        assert answer.usage is not None
+        assert answer.usage.total_tokens >= 10  # the minute's tokens are spent
+        with pytest.raises(openai.RateLimitError) as over:
+            bulk.chat.completions.create(
+                model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=10
+            )
+        assert "tokens_per_minute" in over.value.message
+        assert int(over.value.response.headers["retry-after"]) >= 1
+        status = httpx.get(
+            f"{gw.url}/api/status", headers={"Authorization": f"Bearer {BULK}"}, timeout=30
+        ).json()
+        (mine,) = status["activity"]  # one call answered; the refused one never ran
+        assert mine["service_class"] == "batch"  # its highest class: run as batch work
+        usage = httpx.get(
+            f"{gw.url}/api/usage",
+            params={"by": "total"},
+            headers={"Authorization": f"Bearer {BULK}"},
+            timeout=30,
+        ).json()["data"]
+        assert [(u["principal"], u["requests"]) for u in usage] == [("bulk", 1)]
+        assert usage[0]["output_tokens"] == answer.usage.completion_tokens

@@ -63,3 +63,26 @@ def test_a_principal_without_limits_holds_nothing() -> None:
     q = Quotas(Clock())
     assert q.enter("a", Limits()) is None
     assert q.counts("a") == (0, 0)
+
+
+def test_tokens_per_minute_counts_each_calls_tokens_when_it_ends() -> None:
+    clock = Clock()
+    q = Quotas(clock)
+    tpm = Limits(tokens_per_minute=600)  # 10 tokens a second
+    first = q.enter("a", tpm)
+    second = q.enter("a", tpm)  # admitted: nothing spent yet
+    assert first is not None
+    assert second is not None
+    first.spent(500)
+    first.spent(500)  # told twice, counted once
+    first.close()
+    third = q.enter("a", tpm)  # 100 left
+    assert third is not None
+    second.spent(400)  # the bucket is 300 below empty: spent ahead
+    with pytest.raises(OverLimit) as over:
+        q.enter("a", tpm)
+    assert over.value.limit == "tokens_per_minute"
+    assert over.value.retry_after_s == 31  # (300 + 1) tokens at 10 a second
+    clock.now += 31
+    assert q.enter("a", tpm) is not None
+    assert q.enter("b", tpm) is not None  # each principal its own bucket

@@ -4,7 +4,10 @@ clock is given. The gateway's admission (`Turns.submit`) asks `Quotas.enter` for
 call and holds it until the call ends; a call over a limit is `OverLimit`, with when to retry.
 
 Requests per minute is a token bucket (`requests_per_minute` tokens, refilled at that rate):
-bursts up to the limit, then one call per 60/limit seconds. A refused call takes nothing."""
+bursts up to the limit, then one call per 60/limit seconds. A refused call takes nothing.
+Tokens per minute is a bucket of model tokens (input and output, the server's counts) refilled
+at `tokens_per_minute` a minute: a call's tokens are known when it ends (`Ticket.spent`), so a
+call may take the bucket below empty, and calls are refused until it refills above empty."""
 
 from __future__ import annotations
 
@@ -21,9 +24,18 @@ class Limits:
     requests_per_minute: int | None = None
     in_flight: int | None = None
     queued: int | None = None
+    tokens_per_minute: int | None = None
 
     def __bool__(self) -> bool:
-        return any(x is not None for x in (self.requests_per_minute, self.in_flight, self.queued))
+        return any(
+            x is not None
+            for x in (
+                self.requests_per_minute,
+                self.in_flight,
+                self.queued,
+                self.tokens_per_minute,
+            )
+        )
 
 
 NO_LIMITS = Limits()
@@ -45,18 +57,39 @@ class _Account:
     queued: int = 0
     tokens: float = 0.0
     filled_at: float = 0.0
+    model_tokens: float = 0.0  # the tokens-per-minute bucket (below 0: spent ahead)
+    model_filled_at: float = 0.0
+    tokens_per_minute: int | None = None
+
+    def refill(self, now: float) -> None:
+        tpm = self.tokens_per_minute
+        if tpm is not None:
+            gained = (now - self.model_filled_at) * tpm / 60.0
+            self.model_tokens = min(float(tpm), self.model_tokens + gained)
+            self.model_filled_at = now
 
 
 class Ticket:
     """One admitted call's hold on its principal's counts: `started` when its turn comes,
-    `close` when it ends (both idempotent)."""
+    `spent` with its tokens, `close` when it ends (each idempotent)."""
 
-    __slots__ = ("_account", "_closed", "_started")
+    __slots__ = ("_account", "_clock", "_closed", "_spent", "_started")
 
-    def __init__(self, account: _Account) -> None:
+    def __init__(self, account: _Account, clock: Callable[[], float]) -> None:
         self._account = account
+        self._clock = clock
         self._started = False
         self._closed = False
+        self._spent = False
+
+    def spent(self, tokens: int) -> None:
+        """The call used `tokens` model tokens (input and output): its tokens per minute."""
+        a = self._account
+        if self._spent or a.tokens_per_minute is None:
+            return
+        self._spent = True
+        a.refill(self._clock())
+        a.model_tokens -= max(0, tokens)
 
     def started(self) -> None:
         if not self._started and not self._closed:
@@ -85,9 +118,24 @@ class Quotas:
             return None
         a = self._accounts.get(name)
         if a is None:
+            now = self.clock()
+            tpm = limits.tokens_per_minute
             a = self._accounts[name] = _Account(
-                tokens=float(limits.requests_per_minute or 0), filled_at=self.clock()
+                tokens=float(limits.requests_per_minute or 0),
+                filled_at=now,
+                model_tokens=float(tpm or 0),
+                model_filled_at=now,
             )
+        a.tokens_per_minute = limits.tokens_per_minute
+        if a.tokens_per_minute is not None:
+            a.refill(self.clock())
+            if a.model_tokens <= 0:
+                wait_s = (1.0 - a.model_tokens) * 60.0 / a.tokens_per_minute
+                why = (
+                    f"{name} has used {a.tokens_per_minute} tokens this minute "
+                    "(its tokens_per_minute)"
+                )
+                raise OverLimit(why, "tokens_per_minute", wait_s)
         if limits.in_flight is not None and a.in_flight >= limits.in_flight:
             why = f"{name} has {a.in_flight} requests in flight (its in_flight limit)"
             raise OverLimit(why, "in_flight", 1.0)
@@ -106,7 +154,7 @@ class Quotas:
             a.tokens -= 1.0
         a.in_flight += 1
         a.queued += 1
-        return Ticket(a)
+        return Ticket(a, self.clock)
 
     def counts(self, name: str) -> tuple[int, int]:
         """(in flight, queued) of principal `name`."""

@@ -71,6 +71,10 @@ def create(
     queued: Annotated[
         int | None, typer.Option(min=1, help="NAME's model calls waiting for a model at once.")
     ] = None,
+    tokens_per_minute: Annotated[
+        int | None,
+        typer.Option(min=1, help="NAME's model tokens (input and output) per minute."),
+    ] = None,
     weight: Annotated[
         float | None,
         typer.Option(
@@ -102,7 +106,7 @@ def create(
         )
     file = _file(folder)
     try:
-        given = (requests_per_minute, in_flight, queued)
+        given = (requests_per_minute, in_flight, queued, tokens_per_minute)
         limits = Limits(*given) if any(x is not None for x in given) else None
         key, entry, who = file.create(name, role, model, limits, weight, highest_class)
     except (CorralError, ValueError) as exc:

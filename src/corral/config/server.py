@@ -27,6 +27,12 @@ class LimitsConfig(Strict):
     queued: int | None = Field(
         default=None, ge=1, description="Model calls waiting for their model's turn at once."
     )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Model tokens (input and output, as the server counts them) per minute; a "
+        "call's tokens count when it ends, and calls are refused while the minute's are spent.",
+    )
 
 
 class PrincipalConfig(Strict):

@@ -162,6 +162,7 @@ class Proxy:
             self.gateway.activity.record(
                 call.model, call.request.scope["path"], ClientLeft.status, slot.device,
                 slot.wait_s, slot.swaps_waited, slot.arrived, None, None, slot.queued.principal,
+                slot.queued.background,
             )  # fmt: skip
             raise ClientLeft()
 
@@ -366,6 +367,8 @@ class Proxy:
             context, prefilled, prefill_s = prefill(tail)
             if r.conversation is not None:
                 r.context_tokens, r.prefill_tokens, r.prefill_s = context, prefilled, prefill_s
+        if slot.ticket is not None:
+            slot.ticket.spent(context + (tokens or 0))
         slot.release()
         model = call.model
         who = caller(call.request.scope)
@@ -374,5 +377,5 @@ class Proxy:
         self.metrics.requests.labels(model, str(status)).inc()
         self.gateway.activity.record(
             model, call.request.scope["path"], status, slot.device, slot.wait_s,
-            slot.swaps_waited, slot.arrived, first_byte, tokens, r.principal,
+            slot.swaps_waited, slot.arrived, first_byte, tokens, r.principal, r.background,
         )  # fmt: skip

@@ -68,6 +68,7 @@ class Served:
     tokens: int | None
     tokens_per_s: float | None  # after the first byte (a whole answer: after its dispatch)
     principal: str | None = None  # whose call it was (None: no keys)
+    service_class: str = "interactive"  # batch: its principal may ask for batch work only
 
 
 class Activity:
@@ -86,6 +87,7 @@ class Activity:
         first_byte: float | None,
         tokens: int | None,
         principal: str | None = None,
+        background: bool = False,
     ) -> None:
         """One request done; `arrived` and `first_byte` on the monotonic clock (`first_byte`
         None: a whole answer, whose tokens/s count from its dispatch)."""
@@ -105,6 +107,7 @@ class Activity:
                 tokens=tokens,
                 tokens_per_s=round(tokens / gen_s, 1) if tokens and gen_s > 0.001 else None,
                 principal=principal,
+                service_class="batch" if background else "interactive",
             )
         )
 
