@@ -88,9 +88,10 @@ class Scheduler:
         )
         self.stretch = self.wait.stretch
         self.policy.wait = self.wait
-        # Fair shares inside each class (core/shares.py), weighted as the config says.
+        # Fair shares inside each class (core/shares.py), weighted as the config says; the
+        # baselines (no classes) stand for tools that know no users.
         weights = {n: p.weight for n, p in config.server.principals.items()}
-        self.shares = shares = Shares(weights, config.scheduler.fair_shares)
+        self.shares = shares = Shares(weights, config.scheduler.fair_shares and classes)
         self.board = board = Board(config, classes, self.policy.weight, self._strict, shares)
         self.models = board.models
         self.devices = board.devices
