@@ -174,6 +174,12 @@ def test_each_user_sees_only_its_own_files_and_batches(tmp_path: Path) -> None:
                 attempt()
         assert [f.id for f in bob.files.list()] == [theirs]
         assert [b.id for b in bob.batches.list()] == []
+        status = httpx.get(
+            f"{gw.url}/api/status", headers={"Authorization": "Bearer bob-key"}, timeout=30
+        ).json()
+        assert made.id not in {b["id"] for b in status["batches"]}  # nor in its status
+        for route in ("/api/audit", "/api/models/alpha/unload"):
+            assert code(gw.url + route, "bob-key", "GET" if "audit" in route else "POST") == 403
         # The same idempotency key is each user's own.
         again = bob.batches.create(
             input_file_id=theirs,

@@ -132,10 +132,18 @@ def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Pa
         metrics = httpx.get(
             f"{gw.url}/metrics", headers={"Authorization": f"Bearer {BOSS}"}, timeout=30
         ).text
-        assert (
+        heavy_row = (
             f'corral_principal_requests_total{{model="alpha",principal="heavy"}} {N_HEAVY}.0'
-            in metrics
         )
+        assert heavy_row in metrics  # an admin's scrape: everyone's use
+        as_user = httpx.get(
+            f"{gw.url}/metrics", headers={"Authorization": f"Bearer {LIGHT}"}, timeout=30
+        ).text
+        assert 'principal="light"' in as_user
+        assert 'principal="heavy"' not in as_user  # a user's: its own
+        open_scrape = httpx.get(f"{gw.url}/metrics", timeout=30).text
+        assert "corral_swaps_total" in open_scrape or "corral_requests_total" in open_scrape
+        assert "principal=" not in open_scrape  # no key: the machine's figures, nobody's use
         out = subprocess.run(
             [CORRAL, "usage", "--by", "total", "--csv", "--url", gw.url, "--api-key", LIGHT],
             capture_output=True,

@@ -59,6 +59,9 @@ def may_use(globs: Iterable[str], model: str) -> bool:
 
 # The caller when no key is configured at all: Corral is open, as it was before keys.
 ANYONE = Principal("anyone", "admin")
+# The caller of an open route (/health, /metrics, /ui) that sent no key while keys exist: a
+# user no principal can be (its name is not a valid one), so it sees nobody's requests.
+NO_KEY = Principal("(no key)", "user")
 # `server.api_keys`: each key an admin's.
 API_KEYS = Principal("admin", "admin")
 SCOPE_KEY = "corral.principal"  # the ASGI scope's key for the caller's `Principal`

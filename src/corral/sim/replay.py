@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +52,18 @@ class ReplayError(CorralError):
 
 
 def live_config(
-    config: Config, speed: float, port: int, folder: Path, own_backends: bool = False
+    config: Config,
+    speed: float,
+    port: int,
+    folder: Path,
+    own_backends: bool = False,
+    principals: Collection[str] = (),
 ) -> dict[str, Any]:
     """`config` as `corral serve` runs it for a replay: sim backends with the configuration's
     times divided by `speed`, every other time scaled alike, files under `folder`.
-    `own_backends`: the models' own commands (real servers) are kept, at the trace's speed."""
+    `own_backends`: the models' own commands (real servers) are kept, at the trace's speed.
+    `principals`: the trace's; each gets a key (`principal_key`), with the weight and class
+    the configuration gives it, and the replay itself an admin's (`ADMIN_KEY`)."""
     if own_backends and speed != 1:
         raise ReplayError(f"a replay on the models' own servers runs at 1x, not {speed:g}x")
     spec = config.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -111,7 +118,33 @@ def live_config(
         "data_dir": str(folder / "data"),
         "store": f"sqlite:///{folder / 'corral.db'}",
     }
+    if principals:
+        configured = config.server.principals
+        spec["server"]["api_keys"] = [ADMIN_KEY]
+        spec["server"]["principals"] = {
+            name: {
+                "keys": [principal_key(name)],
+                **(
+                    configured[name].model_dump(mode="json", include={"weight", "highest_class"})
+                    if name in configured
+                    else {}
+                ),
+            }
+            for name in sorted(principals)
+        }
     return spec
+
+
+ADMIN_KEY = "replay-admin"  # the replay's own calls: batches, status, events
+
+
+def principal_key(name: str | None) -> str:
+    """The key a replayed line of principal `name` is sent with (None: the admin's)."""
+    return ADMIN_KEY if name is None else f"replay-{name}"
+
+
+def _auth(name: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {principal_key(name)}"}
 
 
 # A sim backend is a Python process: it cannot be ready sooner than its interpreter starts.
@@ -238,7 +271,7 @@ class _Events:
     def _read(self, url: str) -> None:
         with (
             httpx.Client(timeout=None) as client,
-            client.stream("GET", f"{url}/api/events") as resp,
+            client.stream("GET", f"{url}/api/events", headers=_auth(None)) as resp,
         ):
             self._ready.set()
             for line in resp.iter_lines():
@@ -291,7 +324,9 @@ async def _drive(
     real servers answer that many tokens a line (their end of text ignored), whatever the
     line's `service_s`, and their own `timings` are kept."""
     batches: list[str] = []
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=_LIMITS) as client:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=None, limits=_LIMITS, headers=_auth(None)
+    ) as client:
 
         async def at(t: float) -> None:
             delay = t0 + t / speed - time.time()
@@ -302,7 +337,11 @@ async def _drive(
             tm = timings[x.line]
             tm.arrived = time.time()
             try:
-                r = await client.post("/v1/completions", json=_body(x, speed, answer_tokens))
+                r = await client.post(
+                    "/v1/completions",
+                    json=_body(x, speed, answer_tokens),
+                    headers=_auth(x.principal),
+                )
             except httpx.HTTPError as exc:
                 tm.error = f"{type(exc).__name__}: {exc}"
                 return
@@ -456,7 +495,8 @@ def replay(
     folder = Path(tempfile.mkdtemp(prefix="corral-replay-"))
     port = _free_port()
     path = folder / "corral.yaml"
-    spec = live_config(config, speed, port, folder, own_backends)
+    principals = {x.principal for x in trace.lines if x.principal is not None}
+    spec = live_config(config, speed, port, folder, own_backends, principals)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     timings: dict[int, _Timing] = {}
     verdicts: dict[str, str] = {}
@@ -496,7 +536,7 @@ def replay(
 def _verdicts(url: str) -> tuple[dict[str, str], dict[str, Any]]:
     """From `/api/status`: each model's prompt-cache verdict (`kept and verified`, `kept`, `not
     kept: why`); what was prepared (`prepare`), with each model's load estimates."""
-    status = httpx.get(f"{url}/api/status", timeout=30).json()
+    status = httpx.get(f"{url}/api/status", headers=_auth(None), timeout=30).json()
     models = status.get("models", {})
     verdicts = {
         name: str(view["prompt_cache"]["verified"])

@@ -27,6 +27,7 @@ from corral.config import Config
 from corral.gateway.errors import Conflict, InvalidRequest, ModelUnavailable
 from corral.gateway.pipeline.calls import unknown_model
 from corral.gateway.pipeline.cluster import Cluster
+from corral.gateway.servers.metrics import usage_exposition
 from corral.gateway.servers.runtime import Gateway
 from corral.gateway.servers.status import own_view
 
@@ -146,8 +147,14 @@ def _views(
         return HTMLResponse(_UI)
 
     @router.get("/metrics", response_class=PlainTextResponse)
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus(request: Request) -> Response:
+        """The machine's figures, open to every scraper; the usage counters of the caller's
+        principal (an admin's key: everyone's; none, while keys exist: nobody's)."""
+        who = caller(request.scope)
+        body = generate_latest(metrics.registry) + usage_exposition(
+            gateway.usage, None if who.admin else who.name
+        )
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/api/usage")
     async def usage(

@@ -30,7 +30,14 @@ from corral.access.audit import AuditTrail
 from corral.access.keyfile import KeyFile
 from corral.access.limits import Limits
 from corral.access.live import Access
-from corral.access.principals import ANYONE, SCOPE_KEY, Principal, caller, configured_keys
+from corral.access.principals import (
+    ANYONE,
+    NO_KEY,
+    SCOPE_KEY,
+    Principal,
+    caller,
+    configured_keys,
+)
 from corral.batch.attached import BatchRuntime
 from corral.batch.fields import BatchError
 from corral.config import Config
@@ -83,11 +90,7 @@ class ApiKeys:
             scope[SCOPE_KEY] = ANYONE
         elif path.startswith(("/v1/", "/upstream/", "/api/", "/v/", "/sdapi/")) or path in _GUARDED:
             headers = dict(scope["headers"])
-            header = headers.get(b"authorization", b"")
-            token = header[7:] if header[:7].lower() == b"bearer " else b""
-            if not token:
-                token = _cookie(headers.get(b"cookie", b""), b"corral_key")
-            who = ring.find(token)
+            who = ring.find(_token(headers))
             if who is None:
                 response = error(
                     401,
@@ -111,6 +114,8 @@ class ApiKeys:
                 scope = dict(scope)
                 scope["headers"] = _without_cookie(scope["headers"], b"corral_key")
             scope[SCOPE_KEY] = who
+        elif path:  # an open route (/health, /metrics, /ui): a key, if one came, says who asks
+            scope[SCOPE_KEY] = ring.find(_token(dict(scope["headers"]))) or NO_KEY
         trail = self.access.trail
         if trail is None or not admin_route(path):
             await self.app(scope, receive, send)
@@ -125,6 +130,13 @@ class ApiKeys:
 
         await self.app(scope, receive, seen)
         trail.action(caller(scope).name, scope["method"], path, status)
+
+
+def _token(headers: dict[bytes, bytes]) -> bytes:
+    """The key a request presents: `Authorization: Bearer KEY`, else the dashboard's cookie."""
+    header = headers.get(b"authorization", b"")
+    token = header[7:] if header[:7].lower() == b"bearer " else b""
+    return token or _cookie(headers.get(b"cookie", b""), b"corral_key")
 
 
 def admin_route(path: str) -> bool:

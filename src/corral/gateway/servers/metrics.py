@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -229,8 +229,10 @@ class Metrics:
 class UsageMetrics(Collector):
     """`/metrics`: the counters of `Usage`, with `principal` and `model` labels."""
 
-    def __init__(self, usage: Usage) -> None:
+    def __init__(self, usage: Usage, principal: str | None = None) -> None:
+        """`principal`: its counters only (None: everyone's)."""
         self._usage = usage
+        self._principal = principal
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         labels = ["principal", "model"]
@@ -254,6 +256,8 @@ class UsageMetrics(Collector):
             labels=[*labels, "kind"],
         )
         for r in self._usage.totals():
+            if self._principal is not None and r.principal != self._principal:
+                continue
             who = [r.principal, r.model]
             calls.add_metric(who, r.requests)
             tokens_in.add_metric(who, r.input_tokens)
@@ -262,3 +266,11 @@ class UsageMetrics(Collector):
             device.add_metric([*who, "service"], r.service_s)
             device.add_metric([*who, "load"], r.load_s)
         yield from (calls, tokens_in, tokens_out, waits, device)
+
+
+def usage_exposition(usage: Usage, principal: str | None) -> bytes:
+    """`/metrics`' usage counters in the text format: `principal`'s only (None: everyone's, for
+    an admin), so a scrape with a user's key, or none, shows nobody else's use."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(UsageMetrics(usage, principal))
+    return generate_latest(registry)

@@ -32,7 +32,7 @@ from corral.gateway.servers.file_cache import LOAD_MODE_ENV, Files
 from corral.gateway.servers.fleet import Servers
 from corral.gateway.servers.intake import Intake
 from corral.gateway.servers.loopwatch import LoopWatch
-from corral.gateway.servers.metrics import Metrics, UsageMetrics
+from corral.gateway.servers.metrics import Metrics
 from corral.gateway.servers.naps import Naps, host_memory_gb
 from corral.gateway.servers.status import StatusView, Tally
 from corral.gateway.servers.swap_records import Holder, Load, Swap
@@ -92,7 +92,6 @@ class Gateway:
         # time the scheduler's fair shares charged each.
         self.usage = Usage(lambda: self.scheduler.shares.ledger if self.scheduler else {})
         self.metrics = Metrics(self.status, self.gpus, config.server.vllm_metric_names)
-        self.metrics.registry.register(UsageMetrics(self.usage))
         self.events = Events()  # GET /api/events (gateway/servers/events.py)
         self.publish = self.events.publish
         self.scheduler: Scheduler | None = None
