@@ -15,7 +15,12 @@ Figures, per seed, then the worst over seeds:
   least 0.9: fairness never idles the device while the heavy user waits).
 
 Run: `make bench-shares` (or `.venv/bin/python benchmarks/bench_shares.py [--seeds 6301 ...]
-[--json out/bench-shares.json]`). Deterministic; under a minute per seed on the 2-core VM.
+[--json out/bench-shares.json]`). Deterministic; under a second per seed on the 2-core VM.
+
+`--write-live DIR [--hours H]`: instead, write the three runs' configurations and traces of the
+first seed (`fair`, `off`, `alone`: DIR/NAME.yaml and DIR/NAME.jsonl), H hours of the scenario,
+for `corral replay --config DIR/NAME.yaml --trace DIR/NAME.jsonl --speed 10 --json` to run
+live through `corral serve`.
 """
 
 from __future__ import annotations
@@ -39,12 +44,24 @@ from corral.sim.scenarios import LIGHT_USERS, SHARED_BOX_CONFIG, _trace, shared_
 FLOOD = (900.0, 2700.0)  # the heavy user's flood, seconds into the hour (shared_box_lines)
 
 
-def _config(fair: bool) -> Config:
-    text = SHARED_BOX_CONFIG.replace(
+def _config_text(fair: bool) -> str:
+    return SHARED_BOX_CONFIG.replace(
         "scheduler: {policy: cost, max_wait_s: 120}",
         f"scheduler: {{policy: cost, max_wait_s: 120, fair_shares: {str(fair).lower()}}}",
     )
-    return parse_config(text, "<bench shares>")
+
+
+def _config(fair: bool) -> Config:
+    return parse_config(_config_text(fair), "<bench shares>")
+
+
+def write_live(folder: Path, seed: int, hours: float) -> None:
+    """The three runs of `seed` as files for `corral replay`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, fair, heavy in (("fair", True, True), ("off", False, True), ("alone", True, False)):
+        (folder / f"{name}.yaml").write_text(_config_text(fair))
+        lines = shared_box_lines(seed, heavy, hours)
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def _run(seed: int, fair: bool, heavy: bool) -> Run:
@@ -152,7 +169,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[6301, 6302, 6303, 6304, 6305])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--write-live", type=Path, metavar="DIR")
+    ap.add_argument("--hours", type=float, default=0.25)
     args = ap.parse_args()
+    if args.write_live is not None:
+        write_live(args.write_live, args.seeds[0], args.hours)
+        print(f"wrote fair, off and alone (.yaml, .jsonl) to {args.write_live}")
+        return 0
     rows = [measure(s) for s in args.seeds]
     t = Table(title="fair shares on the shared box (flood vs without it; fair vs off)")
     for col in (
