@@ -110,6 +110,16 @@ def test_simulate_defaults_to_the_configs_policy_and_prints_a_table(
     assert "lower bound on makespan" in p.stdout
 
 
+def test_simulate_prints_each_principals_waits_and_charges_where_the_trace_names_them() -> None:
+    p = corral("simulate", "--scenario", "shared-box", "--policy", "cost")
+    table = p.stdout[p.stdout.index("per principal") :]
+    for who in ("agent", "alice", "bob", "carol", "etl", "heavy"):
+        assert who in table
+    assert "loads s" in table
+    plain = corral("simulate", "--scenario", "approvals", "--policy", "cost")
+    assert "per principal" not in plain.stdout  # no principals: no table
+
+
 def test_simulate_out_writes_csv_and_plots(files: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     corral("simulate", "-c", files[0], "-t", files[1], "-p", "all", "--out", out)

@@ -250,6 +250,7 @@ def simulate_cmd(
     from corral.sim.report import (
         per_class_table,
         per_model_table,
+        per_principal_table,
         results_table,
         write_csv,
         write_plots,
@@ -291,6 +292,8 @@ def simulate_cmd(
     out_console.print(per_model_table(results))
     if (classes := per_class_table(results)) is not None:
         out_console.print(classes)
+    if (who := per_principal_table(results)) is not None:
+        out_console.print(who)
 
 
 @app.command(name="replay")

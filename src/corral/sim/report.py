@@ -110,6 +110,33 @@ def per_class_table(results: Sequence[dict[str, Any]]) -> Table | None:
     return table
 
 
+def per_principal_table(results: Sequence[dict[str, Any]]) -> Table | None:
+    """Waits and charged device time per policy and principal; None when no request names a
+    principal."""
+    if not any(r.get("per_principal") for r in results):
+        return None
+    table = Table(title="per principal", title_justify="left")
+    for header in ("policy", "principal"):
+        table.add_column(header, style="cyan" if header == "policy" else None)
+    for header in ("requests", "wait p50", "wait p95", "wait max", "service s", "loads s"):
+        table.add_column(header, justify="right")
+    for r in results:
+        who = r.get("per_principal", {})
+        for i, (name, p) in enumerate(who.items()):
+            table.add_row(
+                r["policy"] if i == 0 else "",
+                name,
+                f"{p['requests']:,}",
+                f"{p['wait_p50_s']:,.1f}",
+                f"{p['wait_p95_s']:,.1f}",
+                f"{p['wait_max_s']:,.1f}",
+                f"{p['service_s']:,.1f}",
+                f"{p['load_s']:,.1f}",
+                end_section=i == len(who) - 1,
+            )
+    return table
+
+
 def write_csv(results: Sequence[dict[str, Any]], path: Path) -> None:
     """One row per policy (model = "*") and one per policy and model."""
     fields = ["policy", "model", *RESULT_KEYS, "lower_bound_makespan_s"]
