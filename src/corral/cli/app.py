@@ -248,10 +248,7 @@ def simulate_cmd(
 ) -> None:
     """Replay a trace through the real scheduler on a virtual clock and compare policies."""
     from corral.sim.report import (
-        per_class_table,
-        per_model_table,
-        per_principal_table,
-        results_table,
+        tables,
         write_csv,
         write_plots,
     )
@@ -288,12 +285,8 @@ def simulate_cmd(
     if as_json:
         print(json.dumps({"results": results}, indent=2))
         return
-    out_console.print(results_table(results, title))
-    out_console.print(per_model_table(results))
-    if (classes := per_class_table(results)) is not None:
-        out_console.print(classes)
-    if (who := per_principal_table(results)) is not None:
-        out_console.print(who)
+    for table in tables(results, title, principals=True):
+        out_console.print(table)
 
 
 @app.command(name="replay")
@@ -320,7 +313,7 @@ def replay_cmd(
     trace's seconds."""
     from corral.sim.parity import simulated_beside
     from corral.sim.replay import replay
-    from corral.sim.report import per_class_table, per_model_table, results_table
+    from corral.sim.report import tables
 
     config, trace, title = _inputs(scenario, config_path, trace_path)
     speed = speed or (1.0 if own_servers else 10.0)
@@ -349,10 +342,8 @@ def replay_cmd(
         return
     for r in results:
         r["policy"] = f"{r['policy']} ({r['mode']})"
-    out_console.print(results_table(results, f"{title} · live at {speed:g}x"))
-    out_console.print(per_model_table(results))
-    if (classes := per_class_table(results)) is not None:
-        out_console.print(classes)
+    for table in tables(results, f"{title} · live at {speed:g}x"):
+        out_console.print(table)
     for name, ds in diffs:
         table = Table(title=f"{name}: simulated vs live")
         for col in ("figure", "simulated", "under noise", "live", "tolerance", ""):

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,143 +38,22 @@ import httpx
 import yaml
 
 from corral.config import Config
-from corral.errors import CorralError
 from corral.sim.engine import Run, SimRequest
 from corral.sim.metrics import summarize
+from corral.sim.replay_setup import (
+    STARTUP_FLOOR_S,
+    TOKENS_PER_S,
+    ReplayError,
+    auth_headers,
+    check_replayable,
+    live_config,
+    too_fast,
+)
 from corral.sim.trace import Trace, TraceLine
 
-TOKENS_PER_S = 1000.0  # sim backends produce one token a millisecond: service time resolution
+__all__ = ["STARTUP_FLOOR_S", "ReplayError", "replay", "too_fast"]
+
 _HEALTH_TIMEOUT_S = 60.0
-
-
-class ReplayError(CorralError):
-    """The replay could not run (a bad trace for live use, a server that did not start)."""
-
-
-def live_config(
-    config: Config,
-    speed: float,
-    port: int,
-    folder: Path,
-    own_backends: bool = False,
-    principals: Collection[str] = (),
-) -> dict[str, Any]:
-    """`config` as `corral serve` runs it for a replay: sim backends with the configuration's
-    times divided by `speed`, every other time scaled alike, files under `folder`.
-    `own_backends`: the models' own commands (real servers) are kept, at the trace's speed.
-    `principals`: the trace's; each gets a key (`principal_key`), with the weight and class
-    the configuration gives it, and the replay itself an admin's (`ADMIN_KEY`)."""
-    if own_backends and speed != 1:
-        raise ReplayError(f"a replay on the models' own servers runs at 1x, not {speed:g}x")
-    spec = config.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-    def scale(d: dict[str, Any], *keys: str) -> None:
-        for k in keys:
-            if d.get(k) is not None:
-                d[k] = d[k] / speed
-
-    for name, m in spec["models"].items():
-        m["max_queue"] = 10_000_000  # the trace decides the load; nothing is refused
-        m["request_timeout_s"] = 10_000_000
-        if own_backends:
-            continue
-        scale(m, "load_s", "unload_s", "service_s", "unload_delay_s", "ttl_s", "min_resident_s")
-        for key in ("cmd", "upstream", "upstream_model", "load_hook", "unload_hook", "cmd_stop"):
-            m.pop(key, None)
-        m["cmd"] = (
-            f"{sys.executable} -m corral sim-backend --model {name} --port ${{PORT}} "
-            f"--load-s {m['load_s']:.6f} --unload-s {m['unload_s']:.6f} "
-            f"--parallel {m.get('concurrency', 1)} --tokens-per-s {TOKENS_PER_S:g}"
-        )
-        nap = m.get("sleep")
-        if nap is not None:  # a server that sleeps and wakes in the configured times
-            # A level-2 wake reloads the weights (`--wake2-s`): the model's deep wake, its
-            # `wake_s` when it is configured at level 2.
-            deep_s = config.models[name].deep_wake_s / speed
-            scale(nap, "wake_s", "sleep_s", "wake2_s")
-            m["cmd"] += (
-                f" --sleep-s {nap['sleep_s']:.6f} --wake-s {nap['wake_s']:.6f} "
-                f"--wake2-s {deep_s:.6f} --memory-gb {m.get('memory_gb', 0):g}"
-            )
-        prefill = config.models[name].prefill_tok_s
-        if prefill is not None:  # conversations: a prompt cache per slot, and its slot API
-            state_tok_s = config.prompt_cache.state_tok_s * speed
-            m["cmd"] += f" --prefill-tok-s {prefill * speed:.6f} --state-tok-s {state_tok_s:.6f}"
-            m["prompt_cache"] = config.keeps_prompt_cache(name)  # the sim's rule, said outright
-        m["stop_grace_s"] = m["unload_s"] + 10
-    cache = spec.get("prompt_cache", {})
-    if cache.get("enabled", True):
-        cache["state_tok_s"] = cache.get("state_tok_s", 200_000.0) * speed
-        cache["dir"] = str(folder / "prompt-cache")
-    scale(spec["scheduler"], "max_wait_s")
-    scale(spec["scheduler"]["cost"], "age_weight_s")
-    scale(spec.setdefault("batch", {}), "max_wait_s")
-    spec["batch"]["max_lines"] = max(spec["batch"].get("max_lines", 0), 1_000_000)
-    spec["batch"]["max_queued_requests"] = 100_000_000
-    spec["batch"]["max_queued_batches"] = 1_000_000
-    spec["server"] = {
-        "listen": f"127.0.0.1:{port}",
-        "log_dir": str(folder / "logs"),
-        "data_dir": str(folder / "data"),
-        "store": f"sqlite:///{folder / 'corral.db'}",
-    }
-    if principals:
-        configured = config.server.principals
-        spec["server"]["api_keys"] = [ADMIN_KEY]
-        spec["server"]["principals"] = {
-            name: {
-                "keys": [principal_key(name)],
-                **(
-                    configured[name].model_dump(mode="json", include={"weight", "highest_class"})
-                    if name in configured
-                    else {}
-                ),
-            }
-            for name in sorted(principals)
-        }
-    return spec
-
-
-ADMIN_KEY = "replay-admin"  # the replay's own calls: batches, status, events
-
-
-def principal_key(name: str | None) -> str:
-    """The key a replayed line of principal `name` is sent with (None: the admin's)."""
-    return ADMIN_KEY if name is None else f"replay-{name}"
-
-
-def _auth(name: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {principal_key(name)}"}
-
-
-# A sim backend is a Python process: it cannot be ready sooner than its interpreter starts.
-STARTUP_FLOOR_S = 0.5
-
-
-def too_fast(config: Config, speed: float) -> list[str]:
-    """Models whose scaled load is shorter than a sim backend can start: their live loads
-    take longer than the trace says (lower `speed`)."""
-    return [
-        f"{name} (loads in {m.load_s / speed:.2f} s at {speed:g}x)"
-        for name, m in config.models.items()
-        if m.load_s / speed < STARTUP_FLOOR_S
-    ]
-
-
-def check_replayable(trace: Trace) -> None:
-    """Batch lines go through the Batch API: open loop, at the batch priority."""
-    problems = [
-        f"line {x.line}: a batch line must be open loop (no `session`)"
-        for x in trace.lines
-        if x.background and x.session is not None
-    ] + [
-        f"line {x.line}: batch lines run at `batch.priority` (the Batch API has no per-line "
-        "priority); drop `priority`"
-        for x in trace.lines
-        if x.background and x.priority
-    ]
-    if problems:
-        raise ReplayError("this trace cannot be replayed live:\n  " + "\n  ".join(problems[:20]))
 
 
 @dataclass
@@ -271,7 +150,7 @@ class _Events:
     def _read(self, url: str) -> None:
         with (
             httpx.Client(timeout=None) as client,
-            client.stream("GET", f"{url}/api/events", headers=_auth(None)) as resp,
+            client.stream("GET", f"{url}/api/events", headers=auth_headers(None)) as resp,
         ):
             self._ready.set()
             for line in resp.iter_lines():
@@ -325,7 +204,7 @@ async def _drive(
     line's `service_s`, and their own `timings` are kept."""
     batches: list[str] = []
     async with httpx.AsyncClient(
-        base_url=url, timeout=None, limits=_LIMITS, headers=_auth(None)
+        base_url=url, timeout=None, limits=_LIMITS, headers=auth_headers(None)
     ) as client:
 
         async def at(t: float) -> None:
@@ -340,7 +219,7 @@ async def _drive(
                 r = await client.post(
                     "/v1/completions",
                     json=_body(x, speed, answer_tokens),
-                    headers=_auth(x.principal),
+                    headers=auth_headers(x.principal),
                 )
             except httpx.HTTPError as exc:
                 tm.error = f"{type(exc).__name__}: {exc}"
@@ -536,7 +415,7 @@ def replay(
 def _verdicts(url: str) -> tuple[dict[str, str], dict[str, Any]]:
     """From `/api/status`: each model's prompt-cache verdict (`kept and verified`, `kept`, `not
     kept: why`); what was prepared (`prepare`), with each model's load estimates."""
-    status = httpx.get(f"{url}/api/status", headers=_auth(None), timeout=30).json()
+    status = httpx.get(f"{url}/api/status", headers=auth_headers(None), timeout=30).json()
     models = status.get("models", {})
     verdicts = {
         name: str(view["prompt_cache"]["verified"])

@@ -137,6 +137,17 @@ def per_principal_table(results: Sequence[dict[str, Any]]) -> Table | None:
     return table
 
 
+def tables(results: Sequence[dict[str, Any]], title: str, principals: bool = False) -> list[Table]:
+    """The tables `corral simulate` and `corral replay` print: the results, per model, per
+    class (where there is batch work) and, with `principals`, per principal (where named; a
+    live run's charges are the scheduler's, which the replay does not read)."""
+    out = [results_table(results, title), per_model_table(results)]
+    out += [t for t in (per_class_table(results),) if t is not None]
+    if principals and (who := per_principal_table(results)) is not None:
+        out.append(who)
+    return out
+
+
 def write_csv(results: Sequence[dict[str, Any]], path: Path) -> None:
     """One row per policy (model = "*") and one per policy and model."""
     fields = ["policy", "model", *RESULT_KEYS, "lower_bound_makespan_s"]

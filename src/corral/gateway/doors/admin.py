@@ -57,6 +57,7 @@ def admin_routes(
 
     _operations(router, config, gateway)
     _views(router, gateway, batches, cluster)
+    _accounts(router, gateway, batches)
     return router
 
 
@@ -156,6 +157,23 @@ def _views(
         )
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    @router.get("/api/status")
+    async def status(request: Request) -> dict[str, Any]:
+        """The gateway's state: devices, models and their queues (per class), recent swaps and
+        decisions, the batches not yet ended with their progress and ETA, and the cluster's
+        nodes with the models each holds. A user sees the machine's state and, of requests and
+        batches, its own (`own_view`)."""
+        out = gateway.status()
+        if cluster is not None:
+            out["cluster"] = cluster.status()
+        out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
+        who = caller(request.scope)
+        return out if who.admin else own_view(out, who.name)
+
+
+def _accounts(router: APIRouter, gateway: Gateway, batches: BatchRuntime | None) -> None:
+    """Who used what (`/api/usage`) and who did what (`/api/audit`)."""
+
     @router.get("/api/usage")
     async def usage(
         request: Request,
@@ -183,19 +201,6 @@ def _views(
             return {"object": "list", "data": []}
         entries = await asyncio.to_thread(batches.store.audit.list, since, limit)
         return {"object": "list", "data": [dataclasses.asdict(e) for e in entries]}
-
-    @router.get("/api/status")
-    async def status(request: Request) -> dict[str, Any]:
-        """The gateway's state: devices, models and their queues (per class), recent swaps and
-        decisions, the batches not yet ended with their progress and ETA, and the cluster's
-        nodes with the models each holds. A user sees the machine's state and, of requests and
-        batches, its own (`own_view`)."""
-        out = gateway.status()
-        if cluster is not None:
-            out["cluster"] = cluster.status()
-        out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
-        who = caller(request.scope)
-        return out if who.admin else own_view(out, who.name)
 
 
 def _sse(kind: str, data: dict[str, Any]) -> bytes:
