@@ -164,6 +164,7 @@ def test_scenarios_list_run_and_save(tmp_path: Path) -> None:
         "sleepers",
         "beside-batch",
         "conversations",
+        "shared-box",
     ]
     p = corral(
         "simulate",
