@@ -36,6 +36,7 @@ class AuditTrail:
     def __init__(self, audit: Audit | None) -> None:
         self._audit = audit
         self._busy = Background("audit", log)
+        self._told: set[tuple[str, str]] = set()  # key changes handed to the store already
 
     def action(self, principal: str, method: str, path: str, status: int) -> None:
         """`principal`'s call `method path` ended with `status`: kept if it was an admin
@@ -52,10 +53,13 @@ class AuditTrail:
             return
         for k in book.keys:
             target = f"{k.principal}:{k.id}"
-            self._keep(k.created_by or "corral keys", "key.create", target, "", k.created_at, True)
+            changes = [("key.create", k.created_by, k.created_at)]
             if k.revoked_at is not None:
-                who = k.revoked_by or "corral keys"
-                self._keep(who, "key.revoke", target, "", k.revoked_at, True)
+                changes.append(("key.revoke", k.revoked_by, k.revoked_at))
+            for action, who, at in changes:
+                if (action, target) not in self._told:  # each file read lists every key
+                    self._told.add((action, target))
+                    self._keep(who or "corral keys", action, target, "", at, True)
 
     def _keep(
         self, who: str, action: str, target: str, detail: str, at: float | None, once: bool

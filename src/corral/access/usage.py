@@ -54,6 +54,7 @@ class Usage:
         self._hours: dict[tuple[int, str, str], Row] = {}
         self._seen: dict[tuple[str | None, str], tuple[float, float]] = {}
         self._totals: dict[tuple[str, str], Row] = {}
+        self._newest_hour = 0
 
     def record(
         self,
@@ -82,7 +83,9 @@ class Usage:
         row = self._hours.get(key)
         if row is None:
             row = self._hours[key] = Row(float(hour), principal, model)
-            self._forget_before(hour - self._keep_hours * 3600)
+            if hour > self._newest_hour:  # a new hour: the oldest one goes
+                self._newest_hour = hour
+                self._forget_before(hour - self._keep_hours * 3600)
         row.add(d)
         total = self._totals.get((principal, model))
         if total is None:
