@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -19,7 +18,8 @@ from corral.cli.batches import batches_app, submit
 from corral.cli.bench import bench_cmd
 from corral.cli.keys import keys_app
 from corral.cli.launch import launch_cmd
-from corral.cli.models import CONTEXT_HELP, devices_cmd, models_cmd
+from corral.cli.models import devices_cmd, models_cmd
+from corral.cli.serve import serve_cmd
 from corral.cli.tasks import db_app, tasks_app, worker_cmd
 from corral.cli.usage import usage_cmd
 from corral.cli.zoo import zoo_cmd
@@ -32,8 +32,6 @@ from corral.policy_names import POLICY_NAMES, SIM_POLICY_NAMES, PolicyName, SimP
 # simulator's, the config's and the worker's imports would take, and the demo's swaps are that
 # much faster.
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from corral.config import Config
     from corral.sim.engine import Run
     from corral.sim.trace import Trace
@@ -58,6 +56,7 @@ app.command(name="devices")(devices_cmd)
 app.command(name="zoo")(zoo_cmd)
 app.command(name="launch")(launch_cmd)
 app.command(name="usage")(usage_cmd)
+app.command(name="serve")(serve_cmd)
 
 
 @app.command()
@@ -355,108 +354,6 @@ def replay_cmd(
                 d.figure, f"{d.simulated:.2f}", noise, f"{d.live:.2f}", f"±{d.tolerance:.2f}", mark
             )
         out_console.print(table)
-
-
-@app.command(name="serve")
-def serve_cmd(
-    config_path: Annotated[
-        Path | None,
-        typer.Option("--config", help="Configuration file; without it, the built-in demo."),
-    ] = None,
-    listen: Annotated[
-        str | None, typer.Option(help="host:port to bind (overrides server.listen).")
-    ] = None,
-    policy: Annotated[
-        str | None, typer.Option(help=f"Scheduling policy: {', '.join(POLICY_NAMES)}.")
-    ] = None,
-    models: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--models", help="A folder of GGUF files to serve, each a model (repeatable)."
-        ),
-    ] = None,
-    llama_server: Annotated[
-        str | None, typer.Option("--llama-server", help="The llama-server for --models.")
-    ] = None,
-    context: Annotated[list[str] | None, typer.Option("--context", help=CONTEXT_HELP)] = None,
-    watch: Annotated[
-        bool,
-        typer.Option(
-            "--watch",
-            help="Apply changes to the config file and the models folders without a restart.",
-        ),
-    ] = False,
-) -> None:
-    """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
-    from corral.compose import ServeOptions, compose
-
-    options = ServeOptions(
-        config_path, listen, policy, list(models or []), llama_server, list(context or [])
-    )
-    try:
-        composed = compose(options)
-    except CorralError as exc:
-        raise _fail(exc) from None
-    except ValueError as exc:
-        raise _fail(CorralError(str(exc))) from None
-    config, title, folders = composed.config, composed.title, composed.folders
-    for note in composed.notes:  # names from files: text, never markup
-        err_console.print(escape(note), highlight=False)
-    for warning in composed.warnings:
-        err_console.print(f"[yellow]warning[/yellow]: {escape(warning)}", highlight=False)
-    watched = None
-    if watch:
-        paths = [p for p in [config_path, *folders] if p is not None]
-        if not paths:
-            raise _fail(CorralError("--watch needs a config file (--config) or --models DIR"))
-        watched = (paths, lambda: compose(options).config)
-    _serve(config, title, watched)
-
-
-def _serve(
-    config: Config, title: str, watched: tuple[list[Path], Callable[[], Config]] | None
-) -> None:
-    """Start the gateway on `config` (called `title` in its first line) and serve until a
-    signal; `watched`: the paths `--watch` watches and how to compose the config again."""
-    import logging
-
-    from corral.config import data_dir
-    from corral.gateway.doors.app import create_app
-    from corral.gateway.pipeline.connections import run_server, with_header_timeout
-
-    log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
-    host, _, port = config.server.listen.rpartition(":")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
-    served = [n for n, m in config.models.items() if m.cmd or m.upstream]
-    batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
-    try:  # a key file that cannot be read: never serve without its keys
-        app = create_app(config, log_dir, data_dir(), watched)
-        app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
-    except CorralError as exc:
-        raise _fail(exc) from None
-    err_console.print(
-        escape(
-            app.state.gateway.redact(
-                f"corral serve: {title} on http://{config.server.listen}/v1 "
-                f"(policy {config.scheduler.policy}; models: {', '.join(served)}; "
-                f"logs: {log_dir}; batches: {batches}; dashboard: "
-                f"http://{config.server.listen}/ui)"
-            )
-        ),
-        highlight=False,
-    )
-    srv = config.server
-    run_server(
-        app,
-        app.state.gateway.events.close,
-        host=host,
-        port=int(port),
-        log_level="warning",
-        http=with_header_timeout(srv.header_timeout_s),
-        timeout_keep_alive=int(max(1, round(srv.keep_alive_s))),
-        limit_concurrency=srv.max_connections,
-    )
 
 
 _AnswerTokens = Annotated[

@@ -1,0 +1,120 @@
+"""`corral serve`: the gateway, from a configuration, llama-swap's, or models folders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+
+from corral.cli.models import CONTEXT_HELP
+from corral.console import err_console
+from corral.console import fail as _fail
+from corral.errors import CorralError
+from corral.policy_names import POLICY_NAMES
+
+if TYPE_CHECKING:
+    from corral.config import Config
+
+
+def serve_cmd(
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", help="Configuration file; without it, the built-in demo."),
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="host:port to bind (overrides server.listen).")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help=f"Scheduling policy: {', '.join(POLICY_NAMES)}.")
+    ] = None,
+    models: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--models", help="A folder of GGUF files to serve, each a model (repeatable)."
+        ),
+    ] = None,
+    llama_server: Annotated[
+        str | None, typer.Option("--llama-server", help="The llama-server for --models.")
+    ] = None,
+    context: Annotated[list[str] | None, typer.Option("--context", help=CONTEXT_HELP)] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Apply changes to the config file and the models folders without a restart.",
+        ),
+    ] = False,
+) -> None:
+    """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
+    from corral.compose import ServeOptions, compose
+
+    options = ServeOptions(
+        config_path, listen, policy, list(models or []), llama_server, list(context or [])
+    )
+    try:
+        composed = compose(options)
+    except CorralError as exc:
+        raise _fail(exc) from None
+    except ValueError as exc:
+        raise _fail(CorralError(str(exc))) from None
+    config, title, folders = composed.config, composed.title, composed.folders
+    for note in composed.notes:  # names from files: text, never markup
+        err_console.print(escape(note), highlight=False)
+    for warning in composed.warnings:
+        err_console.print(f"[yellow]warning[/yellow]: {escape(warning)}", highlight=False)
+    watched = None
+    if watch:
+        paths = [p for p in [config_path, *folders] if p is not None]
+        if not paths:
+            raise _fail(CorralError("--watch needs a config file (--config) or --models DIR"))
+        watched = (paths, lambda: compose(options).config)
+    _serve(config, title, watched)
+
+
+def _serve(
+    config: Config, title: str, watched: tuple[list[Path], Callable[[], Config]] | None
+) -> None:
+    """Start the gateway on `config` (called `title` in its first line) and serve until a
+    signal; `watched`: the paths `--watch` watches and how to compose the config again."""
+    import logging
+
+    from corral.config import data_dir
+    from corral.gateway.doors.app import create_app
+    from corral.gateway.pipeline.connections import run_server, with_header_timeout
+
+    log_dir = Path(config.server.log_dir) if config.server.log_dir else data_dir() / "logs"
+    host, _, port = config.server.listen.rpartition(":")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
+    served = [n for n, m in config.models.items() if m.cmd or m.upstream]
+    batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
+    try:  # a key file that cannot be read: never serve without its keys
+        app = create_app(config, log_dir, data_dir(), watched)
+        app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
+    except CorralError as exc:
+        raise _fail(exc) from None
+    err_console.print(
+        escape(
+            app.state.gateway.redact(
+                f"corral serve: {title} on http://{config.server.listen}/v1 "
+                f"(policy {config.scheduler.policy}; models: {', '.join(served)}; "
+                f"logs: {log_dir}; batches: {batches}; dashboard: "
+                f"http://{config.server.listen}/ui)"
+            )
+        ),
+        highlight=False,
+    )
+    srv = config.server
+    run_server(
+        app,
+        app.state.gateway.events.close,
+        host=host,
+        port=int(port),
+        log_level="warning",
+        http=with_header_timeout(srv.header_timeout_s),
+        timeout_keep_alive=int(max(1, round(srv.keep_alive_s))),
+        limit_concurrency=srv.max_connections,
+    )
