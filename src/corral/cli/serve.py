@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,7 @@ from corral.policy_names import POLICY_NAMES
 
 if TYPE_CHECKING:
     from corral.config import Config
+    from corral.gateway.relays.supervisor import Relays
 
 
 def serve_cmd(
@@ -47,6 +48,16 @@ def serve_cmd(
             help="Apply changes to the config file and the models folders without a restart.",
         ),
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="Relay processes: they accept clients and carry the models' answers, one "
+            "scheduler deciding for all (default: server.relay_processes, else one per core; "
+            "0: all in one process).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
     from corral.compose import ServeOptions, compose
@@ -65,6 +76,9 @@ def serve_cmd(
         err_console.print(escape(note), highlight=False)
     for warning in composed.warnings:
         err_console.print(f"[yellow]warning[/yellow]: {escape(warning)}", highlight=False)
+    if workers is not None:
+        server = config.server.model_copy(update={"relay_processes": workers})
+        config = config.model_copy(update={"server": server})
     watched = None
     if watch:
         paths = [p for p in [config_path, *folders] if p is not None]
@@ -91,9 +105,13 @@ def _serve(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     served = [n for n, m in config.models.items() if m.cmd or m.upstream]
     batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
+    relays = _relays(config)
     try:  # a key file that cannot be read: never serve without its keys
-        app = create_app(config, log_dir, data_dir(), watched)
+        app = create_app(config, log_dir, data_dir(), watched, relayed=relays is not None)
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
+        if relays is not None:
+            app.state.relays = relays
+            relays.on_restart = app.state.gateway.metrics.relay_restarts.inc
     except CorralError as exc:
         raise _fail(exc) from None
     err_console.print(
@@ -102,19 +120,46 @@ def _serve(
                 f"corral serve: {title} on http://{config.server.listen}/v1 "
                 f"(policy {config.scheduler.policy}; models: {', '.join(served)}; "
                 f"logs: {log_dir}; batches: {batches}; dashboard: "
-                f"http://{config.server.listen}/ui)"
+                f"http://{config.server.listen}/ui; "
+                f"relay processes: {relays.count if relays else 0})"
             )
         ),
         highlight=False,
     )
     srv = config.server
-    run_server(
-        app,
-        app.state.gateway.events.close,
-        host=host,
-        port=int(port),
-        log_level="warning",
-        http=with_header_timeout(srv.header_timeout_s),
-        timeout_keep_alive=int(max(1, round(srv.keep_alive_s))),
-        limit_concurrency=srv.max_connections,
-    )
+    common: dict[str, Any] = {
+        "log_level": "warning",
+        "http": with_header_timeout(srv.header_timeout_s),
+        "timeout_keep_alive": int(max(1, round(srv.keep_alive_s))),
+        "limit_concurrency": srv.max_connections,
+    }
+    if relays is None:
+        run_server(app, app.state.gateway.events.close, host=host, port=int(port), **common)
+        return
+
+    def stop() -> None:
+        app.state.gateway.events.close()
+        relays.stop()
+
+    # The relays' requests, one connection each for every call in flight, and a margin.
+    common["limit_concurrency"] = srv.max_connections * relays.count + 64
+    try:
+        run_server(app, stop, uds=str(relays.main), on_started=relays.start, **common)
+    finally:
+        relays.stop()
+        relays.wait()
+
+
+def _relays(config: Config) -> Relays | None:
+    """The relay processes `corral serve` runs (their socket bound now), or None for none."""
+    from corral.gateway.relays.supervisor import Relays, bind, default_relays, private_socket_path
+
+    srv = config.server
+    count = srv.relay_processes if srv.relay_processes is not None else default_relays()
+    if count == 0:
+        return None
+    try:
+        sock = bind(srv.listen)
+    except OSError as exc:
+        raise _fail(CorralError(f"cannot listen on {srv.listen}: {exc.strerror or exc}")) from None
+    return Relays(count, sock, private_socket_path(), srv)

@@ -100,6 +100,13 @@ class ServerConfig(Strict):
     keep_alive_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=5.0, description="An idle keep-alive connection is closed after this long."
     )
+    relay_processes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Processes that accept clients and relay the models' answers, beside the "
+        "one that schedules (`corral serve --workers`): default one per core; 0 serves "
+        "everything in the scheduler's own process.",
+    )
     max_connections: int = Field(
         default=1000,
         ge=1,

@@ -167,6 +167,9 @@ def _views(
         if cluster is not None:
             out["cluster"] = cluster.status()
         out["batches"] = await asyncio.to_thread(batches.status) if batches is not None else []
+        relays = getattr(request.app.state, "relays", None)  # `corral serve --workers N`
+        if relays is not None:
+            out["relays"] = {**relays.status(), "grants_open": len(request.app.state.grants)}
         who = caller(request.scope)
         return out if who.admin else own_view(out, who.name)
 

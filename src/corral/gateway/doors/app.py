@@ -60,6 +60,7 @@ from corral.gateway.errors import (
 )
 from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
 from corral.gateway.pipeline.cluster import Cluster
+from corral.gateway.pipeline.grants import CLIENT_HEADER, END_PATH, Grants
 from corral.gateway.pipeline.guard import Guard
 from corral.gateway.pipeline.proxy import Proxy
 from corral.gateway.pipeline.upstream import Upstream
@@ -137,6 +138,28 @@ def _token(headers: dict[bytes, bytes]) -> bytes:
     header = headers.get(b"authorization", b"")
     token = header[7:] if header[:7].lower() == b"bearer " else b""
     return token or _cookie(headers.get(b"cookie", b""), b"corral_key")
+
+
+class RelayedFront:
+    """Pure ASGI, in front of everything when relay processes pass the requests on: their
+    reports of granted calls (`END_PATH`), and each request's client address as the relay
+    accepted it (its `CLIENT_HEADER`), where the local socket has none."""
+
+    def __init__(self, app: ASGIApp, grants: Grants) -> None:
+        self.app = app
+        self.grants = grants
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == END_PATH:
+            await self.grants.answer_report(scope, receive, send)
+            return
+        if scope["type"] in ("http", "websocket"):
+            for k, v in scope["headers"]:
+                if k == CLIENT_HEADER:
+                    host, _, port = v.decode("latin-1").rpartition(":")
+                    scope = {**scope, "client": (host, int(port) if port.isdigit() else 0)}
+                    break
+        await self.app(scope, receive, send)
 
 
 def admin_route(path: str) -> bool:
@@ -252,10 +275,13 @@ def create_app(
     log_dir: Path,
     data_dir: Path | None = None,
     watch: tuple[list[Path], Callable[[], Config]] | None = None,
+    relayed: bool = False,
 ) -> FastAPI:
     """The app. `data_dir` holds the batch store (unless `server.store` names one) and files;
     without it (and without `server.store`), batches live in memory only. `watch`: the paths
-    to watch and how to read the configuration again (`corral serve --watch`, reload.py)."""
+    to watch and how to read the configuration again (`corral serve --watch`, reload.py).
+    `relayed`: it is reached only through relay processes (`gateway/relays/`), on a socket of
+    its own, and grants them its model calls (`pipeline/grants.py`)."""
     gateway = Gateway(config, log_dir)
     pool = Upstream(lambda model: gateway.metrics.retries.labels(model).inc())
     access = _access(config, data_dir)
@@ -320,6 +346,11 @@ def create_app(
     front: ASGIApp = ModelRoutes(app.asgi, px.handle, door.handle, gateway.metrics)
     front = ApiKeys(front, access)
     app.front = RequestIds(Guard(front, allowed_hosts=config.server.allowed_hosts))
+    if relayed:
+        relay_lost = gateway.metrics.relay_lost
+        px.grants = Grants(lambda relay: relay_lost.labels(relay).inc())
+        app.front = RelayedFront(app.front, px.grants)
+        app.state.grants = px.grants
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))

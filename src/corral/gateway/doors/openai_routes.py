@@ -113,25 +113,27 @@ def _responses(router: APIRouter) -> None:
             code="response_not_stored",
         )
 
-    @router.websocket("/v1/responses")
-    async def responses_socket(socket: WebSocket) -> None:
-        """The Responses API over a WebSocket (a session that keeps its responses) is not
-        served: said in the API's own error event, then the socket closes (policy)."""
-        await socket.accept()
-        await socket.send_json(
-            {
-                "type": "error",
-                "error": {
-                    "type": "invalid_request_error",
-                    "code": "websocket_not_supported",
-                    "message": "Corral serves the Responses API over HTTP only (POST "
-                    "/v1/responses, streamed with stream: true); its WebSocket mode keeps "
-                    "responses, which Corral and its model servers do not",
-                },
-            }
-        )
-        # The reason is what a client shows of a close (123 bytes at most).
-        await socket.close(code=1008, reason="Corral serves the Responses API over HTTP only")
+    router.add_api_websocket_route("/v1/responses", refuse_responses_socket)
+
+
+async def refuse_responses_socket(socket: WebSocket) -> None:
+    """The Responses API over a WebSocket (a session that keeps its responses) is not served:
+    said in the API's own error event, then the socket closes (policy)."""
+    await socket.accept()
+    await socket.send_json(
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "code": "websocket_not_supported",
+                "message": "Corral serves the Responses API over HTTP only (POST "
+                "/v1/responses, streamed with stream: true); its WebSocket mode keeps "
+                "responses, which Corral and its model servers do not",
+            },
+        }
+    )
+    # The reason is what a client shows of a close (123 bytes at most).
+    await socket.close(code=1008, reason="Corral serves the Responses API over HTTP only")
 
 
 def _models(router: APIRouter, config: Config, gateway: Gateway) -> None:

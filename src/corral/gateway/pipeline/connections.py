@@ -97,19 +97,36 @@ class StoppingServer(uvicorn.Server):
     for the responses still open: streams that never end by themselves (GET /api/events) end
     there, so a SIGTERM stops `corral serve` while a dashboard is open."""
 
-    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_stop: Callable[[], None],
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_stop = on_stop
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self._on_started is not None and self.started:
+            self._on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_stop()
         await super().shutdown(sockets)
 
 
-def run_server(app: Any, on_stop: Callable[[], None], **config: Any) -> None:
+def run_server(
+    app: Any,
+    on_stop: Callable[[], None],
+    on_started: Callable[[], None] | None = None,
+    **config: Any,
+) -> None:
     """`uvicorn.run(app, **config)` with `StoppingServer`; exits with uvicorn's status 3 when
-    the server could not start (a port in use), as uvicorn.run does."""
-    server = StoppingServer(uvicorn.Config(app, **config), on_stop)
+    the server could not start (a port in use), as uvicorn.run does. `on_started` runs on the
+    loop once it listens."""
+    server = StoppingServer(uvicorn.Config(app, **config), on_stop, on_started)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     if not server.started:

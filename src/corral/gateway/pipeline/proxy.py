@@ -34,6 +34,7 @@ from corral.gateway.pipeline.admission import Slot, Turns, disconnected
 from corral.gateway.pipeline.calls import Call, Reader, unknown_model
 from corral.gateway.pipeline.cluster import Cluster, Unreachable
 from corral.gateway.pipeline.coalesce import Coalescer
+from corral.gateway.pipeline.grants import RELAY_HEADER, Grants, Report
 from corral.gateway.pipeline.loading import LoadingStream
 from corral.gateway.pipeline.props import KeptProps
 from corral.gateway.pipeline.streams import ModelStream, Progress
@@ -62,6 +63,9 @@ class Proxy:
         self._coalescers: dict[str, Coalescer] = {}
         self._loading = LoadingStream(config, self.turns, self.answer)
         self.props = KeptProps(config, Path(config.server.data_dir or data_dir()) / "props.json")
+        # Set when relay processes carry the answers (`corral serve --workers N`): a call they
+        # pass on gets a grant instead of its answer (grants.py).
+        self.grants: Grants | None = None
 
     # --- entries ------------------------------------------------------------------------------
     async def handle(self, request: Request, path: str) -> Response:
@@ -143,8 +147,9 @@ class Proxy:
             raise InvalidRequest(refused, param="tools", code="tools_not_supported")
         gone = functools.partial(disconnected, call.request)
         who = caller(call.request.scope)
+        relay = self._relay_of(call)
         async with self.turns.admit(call.model, call.priority, gone, who) as slot:
-            answering = asyncio.ensure_future(self.answer(call, slot))
+            answering = asyncio.ensure_future(self.answer(call, slot, relay))
             left = asyncio.ensure_future(gone())
             try:
                 await asyncio.wait({answering, left}, return_when=asyncio.FIRST_COMPLETED)
@@ -165,6 +170,16 @@ class Proxy:
                 slot.queued.background,
             )  # fmt: skip
             raise ClientLeft()
+
+    def _relay_of(self, call: Call) -> str | None:
+        """The relay process that passed `call` on and may carry its answer, or None: this
+        process answers it (no relays; a dialect to translate; a kept `/props`)."""
+        if self.grants is None or call.dialect is not None or call.path == "/props":
+            return None
+        for k, v in call.request.scope["headers"]:
+            if k == RELAY_HEADER:
+                return str(v.decode("latin-1"))
+        return None
 
     def _ready(self, call: Call) -> bool:
         """Whether the call's model is loaded and ready now (in this node's scheduler)."""
@@ -188,9 +203,10 @@ class Proxy:
             "whose template takes them (/v1/models and /api/show list each model's capabilities)"
         )
 
-    async def answer(self, call: Call, slot: Slot) -> Response:
+    async def answer(self, call: Call, slot: Slot, relay: str | None = None) -> Response:
         """In the slot's turn: send the call to the model's server and relay its answer, whole
-        or streamed (a streamed answer keeps the slot until it ends)."""
+        or streamed (a streamed answer keeps the slot until it ends); or, for a call relay
+        process `relay` passed on, grant it what to send where (the slot kept until it ends)."""
         model, request = call.model, call.request
         backend = self.gateway.servers.backend_on(model, slot.device)
         # From the raw ASGI headers (names arrive lower-case): Starlette's views cost a few
@@ -215,6 +231,8 @@ class Proxy:
             placed = await cache.place(call.data, call.path)
             if placed is not None:
                 body, after = placed.body or body, functools.partial(cache.done, placed)
+        if relay is not None:
+            return self._grant(call, slot, relay, url, headers, body, after)
         try:
             resp = await self.upstream.send(backend, model, request.method, url, headers, body)
             sse = resp.headers.get("content-type", "").startswith("text/event-stream")
@@ -330,9 +348,54 @@ class Proxy:
         )
         return stream
 
+    def _grant(
+        self,
+        call: Call,
+        slot: Slot,
+        relay: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        after: Callable[[bytes], None] | None,
+    ) -> Response:
+        """The grant for relay process `relay`: what to send where, and Corral's headers for
+        the answer; the slot is kept until the relay reports its end (or is lost)."""
+        assert self.grants is not None
+        slot.keep()
+        grant = {
+            "method": call.request.method,
+            "url": url,
+            "headers": headers,
+            "model": call.model,
+            "stream": call.stream,
+            "openai": call.openai,
+            "path": call.path,
+            "own_headers": self._own_headers(call.model, slot),
+            "send_timeout_s": self.config.server.stream_send_timeout_s,
+        }
+
+        def ended(report: Report | None) -> None:
+            if after is not None:
+                after(report.tail if report is not None else b"")
+            if report is None:  # its relay left: counted as the 502 it would have been
+                self._observe(call, slot, UpstreamFailed.status, None, None)
+                return
+            if report.stream_error:
+                self.metrics.stream_errors.labels(call.model).inc()
+            tokens = completion_tokens(report.tail) or (report.pieces or None)
+            self._observe(call, slot, report.status, report.first_at, tokens, report.tail)
+
+        return self.grants.issue(relay, grant, body, ended)
+
     def _headers(self, model: str, resp: ClientResponse, slot: Slot) -> dict[str, str]:
         """The server's answer headers, less the hop-by-hop ones, and Corral's own."""
         out = {k: v for k, v in resp.headers.items() if k.lower() not in DROP_BACK}
+        out.update(self._own_headers(model, slot))
+        return out
+
+    def _own_headers(self, model: str, slot: Slot) -> dict[str, str]:
+        """Corral's own headers on a model's answer."""
+        out: dict[str, str] = {}
         # The window it was served in. `get`: a model removed by a reload (--watch)
         # finishes the answers it holds, and is no longer in the configuration.
         m = self.config.models.get(model)

@@ -29,6 +29,8 @@ DROP = {
     "proxy-authorization",
     "authorization",
     "x-corral-priority",
+    "x-corral-relay",  # from a relay process of this gateway (grants.py)
+    "x-corral-client",
 }
 DROP_RAW = frozenset(h.encode() for h in DROP)  # the same, as ASGI's raw names
 # Never passed back: framing, and the headers Corral's own server writes once (uvicorn's

@@ -215,6 +215,17 @@ class Metrics:
         self.requests = Counter(
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )
+        self.relay_lost = Counter(
+            "corral_relay_lost",
+            "Granted calls whose relay process ended without reporting their end (it died).",
+            ["relay"],
+            registry=r,
+        )
+        self.relay_restarts = Counter(
+            "corral_relay_restarts",
+            "Relay processes started again after one exited.",
+            registry=r,
+        )
         r.register(_Live(status))
         r.register(ProtocolMetrics(status, vllm_names))  # llm-d's endpoint picker reads these
         if gpus is not None:
