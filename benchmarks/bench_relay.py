@@ -9,7 +9,9 @@ Targets, in blocks that take turns within one run:
 - `direct`: the upstream itself;
 - `bare`: uvicorn + aiohttp passing the bytes through (no scheduler, no accounting): the floor
   of any Python proxy;
-- `corral`: `corral serve` with the upstream as its model;
+- `corral-0`, `corral-1`, `corral-cores`: `corral serve` with the upstream as its model, relaying
+  in its scheduler's own process (`--workers 0`), in one relay process (`--workers 1`), and in
+  one relay process per core (`--workers` left to its default);
 - `before` (with `--before-src DIR`): the same, run from another checkout's `src/` (a commit
   to compare against, in the same run).
 
@@ -217,12 +219,16 @@ def run_rate(rate: float, args: argparse.Namespace, folder: Path) -> dict[str, A
                 process([sys.executable, "-c", _BARE, up, str(bare_port)], f"{bare}/health")
             )
             procs["bare"] = (bare, bp)
-        if "corral" in args.targets:
-            url = f"http://127.0.0.1:{corral_port}"
-            cp = stack.enter_context(
-                process([CORRAL, "serve", "--config", str(config)], f"{url}/health")
-            )
-            procs["corral"] = (url, cp)
+        for t in args.targets:
+            if not t.startswith("corral-"):
+                continue
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            workers = t.removeprefix("corral-")
+            argv = [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
+            if workers != "cores":
+                argv += ["--workers", workers]
+            procs[t] = (url, stack.enter_context(process(argv, f"{url}/health")))
         if "before" in args.targets:
             port = free_port()
             other = folder / f"before-{int(rate)}.yaml"
@@ -294,7 +300,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200, help="tokens per answer")
     ap.add_argument("--seconds", type=float, default=8.0, help="per block")
     ap.add_argument("--rounds", type=int, default=2, help="blocks per target per rate")
-    ap.add_argument("--targets", default="direct,bare,corral")
+    ap.add_argument("--targets", default="direct,bare,corral-0,corral-1,corral-cores")
     ap.add_argument("--before-src", type=Path, help="another checkout's src/: target `before`")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

@@ -100,6 +100,20 @@ def test_the_relays_carry_the_answers_and_the_scheduler_counts_each(gw: Gateway)
     assert r.headers.get("x-request-id")
 
 
+def test_a_client_cannot_speak_for_a_relay(gw: Gateway) -> None:
+    """The relays' own headers and routes are theirs: a client's are dropped or refused."""
+    r = httpx.post(
+        f"{gw.url}/v1/chat/completions",
+        json={"model": "slow", "messages": [{"role": "user", "content": "h"}], "max_tokens": 2},
+        headers={"x-corral-relay": "r9", "x-corral-client": "10.0.0.1:1"},
+    )
+    assert r.status_code == 200
+    assert "x-corral-grant" not in r.headers
+    assert r.json()["choices"][0]["message"]["content"]
+    forged = httpx.post(f"{gw.url}/internal/relay/end?grant=x", content=b'{"status": 200}')
+    assert forged.status_code == 404
+
+
 def test_a_relay_killed_mid_stream_loses_nothing_else(gw: Gateway) -> None:
     lost_before = counter(gw, "corral_relay_lost")
     bad_before = counter(gw, "corral_requests", model="slow", status="502")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,13 @@ from starlette.websockets import WebSocket
 
 from corral.gateway.doors.app import RequestIds
 from corral.gateway.doors.openai_routes import refuse_responses_socket
-from corral.gateway.errors import ModelUnavailable, UpstreamFailed, upstream_body
+from corral.gateway.errors import (
+    ClientLeft,
+    ModelUnavailable,
+    UpstreamFailed,
+    error,
+    upstream_body,
+)
 from corral.gateway.pipeline.connections import with_header_timeout
 from corral.gateway.pipeline.grants import (
     CLIENT_HEADER,
@@ -51,7 +58,7 @@ log = logging.getLogger("corral.relay")
 # client send them, are dropped too: only this process says who it is.
 _HOP = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"content-length",
-     b"proxy-connection", RELAY_HEADER, CLIENT_HEADER}
+     b"proxy-connection", b"expect", RELAY_HEADER, CLIENT_HEADER}
 )  # fmt: skip
 # Passed back from the scheduler's process: all but framing and what this process's own
 # server writes (`date`, `server`); a known length stays.
@@ -110,6 +117,9 @@ class RelayApp:
     # --- passing a request on -----------------------------------------------------------------
     async def pass_on(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request to the scheduler's process; pipe its answer, or carry its grant."""
+        if scope["path"].startswith("/internal/"):  # the relays' own routes: not for clients
+            await error(404, "Not Found", "invalid_request_error")(scope, receive, send)
+            return
         headers = [
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP
         ]
@@ -211,13 +221,20 @@ class RelayApp:
         send: Send,
     ) -> None:
         model = str(grant["model"])
+        exchange = asyncio.ensure_future(self._exchange(grant, body))
+        left = asyncio.ensure_future(_disconnected(receive))
         try:
-            up = await self.upstream.request(
-                grant["method"], grant["url"], grant["headers"], body, model
-            )
-            ctype = up.headers.get("content-type", "")
-            whole = not grant["stream"] or up.status >= 400
-            content = await up.read() if whole else b""
+            await asyncio.wait({exchange, left}, return_when="FIRST_COMPLETED")
+        finally:
+            left.cancel()
+        if not exchange.done():  # the client left: closing the connection stops the server
+            exchange.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, TimeoutError):
+                await exchange
+            end(Report(ClientLeft.status, None, 0, b"", False))
+            return
+        try:
+            up, content = exchange.result()
         except (aiohttp.ClientError, TimeoutError) as exc:
             failed = UpstreamFailed(
                 f"model {model}: its server did not answer ({type(exc).__name__})",
@@ -226,9 +243,10 @@ class RelayApp:
             end(Report(failed.status, None, 0, b"", False))
             await failed.response()(scope, receive, send)
             return
+        ctype = up.headers.get("content-type", "")
         out = {k: v for k, v in up.headers.items() if k.lower() not in DROP_BACK}
         out.update(grant["own_headers"])
-        if whole:
+        if content is not None:
             up.release()
             end(Report(up.status, None, 0, content[-TAIL_BYTES:], False))
             wrapped = upstream_body(up.status, content, ctype, grant["path"])
@@ -239,6 +257,22 @@ class RelayApp:
             await Response(content, status_code=up.status, headers=out)(scope, receive, send)
             return
         await self._stream(grant, up, out, end, scope, receive, send)
+
+    async def _exchange(
+        self, grant: dict[str, Any], body: bytes
+    ) -> tuple[aiohttp.ClientResponse, bytes | None]:
+        """Send the granted call; the answer, and its whole body unless it is to be streamed
+        (a streamed call's error answers are read whole too)."""
+        up = await self.upstream.request(
+            grant["method"], grant["url"], grant["headers"], body, str(grant["model"])
+        )
+        try:
+            if not grant["stream"] or up.status >= 400:
+                return up, await up.read()
+        except BaseException:
+            up.close()
+            raise
+        return up, None
 
     async def _stream(
         self,
