@@ -104,9 +104,10 @@ def test_no_two_rooms_import_each_other() -> None:
 
 
 def test_the_gateway_layers_import_only_downward() -> None:
-    """doors -> pipeline -> servers: a door parses and answers, the pipeline carries a call,
-    the server side runs the model servers; none reaches up a layer."""
-    order = {"gateway.doors": 0, "gateway.pipeline": 1, "gateway.servers": 2}
+    """relays -> doors -> pipeline -> servers: a relay process passes requests on and carries
+    granted answers, a door parses and answers, the pipeline carries a call, the server side
+    runs the model servers; none reaches up a layer."""
+    order = {"gateway.relays": -1, "gateway.doors": 0, "gateway.pipeline": 1, "gateway.servers": 2}
     upward = [
         (a, b)
         for a, b in room_edges(import_graph())

@@ -105,15 +105,16 @@ def _serve(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     served = [n for n, m in config.models.items() if m.cmd or m.upstream]
     batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
-    relays = _relays(config)
+    count = _relay_count(config)
     try:  # a key file that cannot be read: never serve without its keys
-        app = create_app(config, log_dir, data_dir(), watched, relayed=relays is not None)
+        app = create_app(config, log_dir, data_dir(), watched, relayed=count > 0)
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
-        if relays is not None:
-            app.state.relays = relays
-            relays.on_restart = app.state.gateway.metrics.relay_restarts.inc
     except CorralError as exc:
         raise _fail(exc) from None
+    relays = _relays(config, count) if count else None  # the port, once the folder is ours
+    if relays is not None:
+        app.state.relays = relays
+        relays.on_restart = app.state.gateway.metrics.relay_restarts.inc
     err_console.print(
         escape(
             app.state.gateway.redact(
@@ -150,14 +151,19 @@ def _serve(
         relays.wait()
 
 
-def _relays(config: Config) -> Relays | None:
-    """The relay processes `corral serve` runs (their socket bound now), or None for none."""
-    from corral.gateway.relays.supervisor import Relays, bind, default_relays, private_socket_path
+def _relay_count(config: Config) -> int:
+    """How many relay processes `corral serve` runs: as configured, else one per core."""
+    from corral.gateway.relays.supervisor import default_relays
+
+    asked = config.server.relay_processes
+    return asked if asked is not None else default_relays()
+
+
+def _relays(config: Config, count: int) -> Relays:
+    """`count` relay processes, their public socket bound now (not yet started)."""
+    from corral.gateway.relays.supervisor import Relays, bind, private_socket_path
 
     srv = config.server
-    count = srv.relay_processes if srv.relay_processes is not None else default_relays()
-    if count == 0:
-        return None
     try:
         sock = bind(srv.listen)
     except OSError as exc:

@@ -149,6 +149,14 @@ class RelayedFront:
         self.app = app
         self.grants = grants
 
+    @classmethod
+    def over(cls, app: CorralApp, px: Proxy) -> RelayedFront:
+        """In front of `app`'s front, with the grants `px` gives (kept in `app.state.grants`)."""
+        relay_lost = px.metrics.relay_lost
+        px.grants = app.state.grants = Grants(lambda relay: relay_lost.labels(relay).inc())
+        assert app.front is not None
+        return cls(app.front, px.grants)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == END_PATH:
             await self.grants.answer_report(scope, receive, send)
@@ -333,13 +341,7 @@ def create_app(
     if batches is not None:
         max_upload = int(config.batch.max_file_mb * 1024 * 1024)
         app.include_router(batch_routes(batches, max_upload))
-        app.add_exception_handler(BatchError, batch_refused)
-    app.add_exception_handler(GatewayError, functools.partial(_refused, gateway.metrics))
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(StoreUnavailable, store_unavailable)
-    app.add_exception_handler(StoreBusy, store_unavailable)
-    app.add_exception_handler(OSError, os_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
+    _answer_errors(app, gateway.metrics, batches is not None)
     door = OllamaDoor(px)
     # In front of FastAPI's own middleware (its error, telemetry and body-limit layers): the
     # guard, then the API keys, then the model routes' fast path (CorralApp).
@@ -347,16 +349,25 @@ def create_app(
     front = ApiKeys(front, access)
     app.front = RequestIds(Guard(front, allowed_hosts=config.server.allowed_hosts))
     if relayed:
-        relay_lost = gateway.metrics.relay_lost
-        px.grants = Grants(lambda relay: relay_lost.labels(relay).inc())
-        app.front = RelayedFront(app.front, px.grants)
-        app.state.grants = px.grants
+        app.front = RelayedFront.over(app, px)
     app.include_router(openai_routes(px))
     app.include_router(admin_routes(config, gateway, batches, cluster))
     app.include_router(llamaswap_routes(config, gateway))
     app.include_router(ollama_routes(door))
     openapi.install(app)
     return app
+
+
+def _answer_errors(app: FastAPI, metrics: Metrics, batches: bool) -> None:
+    """How FastAPI's routes answer what they raise: each in OpenAI's error body."""
+    if batches:
+        app.add_exception_handler(BatchError, batch_refused)
+    app.add_exception_handler(GatewayError, functools.partial(_refused, metrics))
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(StoreUnavailable, store_unavailable)
+    app.add_exception_handler(StoreBusy, store_unavailable)
+    app.add_exception_handler(OSError, os_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
 
 
 def _access(config: Config, data_dir: Path | None) -> Access:

@@ -215,17 +215,7 @@ class Metrics:
         self.requests = Counter(
             "corral_requests", "Requests by model and HTTP status.", ["model", "status"], registry=r
         )
-        self.relay_lost = Counter(
-            "corral_relay_lost",
-            "Granted calls whose relay process ended without reporting their end (it died).",
-            ["relay"],
-            registry=r,
-        )
-        self.relay_restarts = Counter(
-            "corral_relay_restarts",
-            "Relay processes started again after one exited.",
-            registry=r,
-        )
+        self.relay_lost, self.relay_restarts = _relay_counters(r)
         r.register(_Live(status))
         r.register(ProtocolMetrics(status, vllm_names))  # llm-d's endpoint picker reads these
         if gpus is not None:
@@ -235,6 +225,20 @@ class Metrics:
         """Count a model request the gateway refused, once, where its refusal is answered: by
         its model where known (a name no model has is not a label: "" instead)."""
         self.requests.labels(exc.model or "", str(exc.status)).inc()
+
+
+def _relay_counters(r: CollectorRegistry) -> tuple[Counter, Counter]:
+    """The relay processes' counters (`corral serve --workers N`): grants lost, restarts."""
+    lost = Counter(
+        "corral_relay_lost",
+        "Granted calls whose relay process ended without reporting their end (it died).",
+        ["relay"],
+        registry=r,
+    )
+    restarts = Counter(
+        "corral_relay_restarts", "Relay processes started again after one exited.", registry=r
+    )
+    return lost, restarts
 
 
 class UsageMetrics(Collector):
