@@ -60,7 +60,7 @@ from corral.gateway.errors import (
 )
 from corral.gateway.pipeline.calls import FORM_ROUTES, GET_ROUTES, JSON_ROUTES, upstream_path
 from corral.gateway.pipeline.cluster import Cluster
-from corral.gateway.pipeline.grants import CLIENT_HEADER, END_PATH, Grants
+from corral.gateway.pipeline.grants import CLIENT_HEADER, END_PATH, EXITED_PATH, Grants
 from corral.gateway.pipeline.guard import Guard
 from corral.gateway.pipeline.proxy import Proxy
 from corral.gateway.pipeline.upstream import Upstream
@@ -160,6 +160,9 @@ class RelayedFront:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == END_PATH:
             await self.grants.answer_report(scope, receive, send)
+            return
+        if scope["type"] == "http" and scope["path"] == EXITED_PATH:
+            await self.grants.answer_exited(scope, receive, send)
             return
         if scope["type"] in ("http", "websocket"):
             for k, v in scope["headers"]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ RELAY_HEADER = b"x-corral-relay"  # the relay process that passed a request on (
 CLIENT_HEADER = b"x-corral-client"  # the address of the client the relay accepted it from
 GRANT_HEADER = b"x-corral-grant"  # an answer that is a grant, not the client's answer
 END_PATH = "/internal/relay/end"
+EXITED_PATH = "/internal/relay/exited"  # whether a grant's model server died: this process says
 _MAX_REPORT = 64 * 1024  # a report carries an answer's tail (TAIL_BYTES) and a few figures
 
 
@@ -44,6 +45,7 @@ class Report:
     pieces: int  # pieces of text relayed (tokens, for a server that sends no usage)
     tail: bytes  # the answer's last bytes, where its usage is
     stream_error: bool  # the server cut the stream short (the client got an error event)
+    retries: int = 0  # sent again on a fresh connection (a stale pooled one)
 
     @classmethod
     def parse(cls, raw: bytes) -> Report:
@@ -58,6 +60,7 @@ class Report:
             int(data.get("pieces", 0)),
             str(data.get("tail", "")).encode("latin-1"),
             bool(data.get("stream_error", False)),
+            int(data.get("retries", 0)),
         )
 
     def to_json(self) -> bytes:
@@ -68,11 +71,13 @@ class Report:
                 "pieces": self.pieces,
                 "tail": self.tail.decode("latin-1"),
                 "stream_error": self.stream_error,
+                "retries": self.retries,
             }
         ).encode()
 
 
 Ended = Callable[[Report | None], None]
+Exited = Callable[[], Awaitable[bool]]
 
 
 class Grants:
@@ -81,17 +86,22 @@ class Grants:
 
     def __init__(self, lost: Callable[[str], None]) -> None:
         self._ended: dict[str, tuple[str, Ended]] = {}  # id -> (relay id, what ends it)
+        self._exited: dict[str, Exited] = {}  # id -> whether its model server died
         self._reports: dict[str, Report] = {}
         self._lost = lost
 
     def __len__(self) -> int:
         return len(self._ended)
 
-    def issue(self, relay: str, grant: dict[str, Any], body: bytes, ended: Ended) -> Response:
+    def issue(
+        self, relay: str, grant: dict[str, Any], body: bytes, ended: Ended, exited: Exited
+    ) -> Response:
         """The answer to relay `relay`: the grant (`grant`, JSON, with its id added) and the
-        body to send. `ended` runs once when the grant ends, with the relay's report or None."""
+        body to send. `ended` runs once when the grant ends, with the relay's report or None;
+        `exited` says, after a failure, whether the model's server died (`EXITED_PATH`)."""
         gid = uuid.uuid4().hex
         self._ended[gid] = (relay, ended)
+        self._exited[gid] = exited
         head = json.dumps({**grant, "id": gid, "body_bytes": len(body)}).encode()
         return _GrantResponse(self, gid, head + b"\n" + body)
 
@@ -106,6 +116,7 @@ class Grants:
         """The grant's connection closed: it ends, with its report if one came."""
         entry = self._ended.pop(gid, None)
         report = self._reports.pop(gid, None)
+        self._exited.pop(gid, None)
         if entry is None:
             return
         relay, ended = entry
@@ -114,11 +125,21 @@ class Grants:
             log.warning("relay %s: a grant ended without its report (the relay left)", relay)
         ended(report)
 
+    async def answer_exited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`GET EXITED_PATH?grant=ID`: `{"exited": bool}` once the model's server has had its
+        moment to be seen dead (up to 1 s), as this process answers its own failures."""
+        exited = self._exited.get(_grant_id(scope))
+        if exited is None:
+            await error(404, "no open grant", "invalid_request_error")(scope, receive, send)
+            return
+        died = await exited()
+        await Response(json.dumps({"exited": died}), media_type="application/json")(
+            scope, receive, send
+        )
+
     async def answer_report(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`POST END_PATH?grant=ID` with the report as its body: 204, or 400/404 naming why."""
-        gid = dict(
-            p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p
-        ).get("grant", "")
+        gid = _grant_id(scope)
         raw = b""
         more = True
         while more:
@@ -143,6 +164,12 @@ class Grants:
             )
             return
         await Response(status_code=204)(scope, receive, send)
+
+
+def _grant_id(scope: Scope) -> str:
+    query = scope["query_string"].decode("latin-1")
+    pairs = (p.partition("=") for p in query.split("&"))
+    return next((v for k, _, v in pairs if k == "grant"), "")
 
 
 class _GrantResponse(Response):

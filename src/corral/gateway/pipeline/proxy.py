@@ -232,7 +232,8 @@ class Proxy:
             if placed is not None:
                 body, after = placed.body or body, functools.partial(cache.done, placed)
         if relay is not None:
-            return self._grant(call, slot, relay, url, headers, body, after)
+            exited = functools.partial(backend.exited, timeout_s=1.0)
+            return self._grant(call, slot, relay, (url, headers, body), after, exited)
         try:
             resp = await self.upstream.send(backend, model, request.method, url, headers, body)
             sse = resp.headers.get("content-type", "").startswith("text/event-stream")
@@ -353,14 +354,15 @@ class Proxy:
         call: Call,
         slot: Slot,
         relay: str,
-        url: str,
-        headers: dict[str, str],
-        body: bytes,
+        sent: tuple[str, dict[str, str], bytes],
         after: Callable[[bytes], None] | None,
+        exited: Callable[[], Awaitable[bool]],
     ) -> Response:
-        """The grant for relay process `relay`: what to send where, and Corral's headers for
-        the answer; the slot is kept until the relay reports its end (or is lost)."""
+        """The grant for relay process `relay`: what to send where (`sent`: the URL, headers
+        and body), and Corral's headers for the answer; the slot is kept until the relay
+        reports its end (or is lost). `exited`: whether the model's server died."""
         assert self.grants is not None
+        url, headers, body = sent
         slot.keep()
         grant = {
             "method": call.request.method,
@@ -382,10 +384,12 @@ class Proxy:
                 return
             if report.stream_error:
                 self.metrics.stream_errors.labels(call.model).inc()
+            if report.retries:
+                self.metrics.retries.labels(call.model).inc(report.retries)
             tokens = completion_tokens(report.tail) or (report.pieces or None)
             self._observe(call, slot, report.status, report.first_at, tokens, report.tail)
 
-        return self.grants.issue(relay, grant, body, ended)
+        return self.grants.issue(relay, grant, body, ended, exited)
 
     def _headers(self, model: str, resp: ClientResponse, slot: Slot) -> dict[str, str]:
         """The server's answer headers, less the hop-by-hop ones, and Corral's own."""

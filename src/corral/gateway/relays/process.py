@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from corral.gateway.pipeline.connections import with_header_timeout
 from corral.gateway.pipeline.grants import (
     CLIENT_HEADER,
     END_PATH,
+    EXITED_PATH,
     GRANT_HEADER,
     RELAY_HEADER,
     Report,
@@ -65,6 +67,8 @@ _HOP = frozenset(
 _BACK = frozenset(h.encode() for h in DROP_BACK - {"content-length"})
 _WHOLE_BODY = 1024 * 1024  # a request body up to this is read whole, larger ones streamed
 _WHOLE_ANSWER = 64 * 1024  # an answer of a known length up to this is piped in one piece
+# The retries of the exchange running in this task (each exchange is a task of its own).
+_RETRIES: contextvars.ContextVar[list[int]] = contextvars.ContextVar("retries")
 
 
 class RelayApp:
@@ -75,7 +79,7 @@ class RelayApp:
         self.relay_id = relay_id.encode()
         self.main_socket = main_socket
         self.send_timeout_s = send_timeout_s
-        self.upstream = Upstream()
+        self.upstream = Upstream(lambda _: _RETRIES.get().append(1))
         self._main: aiohttp.ClientSession | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -221,7 +225,8 @@ class RelayApp:
         send: Send,
     ) -> None:
         model = str(grant["model"])
-        exchange = asyncio.ensure_future(self._exchange(grant, body))
+        retries: list[int] = []
+        exchange = asyncio.ensure_future(self._exchange(grant, body, retries))
         left = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({exchange, left}, return_when="FIRST_COMPLETED")
@@ -231,16 +236,17 @@ class RelayApp:
             exchange.cancel()
             with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, TimeoutError):
                 await exchange
-            end(Report(ClientLeft.status, None, 0, b"", False))
+            end(Report(ClientLeft.status, None, 0, b"", False, len(retries)))
             return
         try:
             up, content = exchange.result()
         except (aiohttp.ClientError, TimeoutError) as exc:
+            await self._exited(grant)  # its crash is seen before the client hears of it
             failed = UpstreamFailed(
                 f"model {model}: its server did not answer ({type(exc).__name__})",
                 code="backend_unreachable",
             )
-            end(Report(failed.status, None, 0, b"", False))
+            end(Report(failed.status, None, 0, b"", False, len(retries)))
             await failed.response()(scope, receive, send)
             return
         ctype = up.headers.get("content-type", "")
@@ -248,7 +254,7 @@ class RelayApp:
         out.update(grant["own_headers"])
         if content is not None:
             up.release()
-            end(Report(up.status, None, 0, content[-TAIL_BYTES:], False))
+            end(Report(up.status, None, 0, content[-TAIL_BYTES:], False, len(retries)))
             wrapped = upstream_body(up.status, content, ctype, grant["path"])
             if grant["openai"] and wrapped is not None:
                 content = wrapped
@@ -256,13 +262,23 @@ class RelayApp:
                 out["content-type"] = "application/json"
             await Response(content, status_code=up.status, headers=out)(scope, receive, send)
             return
-        await self._stream(grant, up, out, end, scope, receive, send)
+        await self._stream(grant, up, out, len(retries), end, scope, receive, send)
+
+    async def _exited(self, grant: dict[str, Any]) -> bool:
+        """Whether the grant's model server died, as the scheduler's process sees it (it waits
+        up to 1 s for the exit to be reported); False if it cannot say."""
+        try:
+            async with self.main.get(f"http://corral{EXITED_PATH}?grant={grant['id']}") as r:
+                return bool(r.status == 200 and (await r.json()).get("exited"))
+        except (aiohttp.ClientError, OSError, ValueError):
+            return False
 
     async def _exchange(
-        self, grant: dict[str, Any], body: bytes
+        self, grant: dict[str, Any], body: bytes, retries: list[int]
     ) -> tuple[aiohttp.ClientResponse, bytes | None]:
         """Send the granted call; the answer, and its whole body unless it is to be streamed
-        (a streamed call's error answers are read whole too)."""
+        (a streamed call's error answers are read whole too). Retries are added to `retries`."""
+        _RETRIES.set(retries)
         up = await self.upstream.request(
             grant["method"], grant["url"], grant["headers"], body, str(grant["model"])
         )
@@ -279,6 +295,7 @@ class RelayApp:
         grant: dict[str, Any],
         up: aiohttp.ClientResponse,
         out: dict[str, str],
+        retries: int,
         end: Callable[[Report], None],
         scope: Scope,
         receive: Receive,
@@ -293,12 +310,13 @@ class RelayApp:
 
         async def cut_short(exc: BaseException) -> str:
             cut[0] = events
-            return f"model {model}: the answer was cut short ({type(exc).__name__})"
+            cause = "its server exited" if await self._exited(grant) else type(exc).__name__
+            return f"model {model}: the answer was cut short ({cause})"
 
         def ended(whole: bool, tail: bytes) -> None:
             left = stream.cut and not whole
             status = 499 if left else up.status
-            end(Report(status, progress.first_at, progress.pieces, tail, cut[0]))
+            end(Report(status, progress.first_at, progress.pieces, tail, cut[0], retries))
 
         def closed() -> None:  # the relay may never have started: its `finally` never ran
             up.close()
