@@ -158,10 +158,21 @@ server:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], health: str) -> Iterator[psutil.Process]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def process(
+    argv: list[str], health: str, env: dict[str, str] | None = None
+) -> Iterator[psutil.Process]:
+    env = {**os.environ, **(env or {})}
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        try:
+            wait_ok(health, 120)
+        except BaseException:
+            err.seek(0)
+            said = err.read()[-3000:].decode(errors="replace")
+            sys.stderr.write(f"{' '.join(argv)[:300]}:\n{said}\n")  # why it did not come up
+            proc.kill()
+            raise
     try:
-        wait_ok(health, 120)
         yield psutil.Process(proc.pid)
     finally:
         proc.terminate()
@@ -228,7 +239,13 @@ def run_rate(rate: float, args: argparse.Namespace, folder: Path) -> dict[str, A
             argv = [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
             if workers != "cores":
                 argv += ["--workers", workers]
-            procs[t] = (url, stack.enter_context(process(argv, f"{url}/health")))
+            # A data and a log folder each: two gateways never share one.
+            own = folder / f"{t}-{int(rate)}"
+            mine = own.with_suffix(".yaml")
+            mine.write_text(config.read_text().replace(str(folder / "logs"), str(own / "logs")))
+            argv[3] = str(mine)
+            env = {"XDG_DATA_HOME": str(own / "data")}
+            procs[t] = (url, stack.enter_context(process(argv, f"{url}/health", env)))
         if "before" in args.targets:
             port = free_port()
             other = folder / f"before-{int(rate)}.yaml"

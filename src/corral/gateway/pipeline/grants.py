@@ -14,6 +14,7 @@ same. So a relay killed with `kill -9` frees every model slot it held, at once."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -88,6 +89,7 @@ class Grants:
         self._ended: dict[str, tuple[str, Ended]] = {}  # id -> (relay id, what ends it)
         self._exited: dict[str, Exited] = {}  # id -> whether its model server died
         self._reports: dict[str, Report] = {}
+        self._told: dict[str, asyncio.Future[None]] = {}  # id -> done when its report is in
         self._lost = lost
 
     def __len__(self) -> int:
@@ -110,13 +112,26 @@ class Grants:
         if gid not in self._ended:
             return False
         self._reports[gid] = report
+        told = self._told.get(gid)
+        if told is not None and not told.done():
+            told.set_result(None)
         return True
+
+    def told(self, gid: str) -> asyncio.Future[None]:
+        """Done once grant `gid`'s report is in."""
+        told = self._told.get(gid)
+        if told is None:
+            told = self._told[gid] = asyncio.get_running_loop().create_future()
+            if gid in self._reports:
+                told.set_result(None)
+        return told
 
     def finish(self, gid: str) -> None:
         """The grant's connection closed: it ends, with its report if one came."""
         entry = self._ended.pop(gid, None)
         report = self._reports.pop(gid, None)
         self._exited.pop(gid, None)
+        self._told.pop(gid, None)
         if entry is None:
             return
         relay, ended = entry
@@ -173,7 +188,8 @@ def _grant_id(scope: Scope) -> str:
 
 
 class _GrantResponse(Response):
-    """The grant, sent at once, then held open until the relay closes the connection."""
+    """The grant, sent at once, then held open until the relay's report is in (then it ends,
+    and the relay may use the connection again) or the relay closes the connection."""
 
     def __init__(self, grants: Grants, gid: str, content: bytes) -> None:
         super().__init__(status_code=200)
@@ -187,7 +203,18 @@ class _GrantResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": self._content, "more_body": True})
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            told = self._grants.told(self._gid)
+            gone = asyncio.ensure_future(_disconnected(receive))
+            try:
+                await asyncio.wait({told, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if told.done():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._grants.finish(self._gid)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

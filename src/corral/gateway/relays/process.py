@@ -334,16 +334,21 @@ class RelayApp:
         await stream(scope, receive, send)
 
     async def _report(self, grant_resp: aiohttp.ClientResponse, gid: str, report: Report) -> None:
-        """Tell the scheduler's process how grant `gid` ended, then close the grant."""
+        """Tell the scheduler's process how grant `gid` ended; the grant then ends."""
         try:
             async with self.main.post(
                 f"http://corral{END_PATH}?grant={gid}", data=report.to_json()
             ) as r:
                 await r.read()
+            if r.status == 204:  # the grant ends once its report is in: its connection goes
+                await grant_resp.read()  # back to the pool
+                grant_resp.release()
+            else:
+                log.warning("relay: grant %s refused its report (%d)", gid, r.status)
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("relay: the end of grant %s was not reported (%s)", gid, exc)
         finally:
-            grant_resp.close()
+            grant_resp.close()  # where it did not end: the scheduler's process sees it closed
 
 
 async def _body(scope: Scope, receive: Receive) -> tuple[bytes | AsyncIterator[bytes], bool]:
@@ -404,16 +409,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sock = socket.socket(fileno=args.fd)
     app = RequestIds(RelayApp(args.id, args.main, args.send_timeout_s))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="on",
-            http=with_header_timeout(args.header_timeout_s),
-            timeout_keep_alive=int(max(1, round(args.keep_alive_s))),
-            limit_concurrency=args.max_connections,
-        )
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="on",
+        http=with_header_timeout(args.header_timeout_s),
+        timeout_keep_alive=int(max(1, round(args.keep_alive_s))),
+        limit_concurrency=args.max_connections,
     )
+    server = uvicorn.Server(config)
     parent = os.getppid()
 
     async def run() -> None:
@@ -424,7 +428,9 @@ def main(argv: list[str] | None = None) -> None:
             server.should_exit = True
         await serving
 
-    asyncio.run(run())
+    # uvicorn's own choice of loop (uvloop where installed), as `uvicorn.run` makes it.
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.run(run())
 
 
 if __name__ == "__main__":
