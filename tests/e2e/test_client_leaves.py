@@ -49,6 +49,7 @@ models:
 scheduler: {{max_wait_s: 600}}
 server:
   log_dir: LOG_DIR
+  relay_processes: 2  # a client that leaves a relay's call frees its model as well
 """
     with serve(tmp_path_factory.mktemp("leaves"), config) as g:
         yield g

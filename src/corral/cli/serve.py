@@ -54,8 +54,8 @@ def serve_cmd(
             "--workers",
             min=0,
             help="Relay processes: they accept clients and carry the models' answers, one "
-            "scheduler deciding for all (default: server.relay_processes, else one per core; "
-            "0: all in one process).",
+            "scheduler deciding for all (default: server.relay_processes, else one per core "
+            "less one from 4 cores up; 0: all in one process).",
         ),
     ] = None,
 ) -> None:
@@ -152,7 +152,7 @@ def _serve(
 
 
 def _relay_count(config: Config) -> int:
-    """How many relay processes `corral serve` runs: as configured, else one per core."""
+    """How many relay processes `corral serve` runs: as configured, else `default_relays`."""
     from corral.gateway.relays.supervisor import default_relays
 
     asked = config.server.relay_processes

@@ -104,8 +104,9 @@ class ServerConfig(Strict):
         default=None,
         ge=0,
         description="Processes that accept clients and relay the models' answers, beside the "
-        "one that schedules (`corral serve --workers`): default one per core; 0 serves "
-        "everything in the scheduler's own process.",
+        "one that schedules (`corral serve --workers`). Default: one per core less one, up to "
+        "8, on a machine of 4 cores or more; none below. 0 serves everything in the "
+        "scheduler's own process.",
     )
     max_connections: int = Field(
         default=1000,

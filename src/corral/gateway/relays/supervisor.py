@@ -28,12 +28,20 @@ _QUICK_EXIT_S = 2.0  # a relay that exits sooner than this after its start waits
 _MAX_BACKOFF_S = 10.0
 
 
+# Below this many cores the relays share them with the scheduler, the model servers and often
+# the clients, and cost more than they give (docs/benchmarks.md, "Relaying streams").
+MIN_CORES = 4
+MAX_DEFAULT_RELAYS = 8
+
+
 def default_relays() -> int:
-    """Relay processes when none are asked for: one per core this process may run on."""
+    """Relay processes when none are asked for: one per core this process may run on, less
+    one for the scheduler's own process, up to `MAX_DEFAULT_RELAYS`; none below `MIN_CORES`."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    return 0 if cores < MIN_CORES else min(MAX_DEFAULT_RELAYS, cores - 1)
 
 
 def bind(listen: str) -> socket.socket:
