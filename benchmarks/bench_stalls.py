@@ -165,6 +165,8 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
         print(f"{name}: {time.time() - start:.1f} s", file=sys.stderr)
 
     argv = [CORRAL, "serve", "--config", str(config), "--watch"]
+    if args.workers is not None:
+        argv += ["--workers", str(args.workers)]
     if args.src is not None:  # another checkout's code, to compare
         argv = ["env", f"PYTHONPATH={args.src}", sys.executable, "-m", "corral", *argv[1:]]
     with contextlib.ExitStack() as stack:
@@ -247,6 +249,7 @@ def main() -> None:
     p.add_argument("--run-s", type=float, default=10.0, help="seconds the large batch runs")
     p.add_argument("--json", type=Path, help="write the figures here too")
     p.add_argument("--src", type=Path, help="run `corral serve` from this checkout's src/")
+    p.add_argument("--workers", type=int, help="relay processes (`corral serve --workers`)")
     p.add_argument("--log", type=Path, help="keep the gateway's log (its stalls, named) here")
     p.add_argument("--stall-s", type=float, default=0.1, help="the gateway logs stalls from")
     args = p.parse_args()
