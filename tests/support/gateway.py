@@ -70,8 +70,11 @@ def serve(folder: Path, config_text: str, env: dict[str, str] | None = None) -> 
     config.write_text(config_text.replace("LOG_DIR", str(folder / "logs")))
     port = free_port()
     env = {"XDG_DATA_HOME": str(folder / "data"), **os.environ, **(env or {})}
+    argv = [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
+    if os.environ.get("CORRAL_TEST_WORKERS"):  # run a suite through relay processes
+        argv += ["--workers", os.environ["CORRAL_TEST_WORKERS"]]
     proc = subprocess.Popen(
-        [CORRAL, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        argv,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
