@@ -203,18 +203,23 @@ class _GrantResponse(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": self._content, "more_body": True})
-            told = self._grants.told(self._gid)
-            gone = asyncio.ensure_future(_disconnected(receive))
-            try:
-                await asyncio.wait({told, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-            if told.done():
+            if await before_leaving(self._grants.told(self._gid), receive):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._grants.finish(self._gid)
 
 
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+async def before_leaving(task: asyncio.Future[Any], receive: Receive) -> bool:
+    """Wait for `task` or for the client (whose request was read whole) to leave: True if
+    `task` is done; False if the client left first (`task` is left to the caller)."""
+
+    async def left() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(left())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    return task.done()

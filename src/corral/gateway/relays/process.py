@@ -49,6 +49,7 @@ from corral.gateway.pipeline.grants import (
     GRANT_HEADER,
     RELAY_HEADER,
     Report,
+    before_leaving,
 )
 from corral.gateway.pipeline.streams import ModelStream, Progress
 from corral.gateway.pipeline.upstream import DROP_BACK, Upstream, relay
@@ -141,14 +142,12 @@ class RelayApp:
                 scope["method"], url, headers=headers, data=body, allow_redirects=False
             )
         )
-        left = asyncio.ensure_future(_disconnected(receive)) if whole else None
-        try:
-            await asyncio.wait({asking, *([left] if left else [])}, return_when="FIRST_COMPLETED")
-        finally:
-            if left is not None:
-                left.cancel()
-        if not asking.done():  # the client left while its call waited: the queue drops it
-            asking.cancel()
+        # A body still streaming is the request's own to receive: the client is watched once
+        # it is all in.
+        if not whole:
+            await asyncio.wait({asking})
+        elif not await before_leaving(asking, receive):
+            asking.cancel()  # the client left while its call waited: the queue drops it
             return
         try:
             resp = asking.result()
@@ -227,12 +226,8 @@ class RelayApp:
         model = str(grant["model"])
         retries: list[int] = []
         exchange = asyncio.ensure_future(self._exchange(grant, body, retries))
-        left = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({exchange, left}, return_when="FIRST_COMPLETED")
-        finally:
-            left.cancel()
-        if not exchange.done():  # the client left: closing the connection stops the server
+        if not await before_leaving(exchange, receive):
+            # The client left: closing the connection stops the server.
             exchange.cancel()
             with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, TimeoutError):
                 await exchange
@@ -382,11 +377,6 @@ async def _body(scope: Scope, receive: Receive) -> tuple[bytes | AsyncIterator[b
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     return b"".join(chunks), True
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _orphaned(parent: int) -> None:
