@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from corral.backends.logs import LogLimits
 from corral.backends.process import (
     BackendError,
     ProcessBackend,
@@ -336,6 +337,47 @@ def test_a_piped_output_keeps_the_load_and_leaves_out_the_quiet_lines_once_ready
         assert "T slot update" not in log
         await b.start()  # a second start: its own output, the first one's left behind
         assert b.output_since_start().count("T load_tensors") == 1
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_a_servers_log_is_rotated_by_size_and_read_across_the_rotation(tmp_path: Path) -> None:
+    """A server that writes far more than its log's limit leaves at most `files` files of about
+    `max_bytes` each; its last lines, its first start's load output and a crash's last words are
+    still read back (`log_tail` across the rotation)."""
+    cmd = script(
+        tmp_path,
+        "chatty",
+        """
+        print("I loading", flush=True)
+        threading.Thread(target=serve, daemon=True).start()
+        time.sleep(0.3)
+        for i in range(20000):
+            print(f"I request {i:06d} " + "x" * 80, flush=True)
+        print("E dying", flush=True)
+        os._exit(3)
+        """,
+    )
+    limits = LogLimits(max_bytes=64 * 1024, files=3)
+
+    async def main() -> None:
+        b = ProcessBackend(ProcessSpec("chatty", cmd), tmp_path / "logs", log_limits=limits)
+        codes: list[int] = []
+        b.on_exit = codes.append
+        await b.start()
+        assert await b.exited(60)
+        assert codes == [3]
+        files = sorted((tmp_path / "logs").glob("chatty.log*"))
+        assert [f.name for f in files] == ["chatty.log", "chatty.log.1", "chatty.log.2"]
+        # ~1.9 MB written; what is kept is bounded by the limits (a write may overrun by a read).
+        assert sum(f.stat().st_size for f in files) <= 3 * (64 * 1024 + (1 << 16))
+        tail = b.log_tail(500).splitlines()
+        assert tail[-1] == "E dying"
+        assert len(tail) == 500  # more than the current file holds: read across the rotation
+        numbers = [int(x.split()[2]) for x in tail[:-1]]
+        assert numbers == list(range(numbers[0], 20000))  # in order, none lost at the cuts
+        assert b.log.rotations >= 10
         await b.stop()
 
     asyncio.run(main())

@@ -26,6 +26,7 @@ from typing import Protocol
 import httpx
 import psutil
 
+from corral.backends.logs import LogLimits, Pump, RotatingLog, rotated, tail
 from corral.backends.orphans import ServerRecord
 from corral.errors import CorralError
 from corral.secrets import Redactor, flag_values
@@ -159,6 +160,11 @@ def escape_macros(text: str) -> str:
     return text.replace("${", "$${")
 
 
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
 class ProcessBackend:
     """One model server process. Not thread-safe: use it from one event loop.
 
@@ -174,6 +180,7 @@ class ProcessBackend:
         port: int | None = None,
         record: ServerRecord | None = None,
         label: str | None = None,
+        log_limits: LogLimits = LogLimits(),
     ) -> None:
         """`record`: where the running server's pid is kept, so the next gateway stops it if
         this one is killed before it could. `label`: tells this server's log from the model's
@@ -182,6 +189,7 @@ class ProcessBackend:
         self._record = record
         name = spec.model if label is None else f"{spec.model}@{label}"
         self.log_path = log_dir / f"{re.sub(r'[^A-Za-z0-9_.@-]', '_', name)}.log"
+        self.log = RotatingLog(self.log_path, log_limits)
         # The environment of the device it starts on (set before each start); the model's own
         # `env` wins over it.
         self.device_env: Mapping[str, str] = {}
@@ -195,11 +203,12 @@ class ProcessBackend:
         self._proc: asyncio.subprocess.Process | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
-        self._ready = False  # healthy since its last start (its quiet lines are left out)
         self._heard_ready = asyncio.Event()  # its log holds its `ready_line`
-        self._pump: asyncio.Future[None] | None = None  # copies a piped output to its log
+        self._pump: Pump | None = None  # copies its output to its log
+        self._pumped: asyncio.Future[None] | None = None  # its output ended
         self.hooks: Hooks | None = None
-        self._log_from = 0  # where its last start's output begins in its log, in bytes
+        # Where its last start's output begins in its log: (the log's rotations then, bytes).
+        self._log_from = (0, 0)
 
     @property
     def running(self) -> bool:
@@ -228,48 +237,58 @@ class ProcessBackend:
             **self.device_env,
             **{k: substitute(v, values, f"{what} env {k}") for k, v in self.spec.env.items()},
         }
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            shown = Redactor(flag_values(self.spec.cmd))(shlex.join(argv))
-            # A path that is not UTF-8 is written as its own bytes.
-            log.write(f"--- corral: starting {shown}\n".encode(errors="surrogateescape"))
-            log.flush()
-            self._log_from = log.tell()
-            piped = self.spec.quiet_after_ready is not None
-            try:
-                self._proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE if piped else log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: stop reaches its children
-                )
-                if piped:
-                    assert self._proc.stdout is not None
-                    self._ready = False
-                    self._heard_ready.clear()
-                    self._pump = asyncio.ensure_future(self._copy_output(self._proc.stdout))
-                if self._record is not None:
-                    self._record.add(self._proc.pid)
-            except FileNotFoundError:
-                raise BackendError(
-                    f"{what}: command not found: {argv[0]!r} (check `cmd` and PATH)"
-                ) from None
-            except PermissionError:
-                raise BackendError(f"{what}: {argv[0]!r} is not executable") from None
+        shown = Redactor(flag_values(self.spec.cmd))(shlex.join(argv))
+        # A path that is not UTF-8 is written as its own bytes.
+        self.log.write(f"--- corral: starting {shown}\n".encode(errors="surrogateescape"))
+        self._log_from = (self.log.rotations, self.log.size)
+        self._heard_ready.clear()
+        loop = asyncio.get_running_loop()
+        pumped: asyncio.Future[None] = loop.create_future()
+        read_end, write_end = os.pipe()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop reaches its children
+            )
+        except FileNotFoundError:
+            os.close(read_end)
+            raise BackendError(
+                f"{what}: command not found: {argv[0]!r} (check `cmd` and PATH)"
+            ) from None
+        except PermissionError:
+            os.close(read_end)
+            raise BackendError(f"{what}: {argv[0]!r} is not executable") from None
+        finally:
+            os.close(write_end)
+        # Its output reaches its log through a thread: the serving loop never writes a log.
+        self._pump = Pump(
+            read_end,
+            self.log,
+            self.spec.quiet_after_ready,
+            self.spec.ready_line,
+            lambda: loop.call_soon_threadsafe(self._heard_ready.set),
+            lambda: loop.call_soon_threadsafe(_settle, pumped),
+        )
+        self._pumped = pumped
+        if self._record is not None:
+            self._record.add(self._proc.pid)
         self._stopping = False
         try:
             await self._wait_healthy(started)
         except BaseException:
             await self._kill()
             raise
-        if self._pump is not None and self.spec.ready_line is not None:
+        if self.spec.ready_line is not None:
             # Its output is read behind it (on a busy machine by seconds): what it wrote before
             # it answered healthy is logged whole, then it is ready.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._heard_ready.wait(), timeout=1.0)
-        self._ready = True
+        if self._pump is not None:
+            self._pump.ready()
         self._watch = asyncio.ensure_future(self._watch_exit())
         if self.hooks is not None:
             await self.hooks.started(self.proxy_url, argv)
@@ -287,27 +306,6 @@ class ProcessBackend:
                     self.port,
                 )
         return time.monotonic() - started
-
-    async def _copy_output(self, out: asyncio.StreamReader) -> None:
-        """Its output into its log, less `quiet_after_ready`'s lines once it is ready."""
-        assert self.spec.quiet_after_ready is not None
-        quiet = re.compile(self.spec.quiet_after_ready.encode())
-        ready = re.compile(self.spec.ready_line.encode()) if self.spec.ready_line else None
-        rest = b""
-        with self.log_path.open("ab") as log:
-            while chunk := await out.read(1 << 16):
-                *lines, rest = (rest + chunk).split(b"\n")
-                if len(rest) > 1 << 16:  # a line without an end: written as it is
-                    lines, rest = [*lines, rest], b""
-                for x in lines:
-                    if self._heard_ready.is_set() or self._ready:
-                        if quiet.match(x):
-                            continue
-                    elif ready is not None and ready.search(x):
-                        self._heard_ready.set()
-                    log.write(x + b"\n")
-                log.flush()
-            log.write(rest)
 
     async def _wait_healthy(self, started: float) -> None:
         proc = self._proc
@@ -342,14 +340,15 @@ class ProcessBackend:
     async def _drained(self) -> None:
         """A piped output is in its log (its end waited for a second at most: a child of the
         server may hold the pipe open)."""
-        if self._pump is not None:
-            await asyncio.wait({self._pump}, timeout=1.0)
+        if self._pumped is not None:
+            await asyncio.wait({self._pumped}, timeout=1.0)
 
     async def _watch_exit(self) -> None:
         proc = self._proc
         assert proc is not None
         code = await proc.wait()
         await self._drained()
+        self.log.close()  # reopened by the next write: a server replaced leaves no file open
         self._forget(proc)
         if not self._stopping and self.hooks is not None:
             self.hooks.crashed()
@@ -385,11 +384,10 @@ class ProcessBackend:
         try:
             await asyncio.wait_for(proc.wait(), self.spec.stop_grace_s)
         except TimeoutError:
-            with self.log_path.open("ab") as log:
-                log.write(
-                    f"--- corral: still running {self.spec.stop_grace_s:g} s after the stop "
-                    "request; SIGKILL\n".encode()
-                )
+            self.log.write(
+                f"--- corral: still running {self.spec.stop_grace_s:g} s after the stop "
+                "request; SIGKILL\n".encode()
+            )
             await self._kill()
         self._signal(signal.SIGKILL)  # whatever of its group is left
         if self._watch is not None:
@@ -417,22 +415,26 @@ class ProcessBackend:
     def output_since_start(self, limit_bytes: int = 4 << 20) -> str:
         """What the server wrote since its last start began, at most its first `limit_bytes`
         (what it says while it loads: a llama-server's buffer sizes)."""
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(self._log_from)
-                return f.read(limit_bytes).decode(errors="replace")
-        except OSError:
-            return ""
+        rotations, offset = self._log_from
+        since = self.log.rotations - rotations
+        files = rotated(self.log_path, self.log.limits.files)
+        if since >= len(files):
+            offset, since = 0, len(files) - 1  # its start was rotated away: what is left
+        data = b""
+        for p in files[len(files) - 1 - since :]:
+            try:
+                with p.open("rb") as f:
+                    f.seek(offset)
+                    data += f.read(limit_bytes - len(data))
+            except OSError:
+                pass
+            offset = 0
+        return data.decode(errors="replace")
 
     def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the server's log."""
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 64 * 1024))
-                text = f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
+        """The last lines of the server's log (across its rotation)."""
+        limit_bytes = min(4 << 20, max(64 << 10, lines * 256))
+        text = tail(self.log_path, self.log.limits.files, limit_bytes).decode(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
 

@@ -131,6 +131,16 @@ class ServerConfig(Strict):
     log_dir: str | None = Field(
         default=None, description="Per-model server logs (default: a folder in the data dir)."
     )
+    log_max_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        default=32.0,
+        description="A model server's log is rotated when it reaches this size (<model>.log "
+        "becomes <model>.log.1).",
+    )
+    log_files: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=3,
+        description="How many files of each model server's log are kept, the current one "
+        "included: at most log_max_mb * log_files on disk per server.",
+    )
     store: str | None = Field(
         default=None,
         description="Where batches and their lines are kept: sqlite:///path.db or "

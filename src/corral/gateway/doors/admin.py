@@ -69,7 +69,9 @@ def _operations(router: APIRouter, config: Config, gateway: Gateway) -> None:
         resolved = config.resolve(model)
         if resolved is None or resolved not in gateway.backends:
             raise unknown_model(model, config)
-        tail = gateway.redact(gateway.backends[resolved].log_tail(max(1, min(lines, 10_000))))
+        backend = gateway.backends[resolved]
+        tail = await asyncio.to_thread(backend.log_tail, max(1, min(lines, 10_000)))
+        tail = gateway.redact(tail)
         return Response(tail + "\n" if tail else "", media_type="text/plain; charset=utf-8")
 
     @router.post("/api/models/{model}/load")

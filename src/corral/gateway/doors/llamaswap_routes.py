@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from corral import __version__
+from corral.backends.logs import Follower
 from corral.config import Config
 from corral.gateway.doors.ollama_shapes import OLLAMA_API_VERSION
 from corral.gateway.pipeline.calls import unknown_model
@@ -101,53 +101,38 @@ def llamaswap_routes(config: Config, gateway: Gateway) -> APIRouter:
 
 
 def _logs(router: APIRouter, gateway: Gateway) -> None:
-    """llama-swap's `/logs` (the servers' last lines) and `/logs/stream` (and what follows)."""
+    """llama-swap's `/logs` (the servers' last lines) and `/logs/stream` (and what follows).
+    The files are read on threads: a log never holds the serving loop."""
+
+    def last_lines(n: int) -> list[str]:
+        lines = []
+        for name, backend in sorted(gateway.backends.items()):
+            lines += [f"[{name}] {line}" for line in backend.log_tail(n).splitlines()]
+        return lines
 
     @router.get("/logs")
     async def logs() -> Response:
-        lines = []
-        for name, backend in sorted(gateway.backends.items()):
-            lines += [f"[{name}] {line}" for line in backend.log_tail(200).splitlines()]
+        lines = await asyncio.to_thread(last_lines, 200)
         return PlainTextResponse(gateway.redact("\n".join(lines) + ("\n" if lines else "")))
 
     @router.get("/logs/stream")
     async def logs_stream() -> Response:
         files = {
-            name: path
+            name: Follower(path)
             for name, b in gateway.backends.items()
             if (path := getattr(b, "log_path", None)) is not None
         }
 
         async def lines() -> AsyncIterator[bytes]:
-            for name, backend in sorted(gateway.backends.items()):
-                for line in backend.log_tail(50).splitlines():
-                    yield gateway.redact(f"[{name}] {line}\n").encode()
-            offsets = {n: _size(p) for n, p in files.items()}
-            partial: dict[str, bytes] = {}
+            for line in await asyncio.to_thread(last_lines, 50):
+                yield gateway.redact(line + "\n").encode()
+            for f in files.values():
+                await asyncio.to_thread(f.skip)
             while True:
                 await asyncio.sleep(0.25)
-                for name, path in files.items():
-                    size = _size(path)
-                    if size < offsets[name]:  # a new server run truncated it
-                        offsets[name] = 0
-                    if size == offsets[name]:
-                        continue
-                    with path.open("rb") as f:
-                        f.seek(offsets[name])
-                        data = partial.pop(name, b"") + f.read(size - offsets[name])
-                    offsets[name] = size
-                    *done, rest = data.split(b"\n")
-                    if rest:
-                        partial[name] = rest
-                    for line in done:
-                        text = line.decode(errors="replace")
+                read = await asyncio.to_thread(lambda: {n: f.read() for n, f in files.items()})
+                for name, new in read.items():
+                    for text in new:
                         yield gateway.redact(f"[{name}] {text}\n").encode()
 
         return StreamingResponse(lines(), media_type="text/plain; charset=utf-8")
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corral.backends.base import Backend
+from corral.backends.logs import LogLimits
 from corral.backends.orphans import ServerRecord
 from corral.backends.process import ProcessBackend, ProcessSpec
 from corral.backends.sleep import Napper
@@ -109,8 +110,10 @@ class Servers:
         exited: Callable[[str, Backend, int], None],
         caches: PromptCaches | None = None,
         figures: EngineFigures | None = None,
+        log_limits: LogLimits = LogLimits(),
     ) -> None:
         self.log_dir = log_dir
+        self.log_limits = log_limits  # each server's log is rotated at these
         self.caches = caches
         self.figures = figures  # what each llama-server reported it allocated (`measured_gb`)
         # The servers this gateway runs, so the next one stops them if this one is killed.
@@ -139,7 +142,9 @@ class Servers:
                 if plan.why:
                     log.warning("model %s: prompt caches not kept across swaps: %s", name, plan.why)
             spec = process_spec(name, m, cmd)
-            backend = ProcessBackend(spec, self.log_dir, record=self.record)
+            backend = ProcessBackend(
+                spec, self.log_dir, record=self.record, log_limits=self.log_limits
+            )
             backend.on_exit = functools.partial(self._exited, name, backend)
             if keeps:
                 self._keep_caches(name, backend)
@@ -217,7 +222,13 @@ class Servers:
             return own
         backend = self._spares.get((model, device))  # beside its own, kept for the next time
         if backend is None:
-            backend = ProcessBackend(own.spec, self.log_dir, record=self.record, label=device)
+            backend = ProcessBackend(
+                own.spec,
+                self.log_dir,
+                record=self.record,
+                label=device,
+                log_limits=self.log_limits,
+            )
             backend.on_exit = functools.partial(self._exited, model, backend)
             if isinstance(own.hooks, ServerCache):
                 self._keep_caches(model, backend)

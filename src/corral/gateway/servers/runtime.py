@@ -21,6 +21,7 @@ from typing import Any
 
 from corral.access.usage import Usage
 from corral.backends.base import Backend
+from corral.backends.logs import LogLimits
 from corral.backends.orphans import DirLock
 from corral.backends.process import BackendError, ProcessBackend, exit_reason
 from corral.background import Background
@@ -58,7 +59,8 @@ class Gateway:
         pc = config.prompt_cache
         self.prompt_caches = PromptCaches(pc, folder_of(pc, log_dir))
         figures = EngineFigures(engine_figures_path(config))
-        self.servers = Servers(log_dir, self._exited, self.prompt_caches, figures)
+        limits = LogLimits(int(config.server.log_max_mb * (1 << 20)), config.server.log_files)
+        self.servers = Servers(log_dir, self._exited, self.prompt_caches, figures, limits)
         self.backends = self.servers.backends  # each model's own server, by name (read only)
         self._devices = {d.name: d for d in config.devices}
         self.naps = (
