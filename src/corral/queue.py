@@ -105,8 +105,8 @@ class Queue:
 
         `keep_result=False`: a success stores no result (`result` is None; the task's status,
         attempts and times are kept): for tasks whose effect is elsewhere, and whose results
-        would only fill the database. To drop finished tasks altogether after a while, run the
-        worker with a retention period (`WorkerSettings(retention_s=...)`, `--retention-s`).
+        would only fill the database. Finished tasks are deleted a week after they end (the
+        worker's `WorkerSettings(retention_s=...)`, `--retention-s`; None or 0 keeps them).
 
         `max_queued`: at most this many tasks of `kind` wait queued; `submit` past it raises
         `corral.QueueFull` (nothing is stored), so producers feel back-pressure.

@@ -396,6 +396,19 @@ def test_purge_deletes_old_finished_tasks_only(store: Store, clock: Clock) -> No
         store.get(ok)
 
 
+def test_purge_deletes_an_ended_batchs_old_lines_only(store: Store, clock: Clock) -> None:
+    store.batches.create(a_batch(1), lines("batch-1", 2))
+    store.batches.create(a_batch(2), lines("batch-2", 2))
+    for t in store.claim("m", "w", limit=4, lease_s=99):
+        assert store.finish(t.id, t.lease_token or "", "x")
+    assert store.batches.update("batch-1", "completed", {"n": 1}, ["in_progress"]) is not None
+    clock.t += 100
+    assert store.purge(clock.t - 50) == 2
+    assert store.batches.counts("batch-1") == {}
+    assert store.batches.get("batch-1").status == "completed"  # the batch itself is kept
+    assert store.batches.counts("batch-2") == {TaskStatus.SUCCEEDED: 2}  # still in progress
+
+
 def test_expired_task_whose_cancel_was_requested_ends_cancelled(store: Store, clock: Clock) -> None:
     (tid,) = add(store)
     store.claim("m", "w", limit=1, lease_s=30)

@@ -92,7 +92,8 @@ def test_expires_after_sets_expires_at_on_uploads_and_outputs(gw: Gateway) -> No
     )
     assert f.expires_at == f.created_at + 7200
     assert client.files.retrieve(f.id).expires_at == f.created_at + 7200
-    assert client.files.create(file=("in.jsonl", data), purpose="batch").expires_at is None
+    plain = client.files.create(file=("in.jsonl", data), purpose="batch")
+    assert plain.expires_at == plain.created_at + 30 * 86_400  # OpenAI's default for batch files
     with pytest.raises(openai.BadRequestError, match=r"expires_after\.seconds must be"):
         client.files.create(
             file=("in.jsonl", data),
@@ -108,6 +109,14 @@ def test_expires_after_sets_expires_at_on_uploads_and_outputs(gw: Gateway) -> No
     b = finish(client, b.id)
     out = client.files.retrieve(b.output_file_id or "")
     assert out.expires_at == out.created_at + 3600
+    b = finish(
+        client,
+        client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id,
+    )
+    out = client.files.retrieve(b.output_file_id or "")
+    assert out.expires_at == out.created_at + 30 * 86_400  # files Corral writes expire too
 
 
 def test_a_finished_batch_reports_the_usage_of_its_answers(gw: Gateway) -> None:

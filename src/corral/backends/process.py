@@ -237,45 +237,9 @@ class ProcessBackend:
             **self.device_env,
             **{k: substitute(v, values, f"{what} env {k}") for k, v in self.spec.env.items()},
         }
-        shown = Redactor(flag_values(self.spec.cmd))(shlex.join(argv))
-        # A path that is not UTF-8 is written as its own bytes.
-        self.log.write(f"--- corral: starting {shown}\n".encode(errors="surrogateescape"))
-        self._log_from = (self.log.rotations, self.log.size)
-        self._heard_ready.clear()
-        loop = asyncio.get_running_loop()
-        pumped: asyncio.Future[None] = loop.create_future()
-        read_end, write_end = os.pipe()
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *argv,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_end,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop reaches its children
-            )
-        except FileNotFoundError:
-            os.close(read_end)
-            raise BackendError(
-                f"{what}: command not found: {argv[0]!r} (check `cmd` and PATH)"
-            ) from None
-        except PermissionError:
-            os.close(read_end)
-            raise BackendError(f"{what}: {argv[0]!r} is not executable") from None
-        finally:
-            os.close(write_end)
-        # Its output reaches its log through a thread: the serving loop never writes a log.
-        self._pump = Pump(
-            read_end,
-            self.log,
-            self.spec.quiet_after_ready,
-            self.spec.ready_line,
-            lambda: loop.call_soon_threadsafe(self._heard_ready.set),
-            lambda: loop.call_soon_threadsafe(_settle, pumped),
-        )
-        self._pumped = pumped
+        proc = await self._spawn(argv, env)
         if self._record is not None:
-            self._record.add(self._proc.pid)
+            self._record.add(proc.pid)
         self._stopping = False
         try:
             await self._wait_healthy(started)
@@ -306,6 +270,48 @@ class ProcessBackend:
                     self.port,
                 )
         return time.monotonic() - started
+
+    async def _spawn(self, argv: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+        """Run `argv` in its own process group, its output piped to its log."""
+        what = f"model {self.spec.model}"
+        shown = Redactor(flag_values(self.spec.cmd))(shlex.join(argv))
+        # A path that is not UTF-8 is written as its own bytes.
+        self.log.write(f"--- corral: starting {shown}\n".encode(errors="surrogateescape"))
+        self._log_from = (self.log.rotations, self.log.size)
+        self._heard_ready.clear()
+        loop = asyncio.get_running_loop()
+        pumped: asyncio.Future[None] = loop.create_future()
+        read_end, write_end = os.pipe()
+        try:
+            self._proc = proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop reaches its children
+            )
+        except FileNotFoundError:
+            os.close(read_end)
+            raise BackendError(
+                f"{what}: command not found: {argv[0]!r} (check `cmd` and PATH)"
+            ) from None
+        except PermissionError:
+            os.close(read_end)
+            raise BackendError(f"{what}: {argv[0]!r} is not executable") from None
+        finally:
+            os.close(write_end)
+        # Its output reaches its log through a thread: the serving loop never writes a log.
+        self._pump = Pump(
+            read_end,
+            self.log,
+            self.spec.quiet_after_ready,
+            self.spec.ready_line,
+            lambda: loop.call_soon_threadsafe(self._heard_ready.set),
+            lambda: loop.call_soon_threadsafe(_settle, pumped),
+        )
+        self._pumped = pumped
+        return proc
 
     async def _wait_healthy(self, started: float) -> None:
         proc = self._proc

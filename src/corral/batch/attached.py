@@ -162,8 +162,13 @@ class BatchRuntime:
         # within seconds (heartbeats renew it every second while a line runs).
         # On shutdown, running lines get 5 s to finish, then go back to the queue.
         # Its URL makes it a node of a cluster, with the gateway's name.
+        # Ended batches' lines, and finished tasks, are deleted after `line_retention_days`.
+        days = config.batch.line_retention_days
         settings = WorkerSettings(
-            lease_s=10.0, shutdown_timeout_s=5.0, url=config.server.advertised_url()
+            lease_s=10.0,
+            shutdown_timeout_s=5.0,
+            url=config.server.advertised_url(),
+            retention_s=None if days is None else days * 86_400,
         )
         self.worker = Worker(store, registry, config, settings, worker_id=gateway.node_id)
         self._tasks: list[asyncio.Task[Any]] = []

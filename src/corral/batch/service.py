@@ -91,9 +91,13 @@ class BatchService:
         owner: str | None = None,
     ) -> StoredFile:
         """Record a file whose bytes are stored; `expires_after_s` (see `expires_after`): it is
-        deleted that long after now. `owner`: the principal that made it."""
+        deleted that long after now (None: `file_expiry_days` after). `owner`: the principal
+        that made it."""
         now = self.clock()
-        expires_at = None if expires_after_s is None else now + expires_after_s
+        keep_s: float | None = expires_after_s
+        if keep_s is None and self.limits.file_expiry_days is not None:
+            keep_s = self.limits.file_expiry_days * 86_400
+        expires_at = None if keep_s is None else now + keep_s
         path = str(self.files.path(file_id))
         f = StoredFile(file_id, purpose, filename, size, now, path, expires_at, owner)
         self.store.files.add(f)

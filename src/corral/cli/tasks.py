@@ -287,13 +287,13 @@ def worker_cmd(
         typer.Option(min=0, help="On SIGTERM, running tasks get this long before they go back."),
     ] = 30.0,
     retention_s: Annotated[
-        float | None,
+        float,
         typer.Option(
             min=0,
-            help="Delete tasks finished more than this many seconds ago (a batch's lines "
-            "excepted). Default: keep them.",
+            help="Delete tasks finished more than this many seconds ago (an ended batch's "
+            "lines too); 0 keeps them all.",
         ),
-    ] = None,
+    ] = 7 * 86_400.0,
     affinity: Annotated[
         bool,
         typer.Option(
@@ -313,7 +313,7 @@ def worker_cmd(
             idle_poll_s=idle_poll_s,
             prefetch=prefetch,
             shutdown_timeout_s=shutdown_timeout_s,
-            retention_s=retention_s,
+            retention_s=retention_s or None,
             affinity=affinity,
         )
         err.print(

@@ -261,6 +261,19 @@ class BatchConfig(Strict):
         description="The completion_window values a batch may ask for. OpenAI accepts only 24h; "
         "add others (a number and s, m, h or d: 1h, 7d) to offer them (an extension of the API).",
     )
+    file_expiry_days: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=30.0,
+        description="Uploaded batch files and the output and error files Corral writes expire "
+        "this long after they are made, unless the request's expires_after or "
+        "output_expires_after says otherwise (OpenAI's default for batch files). null: kept "
+        "until deleted.",
+    )
+    line_retention_days: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=7.0,
+        description="An ended batch's lines are deleted from the store this long after they "
+        "finished (the batch, with its counts, stays; its files keep by file_expiry_days). "
+        "null: kept.",
+    )
     validate_inline_mb: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         default=1.0,
         description="Input files up to this size are checked while the batch is created (its "

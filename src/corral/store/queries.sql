@@ -184,9 +184,12 @@ UPDATE corral_tasks SET started_in_group = 2 WHERE worker_id = :worker
 UPDATE corral_tasks SET started_in_group = 0 WHERE id = :id AND lease_token = :token
 
 -- name: purge
--- Finished tasks, oldest first, except a batch's lines (the batch owns them).
+-- Finished tasks, oldest first; a batch's lines only once the batch has ended (its counts
+-- and output files are written then).
 DELETE FROM corral_tasks WHERE seq IN (SELECT seq FROM corral_tasks
-    WHERE status IN ('succeeded', 'failed', 'cancelled') AND batch_id IS NULL
+    WHERE status IN ('succeeded', 'failed', 'cancelled')
+    AND (batch_id IS NULL OR batch_id IN (SELECT id FROM corral_batches
+        WHERE status IN ('completed', 'failed', 'expired', 'cancelled')))
     AND finished_at < :before ORDER BY finished_at LIMIT :limit)
 RETURNING seq
 

@@ -198,8 +198,9 @@ class TaskControl(Protocol):
 
     def purge(self, finished_before: float, limit: int = 10_000) -> int:
         """Delete up to `limit` tasks that finished (succeeded, failed or cancelled) before
-        `finished_before` (epoch seconds), oldest first, except a batch's lines (the batch owns
-        them); returns how many were deleted."""
+        `finished_before` (epoch seconds), oldest first; a batch's lines only once the batch
+        has ended (completed, failed, expired, cancelled: its counts and files are written);
+        returns how many were deleted."""
         ...
 
 

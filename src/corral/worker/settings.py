@@ -25,8 +25,8 @@ class WorkerSettings:
     prefetch: int = 128
     prefetch_s: float = 0.1
     # Delete tasks finished (succeeded, failed, cancelled) more than this long ago, checked
-    # every lease_s / 2 (a batch's lines are kept: the batch owns them). None: keep them all.
-    retention_s: float | None = None
+    # every lease_s / 2 (a batch's lines once the batch has ended). None: keep them all.
+    retention_s: float | None = 7 * 86_400.0
     # Several workers on one database: each model is loaded by one worker (where it costs
     # least), a second copy only when its backlog is worth it (worker/affinity.py). False: each
     # worker schedules its device as if it were alone.

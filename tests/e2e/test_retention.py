@@ -1,0 +1,56 @@
+"""What a long-running gateway keeps: an ended batch's lines leave the store after
+`batch.line_retention_days`; the batch, its counts and its output stay (the store's contract
+tests hold that a running batch's lines are never deleted)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.batches import chat_line, finish, upload
+from tests.support.gateway import SIM, serve
+
+pytestmark = pytest.mark.e2e
+
+
+def test_an_ended_batchs_lines_are_deleted_after_the_retention(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    config = f"""
+models:
+  alpha:
+    load_s: 0.1
+    concurrency: 4
+    cmd: {SIM} --load-s 0.1 --tokens-per-s 5000 --parallel 4
+server:
+  log_dir: LOG_DIR
+  store: sqlite:///{db}
+batch:
+  line_retention_days: 0.00003   # 2.6 s
+"""
+    with serve(tmp_path, config) as gw:
+        client = gw.client(max_retries=0)
+        file_id = upload(client, [chat_line(i, "alpha") for i in range(5)])
+        b = finish(client, client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id)  # fmt: skip
+        assert b.status == "completed"
+
+        def lines() -> int:
+            with sqlite3.connect(db) as c:
+                (n,) = c.execute(
+                    "SELECT count(*) FROM corral_tasks WHERE batch_id = ?", (b.id,)
+                ).fetchone()
+            return int(n)
+
+        deadline = time.monotonic() + 60  # the worker looks every lease_s / 2 (5 s)
+        while lines() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lines() == 0
+        again = client.batches.retrieve(b.id)
+        assert again.status == "completed"
+        assert again.request_counts is not None
+        assert (again.request_counts.total, again.request_counts.completed) == (5, 5)
+        assert client.files.content(again.output_file_id or "").text.count("\n") == 5
