@@ -69,3 +69,26 @@ def test_a_loop_that_keeps_running_blames_nothing_of_its_own() -> None:
 
     stalls = asyncio.run(run()).stalls
     assert [s for s in stalls if any("only_awaits" in f for f in s[1])] == []
+
+
+def test_the_loops_task_count_is_taken() -> None:
+    """`corral_event_loop_tasks` counts the tasks alive on the loop: a long run's leak shows."""
+    registry = CollectorRegistry()
+
+    def counted() -> float:
+        return registry.get_sample_value("corral_event_loop_tasks") or 0.0
+
+    async def run() -> float:
+        watch = LoopWatch(asyncio.get_running_loop(), registry)
+        idle = [asyncio.ensure_future(asyncio.sleep(30)) for _ in range(25)]
+        watch.start()
+        for _ in range(300):  # the first count is taken at the watch's first callback
+            await asyncio.sleep(0.01)
+            if counted() > 0:
+                break
+        watch.stop()
+        for t in idle:
+            t.cancel()
+        return counted()
+
+    assert asyncio.run(run()) >= 26  # the 25 sleepers and the main task

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 log = logging.getLogger("corral.gateway")
 EVERY_S = 0.05  # how often the loop is asked to run the watch's callback
@@ -29,12 +29,14 @@ EVERY_S = 0.05  # how often the loop is asked to run the watch's callback
 # on the loop at all).
 STALL_S = float(os.environ.get("CORRAL_LOOP_STALL_S") or 0.25)
 STALLS_KEPT = 32  # the last stalls, for tests and `/api/status` readers
+TASKS_EVERY_S = 1.0  # how often the loop's task count is taken (it walks every task)
 
 
 class LoopWatch:
     """Watches `loop` until `stop()`; `stalls` holds the last stalls seen, each (seconds it had
     stalled when seen, the innermost frames of the loop's thread then). With a `registry`, each
-    lag goes to its `corral_event_loop_lag_seconds`."""
+    lag goes to its `corral_event_loop_lag_seconds`, and the loop's task count to
+    `corral_event_loop_tasks` (each second: what a long run watches for growth)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, registry: CollectorRegistry | None = None
@@ -51,6 +53,16 @@ class LoopWatch:
             if registry is not None
             else None
         )
+        self.tasks = (
+            Gauge(
+                "corral_event_loop_tasks",
+                "asyncio tasks alive on the gateway's event loop (taken each second).",
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+        self._tasks_at = 0.0
         self.stalls: deque[tuple[float, list[str]]] = deque(maxlen=STALLS_KEPT)
         self._loop_thread = threading.get_ident()  # made on the loop's own thread
         self._posted = 0.0  # when the pending callback was posted; 0: none pending
@@ -85,6 +97,9 @@ class LoopWatch:
         self._posted = 0.0
         if self.lag is not None:
             self.lag.observe(lag_s)
+        if self.tasks is not None and posted - self._tasks_at >= TASKS_EVERY_S:
+            self._tasks_at = posted
+            self.tasks.set(len(asyncio.all_tasks(self.loop)))
 
     def _stalled(self, late_s: float) -> None:
         frame = sys._current_frames().get(self._loop_thread)
