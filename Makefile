@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls bench-shares compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls bench-shares soak soak-quick compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -231,3 +231,10 @@ bench-relay: $(STAMP)
 
 bench-stalls: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_stalls.py --json out/bench-stalls.json
+
+# A long run under mixed load and faults (benchmarks/bench_soak.py): report in out/soak/.
+soak: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_soak.py --minutes 60 --out out/soak
+
+soak-quick: $(LLAMA_STAMP)
+	$(BIN)/python benchmarks/bench_soak.py --minutes 5 --fault-every-s 30 --drain-s 120 --out out/soak-quick
