@@ -36,6 +36,7 @@ from corral.store import (
     StoreError,
     TaskNotFound,
     TaskStatus,
+    UsageRow,
     open_store,
     sql_batches,
 )
@@ -1118,3 +1119,21 @@ def test_the_audit_log_keeps_who_did_what_and_when(store: Store, clock: Clock) -
     assert len(store.audit.list(limit=1)) == 1
     store.audit.record("x" * 5000, "a", "t")  # bounded, whatever a field holds
     assert len(store.audit.list(limit=1)[0].principal) == 2000
+
+
+def test_usage_rows_add_up_per_hour_principal_and_model(store: Store) -> None:
+    def row(hour: int, who: str, n: int, wait_s: float) -> UsageRow:
+        return UsageRow(hour, who, "m", n, 10 * n, 2 * n, wait_s, 0.5 * n, 0.25)
+
+    store.usage.add([row(3600, "alice", 1, 0.5), row(3600, "bob", 2, 1.0)])
+    store.usage.add([row(3600, "alice", 3, 1.5), row(7200, "alice", 1, 0.0)])  # saved again
+    store.usage.add([])
+    rows = store.usage.since(0)
+    assert rows == [
+        UsageRow(3600, "alice", "m", 4, 40, 8, 2.0, 2.0, 0.5),
+        UsageRow(3600, "bob", "m", 2, 20, 4, 1.0, 1.0, 0.25),
+        UsageRow(7200, "alice", "m", 1, 10, 2, 0.0, 0.5, 0.25),
+    ]
+    assert [r.hour for r in store.usage.since(7200)] == [7200]
+    assert store.usage.forget_before(7200) == 2
+    assert [r.hour for r in store.usage.since(0)] == [7200]

@@ -8,6 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.batches import chat_line, finish, upload
@@ -54,3 +55,35 @@ batch:
         assert again.request_counts is not None
         assert (again.request_counts.total, again.request_counts.completed) == (5, 5)
         assert client.files.content(again.output_file_id or "").text.count("\n") == 5
+
+
+def test_usage_outlives_a_restart(tmp_path: Path) -> None:
+    """What `/api/usage` counted is in the store when the gateway stops, and read back when it
+    starts: a restart adds to it, loses nothing."""
+    config = f"""
+models:
+  alpha:
+    load_s: 0.1
+    cmd: {SIM} --load-s 0.1
+server:
+  log_dir: LOG_DIR
+  store: sqlite:///{tmp_path / "store.db"}
+"""
+
+    def calls(n: int) -> list[dict[str, object]]:
+        with serve(tmp_path, config) as gw:
+            client = gw.client(max_retries=0)
+            for _ in range(n):
+                client.chat.completions.create(
+                    model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+            r = httpx.get(f"{gw.url}/api/usage", params={"by": "total"}, timeout=30)
+            assert r.status_code == 200, r.text
+            rows: list[dict[str, object]] = r.json()["data"]
+            return rows
+
+    first = calls(2)
+    assert [row["requests"] for row in first] == [2]
+    again = calls(1)
+    assert [row["requests"] for row in again] == [3]
+    assert again[0]["output_tokens"] == 3 * int(first[0]["output_tokens"]) // 2  # type: ignore[call-overload]

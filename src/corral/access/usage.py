@@ -1,7 +1,9 @@
 """Who used what (`Usage`, a part the gateway owns): per principal, model and hour, the model
 calls answered, their input and output tokens, their waits, and the device-seconds of service
 and of loads that fair shares charged the principal (core/shares.py). In memory, bounded
-(`KEEP_HOURS` hours); read by `GET /api/usage`, `/metrics` and `corral usage`.
+(`KEEP_HOURS` hours), and kept in the store by `UsageSaver` (what was counted since its last
+save, added every `SAVE_EVERY_S`; read back when the gateway starts); read by
+`GET /api/usage`, `/metrics` and `corral usage`.
 
 Tokens are the server's own counts (`usage.prompt_tokens`/`input_tokens` and
 `completion_tokens`) where its answer carries them, else the stream's pieces of text for the
@@ -10,12 +12,20 @@ output; device-seconds are the scheduler's own books, so usage adds up to what i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from corral.store import StoreError, UsageBook
+from corral.store.base import UsageRow
+
 KEEP_HOURS = 24 * 32  # buckets kept: a month and a day
+SAVE_EVERY_S = 10.0  # how often what was counted goes to the store
+log = logging.getLogger("corral.access")
 Period = Literal["hour", "day", "total"]
 PERIODS: tuple[Period, ...] = ("hour", "day", "total")
 Ledger = Callable[[], Mapping[tuple[str | None, str], list[float]]]
@@ -54,6 +64,7 @@ class Usage:
         self._hours: dict[tuple[int, str, str], Row] = {}
         self._seen: dict[tuple[str | None, str], tuple[float, float]] = {}
         self._totals: dict[tuple[str, str], Row] = {}
+        self._unsaved: dict[tuple[int, str, str], Row] = {}  # counted since the last `unsaved`
         self._newest_hour = 0
 
     def record(
@@ -87,10 +98,63 @@ class Usage:
                 self._newest_hour = hour
                 self._forget_before(hour - self._keep_hours * 3600)
         row.add(d)
+        fresh = self._unsaved.get(key)
+        if fresh is None:
+            fresh = self._unsaved[key] = Row(float(hour), principal, model)
+        fresh.add(d)
         total = self._totals.get((principal, model))
         if total is None:
             total = self._totals[(principal, model)] = Row(0.0, principal, model)
         total.add(d)
+
+    def unsaved(self) -> list[UsageRow]:
+        """What was counted since the last call, per hour, principal and model (to add to the
+        store); the caller hands back what it could not save (`restore`)."""
+        rows, self._unsaved = self._unsaved, {}
+        return [
+            UsageRow(
+                int(r.period_start),
+                r.principal,
+                r.model,
+                r.requests,
+                r.input_tokens,
+                r.output_tokens,
+                r.wait_s,
+                r.service_s,
+                r.load_s,
+            )
+            for r in rows.values()
+        ]
+
+    def restore(self, rows: Iterable[UsageRow], saved: bool = True) -> None:
+        """Add rows read back from the store (`saved`), or rows a save failed on (not
+        `saved`: they go with the next save). The hours past `KEEP_HOURS` are left out."""
+        oldest = self._newest_hour - self._keep_hours * 3600
+        for u in rows:
+            row = Row(
+                float(u.hour),
+                u.principal,
+                u.model,
+                u.requests,
+                u.input_tokens,
+                u.output_tokens,
+                u.wait_s,
+                u.service_s,
+                u.load_s,
+            )
+            if not saved:
+                fresh = self._unsaved.setdefault(
+                    (u.hour, u.principal, u.model), Row(float(u.hour), u.principal, u.model)
+                )
+                fresh.add(row)
+                continue
+            if u.hour < oldest:
+                continue
+            kept = self._hours.setdefault(
+                (u.hour, u.principal, u.model), Row(float(u.hour), u.principal, u.model)
+            )
+            kept.add(row)
+            self._newest_hour = max(self._newest_hour, u.hour)
 
     def _forget_before(self, hour: int) -> None:
         for key in [k for k in self._hours if k[0] < hour]:
@@ -130,3 +194,46 @@ def _rounded(r: Row) -> dict[str, object]:
     for k in ("wait_s", "service_s", "load_s"):
         d[k] = round(d[k], 3)
     return d
+
+
+class UsageSaver:
+    """Keeps `usage` in `book` (the store's `usage` role; None: nothing kept): reads back the
+    kept hours when it starts, adds what was counted every `SAVE_EVERY_S` and at `close`,
+    forgets hours past `KEEP_HOURS` once an hour. The store is called on threads; a store that
+    cannot be reached costs a warning, and what was counted waits for the next save."""
+
+    def __init__(self, usage: Usage, book: UsageBook | None) -> None:
+        self._usage = usage
+        self._book = book
+        self._forgot_at = 0.0
+
+    async def run(self) -> None:
+        book = self._book
+        if book is None:
+            return
+        oldest = int(time.time() // 3600) * 3600 - KEEP_HOURS * 3600
+        try:
+            self._usage.restore(await asyncio.to_thread(book.since, oldest))
+        except StoreError as exc:
+            log.warning("usage: the hours kept in the store could not be read: %s", exc)
+        while True:
+            await asyncio.sleep(SAVE_EVERY_S)
+            await self.save()
+            if time.time() - self._forgot_at >= 3600:
+                self._forgot_at = time.time()
+                before = int(time.time() // 3600) * 3600 - KEEP_HOURS * 3600
+                with contextlib.suppress(StoreError):
+                    await asyncio.to_thread(book.forget_before, before)
+
+    async def save(self) -> None:
+        """Add what was counted since the last save to the store."""
+        if self._book is None:
+            return
+        rows = self._usage.unsaved()
+        if not rows:
+            return
+        try:
+            await asyncio.to_thread(self._book.add, rows)
+        except StoreError as exc:
+            log.warning("usage: %d rows not saved yet (tried again shortly): %s", len(rows), exc)
+            self._usage.restore(rows, saved=False)

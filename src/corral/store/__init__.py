@@ -25,6 +25,7 @@ from corral.store.base import (
     Task,
     TaskNotFound,
     TaskStatus,
+    UsageRow,
     payload_text,
 )
 from corral.store.memory import MemoryStore
@@ -37,6 +38,7 @@ from corral.store.roles import (
     Store,
     TaskControl,
     TaskQueue,
+    UsageBook,
 )
 from corral.store.wakeups import Wakeups
 
@@ -70,6 +72,8 @@ __all__ = [
     "TaskNotFound",
     "TaskQueue",
     "TaskStatus",
+    "UsageBook",
+    "UsageRow",
     "Wakeups",
     "open_store",
     "payload_text",

@@ -224,6 +224,21 @@ class AuditEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One principal's use of one model in one hour (`hour`: its start, epoch seconds)."""
+
+    hour: int
+    principal: str
+    model: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    wait_s: float
+    service_s: float
+    load_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A success for `finish_many`: the result already as JSON text (`json.dumps`)."""
 

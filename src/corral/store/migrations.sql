@@ -129,3 +129,18 @@ CREATE TABLE corral_audit (
 );
 CREATE INDEX corral_audit_at ON corral_audit (at);
 CREATE INDEX corral_audit_action ON corral_audit (action, target);
+
+-- name: v12
+-- Usage per hour, principal and model (`corral usage`), kept across restarts.
+CREATE TABLE corral_usage (
+    hour BIGINT NOT NULL,
+    principal TEXT NOT NULL,
+    model TEXT NOT NULL,
+    requests BIGINT NOT NULL,
+    input_tokens BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    wait_s {real} NOT NULL,
+    service_s {real} NOT NULL,
+    load_s {real} NOT NULL,
+    PRIMARY KEY (hour, principal, model)
+);

@@ -334,3 +334,24 @@ WHERE NOT EXISTS (SELECT 1 FROM corral_audit WHERE action = :action AND target =
 -- name: audit_list
 SELECT seq, at, principal, action, target, detail FROM corral_audit
 WHERE at >= :since ORDER BY seq DESC LIMIT :limit
+
+-- name: usage_add
+-- One (hour, principal, model)'s use since the last save, added to what is kept.
+INSERT INTO corral_usage (hour, principal, model, requests, input_tokens, output_tokens,
+    wait_s, service_s, load_s)
+VALUES (:hour, :principal, :model, :requests, :input_tokens, :output_tokens, :wait_s,
+    :service_s, :load_s)
+ON CONFLICT (hour, principal, model) DO UPDATE SET
+    requests = corral_usage.requests + excluded.requests,
+    input_tokens = corral_usage.input_tokens + excluded.input_tokens,
+    output_tokens = corral_usage.output_tokens + excluded.output_tokens,
+    wait_s = corral_usage.wait_s + excluded.wait_s,
+    service_s = corral_usage.service_s + excluded.service_s,
+    load_s = corral_usage.load_s + excluded.load_s
+
+-- name: usage_since
+SELECT hour, principal, model, requests, input_tokens, output_tokens, wait_s, service_s, load_s
+FROM corral_usage WHERE hour >= :since ORDER BY hour, principal, model
+
+-- name: usage_forget
+DELETE FROM corral_usage WHERE hour < :before RETURNING hour

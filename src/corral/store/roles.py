@@ -51,6 +51,7 @@ from corral.store.base import (
     StoredFile,
     Task,
     TaskStatus,
+    UsageRow,
 )
 
 
@@ -357,6 +358,23 @@ class Schema(Protocol):
         ...
 
 
+class UsageBook(Protocol):
+    """Usage per hour, principal and model, kept across restarts (access/usage.py)."""
+
+    def add(self, rows: Sequence[UsageRow]) -> None:
+        """Add each row's figures to what is kept for its (hour, principal, model), in one
+        transaction."""
+        ...
+
+    def since(self, hour: int) -> builtins.list[UsageRow]:
+        """Every row of the hours from `hour` on, oldest first."""
+        ...
+
+    def forget_before(self, hour: int) -> int:
+        """Delete the rows of hours before `hour`; returns how many."""
+        ...
+
+
 class Store(TaskQueue, TaskControl, Protocol):
     """The tasks themselves (`TaskQueue`, `TaskControl`) and the other roles as attributes, as
     the stores implement them (memory, SQLite, PostgreSQL). Every method is one atomic
@@ -374,6 +392,9 @@ class Store(TaskQueue, TaskControl, Protocol):
 
     @property
     def audit(self) -> Audit: ...
+
+    @property
+    def usage(self) -> UsageBook: ...
 
     @property
     def schema(self) -> Schema: ...

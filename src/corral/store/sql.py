@@ -27,6 +27,7 @@ from corral.store.queries import SQL, Transactions, Tx, run_one, task_filters, t
 from corral.store.sql_audit import SqlAudit
 from corral.store.sql_batches import SqlBatches, SqlFiles
 from corral.store.sql_cluster import SqlMembership
+from corral.store.sql_usage import SqlUsage
 from corral.store.wakeups import Wakeups
 
 __all__ = ["SqlStore", "Tx"]
@@ -56,6 +57,7 @@ class SqlStore:
         self.batches = SqlBatches(self._tx, guard, clock, self._insert, self._woken, self._announce)
         self.members = SqlMembership(self._tx, guard, clock)
         self.audit = SqlAudit(self._tx, guard, clock)
+        self.usage = SqlUsage(self._tx, guard)
 
     def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
         return self._wakeups.add(wake)

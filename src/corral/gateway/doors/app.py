@@ -38,6 +38,7 @@ from corral.access.principals import (
     caller,
     configured_keys,
 )
+from corral.access.usage import UsageSaver
 from corral.batch.attached import BatchRuntime
 from corral.batch.fields import BatchError
 from corral.config import Config
@@ -298,6 +299,7 @@ def create_app(
     access = _access(config, data_dir)
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
     access.trail = trail = AuditTrail(batches.store.audit if batches is not None else None)
+    saver = UsageSaver(gateway.usage, batches.store.usage if batches is not None else None)
     cluster = (
         Cluster(
             batches.store.members,
@@ -320,14 +322,16 @@ def create_app(
         warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
         view = asyncio.ensure_future(cluster.run()) if cluster is not None else None
         keys = asyncio.ensure_future(access.run())
+        saving = asyncio.ensure_future(saver.run())
         watcher = (
             asyncio.ensure_future(Reloader(gateway, *watch).run()) if watch is not None else None
         )
         try:
             yield
         finally:
-            for t in (warm, view, watcher, keys):
+            for t in (warm, view, watcher, keys, saving):
                 t.cancel() if t is not None else None
+            await saver.save()
             await trail.close()
             if batches is not None:
                 await batches.close()
