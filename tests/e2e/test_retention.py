@@ -5,6 +5,7 @@ tests hold that a running batch's lines are never deleted)."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -34,9 +35,12 @@ batch:
     with serve(tmp_path, config) as gw:
         client = gw.client(max_retries=0)
         file_id = upload(client, [chat_line(i, "alpha") for i in range(5)])
-        b = finish(client, client.batches.create(
-            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
-        ).id)  # fmt: skip
+        b = finish(
+            client,
+            client.batches.create(
+                input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+            ).id,
+        )
         assert b.status == "completed"
 
         def lines() -> int:
@@ -87,3 +91,42 @@ server:
     again = calls(1)
     assert [row["requests"] for row in again] == [3]
     assert again[0]["output_tokens"] == 3 * int(first[0]["output_tokens"]) // 2  # type: ignore[call-overload]
+
+
+def test_a_stream_that_never_ends_does_not_hold_a_stopping_server(tmp_path: Path) -> None:
+    """On SIGTERM an answer still streaming gets `server.shutdown_grace_s`, then it is cut and
+    the server stops (`serve` waits 30 s for it, and for its model servers to be gone)."""
+    config = f"""
+models:
+  slow:
+    cmd: {SIM} --load-s 0.1 --tokens-per-s 2
+server:
+  log_dir: LOG_DIR
+  shutdown_grace_s: 1
+"""
+    ended: list[str] = []
+    reading = threading.Event()
+
+    def stream(url: str) -> None:
+        body = {
+            "model": "slow",
+            "stream": True,
+            "max_tokens": 2000,
+            "messages": [{"role": "user", "content": "go on"}],
+        }
+        try:
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    reading.set()
+            ended.append("ended")
+        except httpx.HTTPError as exc:
+            ended.append(type(exc).__name__)
+
+    with serve(tmp_path, config) as gw:
+        t = threading.Thread(target=stream, args=(gw.url,), daemon=True)
+        t.start()
+        assert reading.wait(60)
+        stopping = time.monotonic()
+    t.join(timeout=30)
+    assert ended  # the client saw its stream end, cut
+    assert time.monotonic() - stopping < 30

@@ -133,6 +133,7 @@ def _serve(
         "http": with_header_timeout(srv.header_timeout_s),
         "timeout_keep_alive": int(max(1, round(srv.keep_alive_s))),
         "limit_concurrency": srv.max_connections,
+        "timeout_graceful_shutdown": srv.shutdown_grace_s,
     }
     if relays is None:
         run_server(app, app.state.gateway.events.close, host=host, port=int(port), **common)

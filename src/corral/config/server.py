@@ -100,6 +100,11 @@ class ServerConfig(Strict):
     keep_alive_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         default=5.0, description="An idle keep-alive connection is closed after this long."
     )
+    shutdown_grace_s: Annotated[int, Field(ge=0, le=86_400)] = Field(
+        default=30,
+        description="On SIGTERM, answers still streaming get this long to end; then they are "
+        "cut and the server stops (a client that never reads does not hold it up).",
+    )
     relay_processes: int | None = Field(
         default=None,
         ge=0,

@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--header-timeout-s", type=float, default=10.0)
     p.add_argument("--keep-alive-s", type=float, default=5.0)
     p.add_argument("--max-connections", type=int, default=1000)
+    p.add_argument("--shutdown-grace-s", type=int, default=30)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sock = socket.socket(fileno=args.fd)
@@ -406,6 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         http=with_header_timeout(args.header_timeout_s),
         timeout_keep_alive=int(max(1, round(args.keep_alive_s))),
         limit_concurrency=args.max_connections,
+        timeout_graceful_shutdown=args.shutdown_grace_s,
     )
     server = uvicorn.Server(config)
     parent = os.getppid()

@@ -94,6 +94,7 @@ class Relays:
             "--header-timeout-s", str(srv.header_timeout_s),
             "--keep-alive-s", str(srv.keep_alive_s),
             "--max-connections", str(srv.max_connections),
+            "--shutdown-grace-s", str(srv.shutdown_grace_s),
         ]  # fmt: skip
 
     async def _keep(self, relay_id: str) -> None:
