@@ -68,6 +68,7 @@ def test_a_restore_is_verified_by_the_servers_own_figures(zoo: Path, tmp_path: P
                 assert back["timings"]["prompt_n"] == prompt
                 assert view["verified"].startswith("not kept: its server restored")
                 assert (view["honoured"], view["not_honoured"]) == (0, 1)
+                assert view["not_honoured_model_state"] == 1  # its file says why (blame.py)
         # Not kept: nothing more is saved for the hybrid, the dense one goes on saving.
         g.chat("hybrid", conversation("Another question, long enough to be worth saving?"))
         g.chat("other", conversation("Name a colour."))
@@ -75,6 +76,10 @@ def test_a_restore_is_verified_by_the_servers_own_figures(zoo: Path, tmp_path: P
         metrics = httpx.get(f"{g.url}/metrics").text
         assert 'corral_prompt_cache_restores_not_honoured_total{model="hybrid"} 1.0' in metrics
         assert 'corral_prompt_cache_restores_not_honoured_total{model="dense"} 0.0' in metrics
+        assert (
+            'corral_prompt_cache_restores_not_honoured_by_cause_total{cause="model_state",'
+            'model="hybrid"} 1.0'
+        ) in metrics
         said = [
             line for line in g.logged().splitlines() if "not kept across swaps from now" in line
         ]

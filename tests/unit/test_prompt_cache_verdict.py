@@ -1,7 +1,8 @@
 """A restore verified by the server's own figures: the answer after a restore says
 how many prompt tokens the server reused (`timings.cache_n`); at least half of what was
-restored is honoured, less is not; once unhonoured restores outnumber honoured ones the model's
-prompt caches are not kept (said once, the scheduler told, nothing saved or restored again)."""
+restored is honoured, less is not, counted by its cause; once restores the model's own state
+explains (`model_state`) outnumber honoured ones the model's prompt caches are not kept (said
+once, the scheduler told, nothing saved or restored again); no other cause ever says so."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from pathlib import Path
 import pytest
 
 from corral.config import PromptCacheConfig
+from corral.modelfiles.serving import read_state_facts
+from corral.prompt_cache.blame import (
+    Cause,
+    StateFacts,
+    blame,
+    cannot_roll_back,
+)
 from corral.prompt_cache.caches import PromptCaches, recorded_verdicts
 from corral.prompt_cache.server import reused_tokens
 
@@ -38,8 +46,8 @@ def test_a_model_is_not_kept_once_its_restores_prove_useless(
     caches.verdict("dense", restored=1005, reused=0)  # one miss among honoured ones: kept
     assert caches.kept("dense")
     with caplog.at_level(logging.WARNING, logger="corral.prompt_cache"):
-        caches.verdict("hybrid", restored=1005, reused=0)
-        caches.verdict("hybrid", restored=1005, reused=3)
+        caches.verdict("hybrid", restored=1005, reused=0, cause="model_state")
+        caches.verdict("hybrid", restored=1005, reused=3, cause="model_state")
     assert not caches.kept("hybrid")
     assert caches.verified("hybrid").startswith("not kept: its server restored 1005 tokens")
     assert told == ["hybrid"]  # once
@@ -47,12 +55,13 @@ def test_a_model_is_not_kept_once_its_restores_prove_useless(
     assert len(said) == 1
     view = caches.view("hybrid")
     assert (view["honoured"], view["not_honoured"], view["restore_failures"]) == (0, 2, 2)
+    assert view["not_honoured_model_state"] == 2
     assert caches.view("dense")["verified"] == "kept and verified"
 
 
 def test_a_verdict_outlives_a_restart_for_the_same_server(tmp_path: Path) -> None:
     first = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
-    first.verdict("hybrid", restored=1005, reused=0, fingerprint="fp-hybrid")
+    first.verdict("hybrid", restored=1005, reused=0, fingerprint="fp-hybrid", cause="model_state")
     assert recorded_verdicts(tmp_path)["fp-hybrid"].startswith("its server restored 1005")
     again = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
     told: list[str] = []
@@ -74,5 +83,77 @@ def test_a_damaged_verdicts_file_is_no_verdict(tmp_path: Path, damaged: str) -> 
     caches = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
     caches.recall("m", "fp")
     assert caches.kept("m")
-    caches.verdict("m", restored=100, reused=0, fingerprint="fp")  # written over it, whole
+    caches.verdict("m", restored=100, reused=0, fingerprint="fp", cause="model_state")  # whole
     assert "fp" in recorded_verdicts(tmp_path)
+
+
+@pytest.mark.parametrize("cause", ["other_slot", "conversation_changed", "dropped"])
+def test_only_the_models_own_state_ever_marks_it_not_kept(tmp_path: Path, cause: Cause) -> None:
+    """A shared model whose restores land on the wrong slot, or whose conversations change, or
+    whose server drops them, keeps its prompt caches however often it happens: the verdict
+    cannot name the model for a placement's failure."""
+    caches = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
+    told: list[str] = []
+    caches.on_lost = told.append
+    for _ in range(20):
+        caches.verdict("shared", restored=500, reused=0, fingerprint="fp", cause=cause)
+    assert caches.kept("shared")
+    assert told == []
+    assert recorded_verdicts(tmp_path) == {}
+    view = caches.view("shared")
+    assert view[f"not_honoured_{cause}"] == 20
+    assert view["not_honoured"] == 20
+    assert view["not_honoured_model_state"] == 0
+
+
+def test_a_verdict_recorded_without_its_cause_is_no_verdict(tmp_path: Path) -> None:
+    """Earlier runs recorded verdicts that may have blamed a model for its placement."""
+    (tmp_path / "verdicts.json").write_text('{"fp": {"model": "m", "why": "x", "at": 1}}')
+    assert recorded_verdicts(tmp_path) == {}
+
+
+@pytest.mark.parametrize(
+    ("placed", "ran", "diverged", "explains", "cause"),
+    [
+        (1, 2, False, True, "other_slot"),  # wherever the state came from, it went elsewhere
+        (1, None, True, True, "conversation_changed"),
+        (1, 1, True, False, "conversation_changed"),
+        (1, 1, False, True, "model_state"),
+        (1, None, False, False, "dropped"),
+        (0, 0, False, False, "dropped"),
+    ],
+)
+def test_blame_names_the_first_cause_that_holds(
+    placed: int, ran: int | None, diverged: bool, explains: bool, cause: Cause
+) -> None:
+    assert blame(placed, ran, diverged, explains) == cause
+
+
+def test_which_models_cannot_roll_their_state_back() -> None:
+    recurrent = StateFacts(recurrent=True, sliding_window=False)
+    swa = StateFacts(recurrent=False, sliding_window=True)
+    dense = StateFacts(recurrent=False, sliding_window=False)
+    assert cannot_roll_back(recurrent, ["llama-server", "--swa-full"])
+    assert cannot_roll_back(swa, ["llama-server", "-m", "x.gguf"])
+    assert not cannot_roll_back(swa, ["llama-server", "--swa-full"])
+    assert not cannot_roll_back(dense, [])
+    assert not cannot_roll_back(None, [])  # a file that cannot be read: never blamed
+
+
+def test_the_zoos_files_say_which_cannot_roll_back(tmp_path: Path) -> None:
+    from corral.zoo import make
+
+    facts = {
+        arch: read_state_facts(make(arch, tmp_path).path)
+        for arch in ("qwen3", "qwen35", "granitehybrid", "gemma3", "gpt-oss")
+    }
+    assert facts["qwen3"] == StateFacts(recurrent=False, sliding_window=False)
+    assert facts["qwen35"] is not None
+    assert facts["qwen35"].recurrent
+    assert facts["granitehybrid"] is not None
+    assert facts["granitehybrid"].recurrent
+    assert facts["gemma3"] == StateFacts(recurrent=False, sliding_window=True)
+    assert facts["gpt-oss"] == StateFacts(recurrent=False, sliding_window=True)
+    assert read_state_facts(tmp_path / "missing.gguf") is None
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 64)
+    assert read_state_facts(tmp_path / "junk.gguf") is None

@@ -206,6 +206,17 @@ class UsageSaver:
         self._usage = usage
         self._book = book
         self._forgot_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run on the current loop until `close`."""
+        self._task = asyncio.ensure_future(self.run())
+
+    async def close(self) -> None:
+        """Stop, saving what was counted last."""
+        if self._task is not None:
+            self._task.cancel()
+        await self.save()
 
     async def run(self) -> None:
         book = self._book

@@ -41,7 +41,9 @@ from corral.modelfiles.folder import (
     scan,
     shown,
 )
+from corral.modelfiles.gguf import GgufError, read_gguf
 from corral.modelfiles.mincore import parts
+from corral.prompt_cache.blame import StateFacts
 from corral.prompt_cache.caches import serving
 
 CPU_SHARE = 0.8  # of the host's memory that models may take on a CPU device (the rest: the OS)
@@ -270,3 +272,16 @@ def with_folders(
     composed = Config.model_validate(spec)
     composed.skipped.update(skipped)
     return composed, notes
+
+
+def read_state_facts(path: Path | None) -> StateFacts | None:
+    """What the GGUF at `path` says of its state (recurrent layers, a sliding window), for
+    the prompt caches' blame (prompt_cache/blame.py); None: no file, or one that cannot be
+    read. Reads the file's header: call it off the serving loop."""
+    if path is None:
+        return None
+    try:
+        m = read_gguf(path)
+    except (GgufError, OSError):
+        return None
+    return StateFacts(recurrent=m.recurrent_state > 0, sliding_window=bool(m.sliding_window))

@@ -13,13 +13,14 @@ import os
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.atomic import replace_text
 from corral.backends.process import escape_macros
 from corral.config import ModelConfig, PromptCacheConfig
 from corral.config.server import prompt_cache_why_not
+from corral.prompt_cache.blame import CAUSES, Cause, StateFacts, no_facts
 from corral.prompt_cache.server import ServerCache
 from corral.prompt_cache.slots import Moved
 from corral.prompt_cache.states import SavedStates
@@ -42,10 +43,15 @@ def recorded_verdicts(folder: Path) -> dict[str, str]:
         return {}
     if not isinstance(raw, dict):
         return {}
+    # Only a verdict the model's state explains is one (older records, without a cause, may
+    # have blamed the model for a placement's failure).
     return {
         k: v["why"]
         for k, v in raw.items()
-        if isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("why"), str)
+        if isinstance(k, str)
+        and isinstance(v, dict)
+        and isinstance(v.get("why"), str)
+        and v.get("cause") == "model_state"
     }
 
 
@@ -93,13 +99,24 @@ class CacheStats:
     restore_failures: int = 0
     honoured: int = 0  # restores whose tokens the next answer reused (its timings say)
     not_honoured: int = 0  # restores the server reported, then processed the prompt again
+    # The not honoured ones by cause (blame.py): only `model_state` is the model's own.
+    not_honoured_by: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
 
 
 class PromptCaches:
     """The saved states of every model (one folder, one budget) and their figures."""
 
-    def __init__(self, settings: PromptCacheConfig, folder: Path, timeout_s: float = 30.0):
+    def __init__(
+        self,
+        settings: PromptCacheConfig,
+        folder: Path,
+        timeout_s: float = 30.0,
+        state_facts: Callable[[Path | None], StateFacts | None] = no_facts,
+    ):
+        """`state_facts`: what a model's file says of its state (which restores its own state
+        explains failing: blame.py); it reads files, and is called off the serving loop."""
         self.settings = settings
+        self.state_facts = state_facts
         self.folder = folder
         self.timeout_s = timeout_s
         self.states = SavedStates(
@@ -162,20 +179,31 @@ class PromptCaches:
         if why is not None and model not in self._lost:
             self._lose(model, f"{why} (found in an earlier run; remove {VERDICTS} to try again)")
 
-    def verdict(self, model: str, restored: int, reused: int, fingerprint: str = "") -> None:
+    def verdict(
+        self,
+        model: str,
+        restored: int,
+        reused: int,
+        fingerprint: str = "",
+        cause: Cause = "dropped",
+    ) -> None:
         """After a restore of `restored` tokens, the server reused `reused` of the prompt. At
-        least half: honoured. Less: the server took the state and then processed the prompt
-        again (a hybrid's or recurrent model's state cannot be rolled back to where the
-        conversation goes on; a sliding-window one's without --swa-full); once such restores
-        outnumber honoured ones, the model's prompt caches are not kept: said once with why,
-        nothing is saved or restored for it again, and `on_lost` is told."""
+        least half: honoured. Less: not honoured, counted by its `cause` (blame.py). Only
+        `model_state` is the model's own (a hybrid's or recurrent model's state cannot be
+        rolled back to where the conversation goes on; a sliding-window one's without
+        --swa-full): once those outnumber honoured restores, the model's prompt caches are not
+        kept: said once with why, nothing is saved or restored for it again, and `on_lost` is
+        told. The other causes are the placement's or the conversation's: no verdict."""
         s = self.stats(model)
         if 2 * reused >= restored:
             s.honoured += 1
             return
         s.not_honoured += 1
         s.restore_failures += 1
-        if s.not_honoured <= s.honoured or model in self._lost:
+        s.not_honoured_by[cause] += 1
+        if cause != "model_state" or model in self._lost:
+            return
+        if s.not_honoured_by["model_state"] <= s.honoured:
             return
         why = (
             f"its server restored {restored} tokens of a saved conversation and then reused "
@@ -206,7 +234,7 @@ class PromptCaches:
             kept = raw if isinstance(raw, dict) else {}
         except (OSError, ValueError):
             kept = {}
-        kept[fingerprint] = {"model": model, "why": why, "at": time.time()}
+        kept[fingerprint] = {"model": model, "why": why, "at": time.time(), "cause": "model_state"}
         while len(kept) > MAX_VERDICTS:
             del kept[next(iter(kept))]
         try:
@@ -229,6 +257,7 @@ class PromptCaches:
             "verified": self.verified(model),
             "honoured": s.honoured,
             "not_honoured": s.not_honoured,
+            **{f"not_honoured_{cause}": n for cause, n in s.not_honoured_by.items()},
             "states": len(held),
             "bytes": sum(x.bytes for x in held),
             "saves": s.saves,

@@ -16,18 +16,20 @@ gateway's proxy calls `place` and `done` around each request).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from corral.prompt_cache.blame import Cause, StateFacts, blame, cannot_roll_back
 from corral.prompt_cache.keys import chat_keys, shared, text_keys
 from corral.prompt_cache.slotmap import SlotMap
 from corral.prompt_cache.slots import Moved, SlotError, Slots
@@ -51,6 +53,7 @@ class Owner(Protocol):
 
     states: SavedStates
     timeout_s: float
+    state_facts: Callable[[Path | None], StateFacts | None]
 
     def stats(self, model: str) -> Failures: ...
 
@@ -62,7 +65,14 @@ class Owner(Protocol):
 
     def recall(self, model: str, fingerprint: str) -> None: ...
 
-    def verdict(self, model: str, restored: int, reused: int, fingerprint: str = "") -> None: ...
+    def verdict(
+        self,
+        model: str,
+        restored: int,
+        reused: int,
+        fingerprint: str = "",
+        cause: Cause = "dropped",
+    ) -> None: ...
 
 
 _CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')  # llama-server's timings: prompt tokens reused
@@ -134,6 +144,7 @@ class Placement:
     body: bytes
     by_server: bool = False
     restored: int = 0  # tokens restored into its slot before it was sent
+    diverged: bool = False  # the state restored is not a beginning of its conversation
 
 
 class ServerCache:
@@ -150,6 +161,7 @@ class ServerCache:
         self._client: httpx.AsyncClient | None = None
         self._told = False
         self._learning: set[asyncio.Task[None]] = set()
+        self._state_explains = False  # the model cannot roll its state back (blame.py)
 
     @property
     def active(self) -> bool:
@@ -164,6 +176,8 @@ class ServerCache:
             flags = [self.cmd]
         path = model_file(argv)
         self.fingerprint = fingerprint(path or Path(self.cmd), flags)
+        facts = await asyncio.to_thread(self.caches.state_facts, path)
+        self._state_explains = cannot_roll_back(facts, list(argv))
         self.caches.recall(self.model, self.fingerprint)  # an earlier run's verdict on it
         self._client = httpx.AsyncClient(verify=not base_url.startswith("http://"))
         self._slots = Slots(base_url, self._client, timeout_s=self.caches.timeout_s)
@@ -202,71 +216,79 @@ class ServerCache:
         slot, reused = got
         held = self.map
         try:
-            restored = await self._restore(slot, keys, reused)
+            restored, diverged = await self._restore(slot, keys, reused)
         except BaseException:  # the request will not go there (cancelled): the slot frees
             held.lost(slot)
             raise
         if path in SERVER_PLACED:
-            return Placement(slot, keys, b"", by_server=True, restored=restored)
+            return Placement(slot, keys, b"", True, restored, diverged)
         body = json.dumps({**data, "id_slot": slot, "cache_prompt": True}).encode()
-        return Placement(slot, keys, body, restored=restored)
+        return Placement(slot, keys, body, False, restored, diverged)
 
-    async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> int:
+    async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> tuple[int, bool]:
         """Restore the saved state sharing most of `keys` into `slot` when it shares more than
-        the slot holds (`reused`); the tokens restored (0: none)."""
+        the slot holds (`reused`); the tokens restored (0: none), and whether the state goes
+        past what it shares with `keys` (the conversation changed since it was saved)."""
         # The map and the client as they are now: a stop may clear them while this awaits.
         held, slots = self.map, self._slots
         assert held is not None
         assert slots is not None
         found = self.caches.states.best(self.model, self.fingerprint, keys)
         if found is None or found[1] <= reused:
-            return 0
-        state, _ = found
+            return 0, False
+        state, common = found
         try:
             moved = await slots.restore(slot, state.file)
         except SlotError as exc:  # the slot is left empty; the request still goes there
             held.slots[slot].keys, held.slots[slot].tokens = [], 0
             self.caches.states.drop(state, f"its restore failed ({exc})")
             self.caches.stats(self.model).restore_failures += 1
-            return 0
+            return 0, False
         self.caches.states.used(state)
         held.slots[slot].keys = list(state.keys)
         held.slots[slot].tokens = moved.tokens
         self.caches.restored(self.model, moved)
-        return moved.tokens
+        return moved.tokens, common < len(state.keys)
 
     def done(self, placed: Placement, answer: bytes = b"") -> None:
         """The request `placed` ended: its slot holds its conversation now (read back from the
         server when it placed the request itself). After a restore, the server's own figures
         in its answer (`answer`, its last bytes: `timings.cache_n`) say whether the restored
         tokens were reused (`Owner.verdict`)."""
-        if placed.restored:
-            reused = reused_tokens(answer)
-            if reused is not None:
-                self.caches.verdict(self.model, placed.restored, reused, self.fingerprint)
+        reused = reused_tokens(answer) if placed.restored else None
+        if reused is not None and 2 * reused >= placed.restored:
+            self.caches.verdict(self.model, placed.restored, reused, self.fingerprint)
+            reused = None  # honoured: nothing to blame
         if self.map is None or placed.slot >= len(self.map.slots):
             return
         self.map.done(placed.slot, [] if placed.by_server else placed.keys, 0)
         if placed.by_server:
-            task = asyncio.ensure_future(self._learn(placed.keys))
+            task = asyncio.ensure_future(self._learn(placed, reused))
             self._learning.add(task)
             task.add_done_callback(self._learning.discard)
+        elif reused is not None:  # a pinned request runs on its slot (llama-server waits for it)
+            self._blame(placed, placed.slot, reused)
 
-    async def _learn(self, keys: list[str]) -> None:
+    def _blame(self, placed: Placement, ran_slot: int | None, reused: int) -> None:
+        cause = blame(placed.slot, ran_slot, placed.diverged, self._state_explains)
+        self.caches.verdict(self.model, placed.restored, reused, self.fingerprint, cause)
+
+    async def _learn(self, placed: Placement, reused: int | None) -> None:
         """Which slot the server gave the request that just ended: the idle slot of the newest
-        task; it holds `keys`' conversation."""
+        task; it holds `placed`'s conversation. A restore it did not reuse is blamed then."""
         slots, held = self._slots, self.map
-        if slots is None or held is None:
-            return
-        try:
-            listed = await slots.list()
-        except SlotError:
-            return
-        idle = [s for s in listed if not s.busy and s.task is not None]
-        if idle and self.map is held:
-            newest = max(idle, key=lambda s: s.task or 0)
-            if newest.id < len(held.slots) and not held.slots[newest.id].busy:
-                held.done(newest.id, keys, newest.tokens or 0)
+        ran: int | None = None
+        if slots is not None and held is not None:
+            with contextlib.suppress(SlotError):
+                listed = await slots.list()
+                idle = [s for s in listed if not s.busy and s.task is not None]
+                if idle and self.map is held:
+                    newest = max(idle, key=lambda s: s.task or 0)
+                    ran = newest.id
+                    if newest.id < len(held.slots) and not held.slots[newest.id].busy:
+                        held.done(newest.id, placed.keys, newest.tokens or 0)
+        if reused is not None:
+            self._blame(placed, ran, reused)
 
     async def stopping(self) -> None:
         """Before the server stops: save what is worth keeping, within the slot calls'

@@ -282,6 +282,15 @@ class CorralApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def _books(
+    access: Access, gateway: Gateway, batches: BatchRuntime | None
+) -> tuple[AuditTrail, UsageSaver]:
+    """What the store keeps of access: the audit trail (`access.trail`) and usage."""
+    store = batches.store if batches is not None else None
+    access.trail = trail = AuditTrail(store.audit if store is not None else None)
+    return trail, UsageSaver(gateway.usage, store.usage if store is not None else None)
+
+
 def create_app(
     config: Config,
     log_dir: Path,
@@ -298,8 +307,7 @@ def create_app(
     pool = Upstream(lambda model: gateway.metrics.retries.labels(model).inc())
     access = _access(config, data_dir)
     batches = _batch_runtime(config, gateway, data_dir) if gateway.backends else None
-    access.trail = trail = AuditTrail(batches.store.audit if batches is not None else None)
-    saver = UsageSaver(gateway.usage, batches.store.usage if batches is not None else None)
+    trail, saver = _books(access, gateway, batches)
     cluster = (
         Cluster(
             batches.store.members,
@@ -322,16 +330,16 @@ def create_app(
         warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
         view = asyncio.ensure_future(cluster.run()) if cluster is not None else None
         keys = asyncio.ensure_future(access.run())
-        saving = asyncio.ensure_future(saver.run())
+        saver.start()
         watcher = (
             asyncio.ensure_future(Reloader(gateway, *watch).run()) if watch is not None else None
         )
         try:
             yield
         finally:
-            for t in (warm, view, watcher, keys, saving):
+            for t in (warm, view, watcher, keys):
                 t.cancel() if t is not None else None
-            await saver.save()
+            await saver.close()
             await trail.close()
             if batches is not None:
                 await batches.close()

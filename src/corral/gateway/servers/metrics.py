@@ -13,6 +13,7 @@ from corral.access.usage import Usage
 from corral.gateway.errors import GatewayError
 from corral.gateway.servers.epp import ProtocolMetrics
 from corral.machine import GpuWatch
+from corral.prompt_cache.blame import CAUSES
 
 # Waits and latencies span milliseconds (a resident model) to minutes (behind a long swap).
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -107,6 +108,16 @@ def _prompt_caches(models: dict[str, Any]) -> Iterator[GaugeMetricFamily | Count
         for name, figures in keeping.items():
             family.add_metric([name], figures[key])
         yield family
+    by_cause = CounterMetricFamily(
+        "corral_prompt_cache_restores_not_honoured_by_cause",
+        "Restores not reused, by what caused it (other_slot, conversation_changed, "
+        "model_state, dropped): only model_state is the model's own.",
+        labels=["model", "cause"],
+    )
+    for name, figures in keeping.items():
+        for cause in CAUSES:
+            by_cause.add_metric([name, cause], figures.get(f"not_honoured_{cause}", 0))
+    yield by_cause
 
 
 class _Gpus(Collector):

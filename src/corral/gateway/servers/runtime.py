@@ -39,6 +39,7 @@ from corral.gateway.servers.status import StatusView, Tally
 from corral.gateway.servers.swap_records import Holder, Load, Swap
 from corral.machine import watch
 from corral.modelfiles.engine_memory import EngineFigures, engine_figures_path
+from corral.modelfiles.serving import read_state_facts
 from corral.prompt_cache.caches import PromptCaches, folder_of
 from corral.secrets import Redactor
 
@@ -57,7 +58,7 @@ class Gateway:
         # Which model server runs where (gateway/servers/fleet.py).
         # The prompt caches kept across swaps (prompt_cache/), in a folder Corral owns.
         pc = config.prompt_cache
-        self.prompt_caches = PromptCaches(pc, folder_of(pc, log_dir))
+        self.prompt_caches = PromptCaches(pc, folder_of(pc, log_dir), state_facts=read_state_facts)
         figures = EngineFigures(engine_figures_path(config))
         limits = LogLimits(int(config.server.log_max_mb * (1 << 20)), config.server.log_files)
         self.servers = Servers(log_dir, self._exited, self.prompt_caches, figures, limits)
