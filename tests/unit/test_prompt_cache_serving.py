@@ -13,6 +13,7 @@ from corral.config import Config, ModelConfig, PromptCacheConfig, parse_config
 from corral.config.server import runs_llama_server
 from corral.errors import ConfigError
 from corral.gateway.servers.activity import prefill
+from corral.gateway.servers.fleet import process_spec
 from corral.prompt_cache.caches import folder_of, serving
 from corral.prompt_cache.server import conversation_id, conversation_keys, model_file
 
@@ -30,6 +31,20 @@ def test_llama_server_gets_the_save_path_and_exact_restores() -> None:
     assert on
     assert why == ""
     assert argv[-3:] == ["--slot-save-path", "/var/states", "--swa-full"]
+
+
+def test_idle_slots_stay_in_the_kv_cache_unless_the_model_says_otherwise() -> None:
+    """llama-server clears idle slots of a unified KV cache on a new task (its RAM prompt
+    cache's default): several restored conversations would lose all but the first
+    (make bench-slot-restores). An environment variable, so an older server ignores it."""
+    cmd = "/opt/bin/llama-server -m /m/a.gguf --port ${PORT}"
+    assert serving(ModelConfig(cmd=cmd), ON, HERE).env == {"LLAMA_ARG_CACHE_IDLE_SLOTS": "false"}
+    said = ModelConfig(cmd=cmd, env={"LLAMA_ARG_CACHE_IDLE_SLOTS": "true"})
+    assert serving(said, ON, HERE).env == {}
+    assert serving(ModelConfig(cmd=cmd + " --cache-idle-slots"), ON, HERE).env == {}
+    assert serving(ModelConfig(cmd="vllm serve m"), ON, HERE).env == {}  # not kept: nothing
+    spec = process_spec("a", said, cmd, {"LLAMA_ARG_CACHE_IDLE_SLOTS": "false"})
+    assert spec.env["LLAMA_ARG_CACHE_IDLE_SLOTS"] == "true"  # the model's own env wins
 
 
 def test_the_llama_extras_wrapper_gets_them_after_its_separator() -> None:

@@ -30,6 +30,11 @@ log = logging.getLogger("corral.prompt_cache")
 # What makes a restore exact: without --swa-full a sliding-window model's saved cache is not
 # reused (llama.cpp #26676): the whole conversation is processed again.
 EXACT = ("--swa-full",)
+# What keeps every restore: on a new task llama-server saves its idle slots to its RAM prompt
+# cache and, with a unified KV cache (its default), clears them, so of several conversations
+# restored into one server only the first request's was reused (make bench-slot-restores).
+# An environment variable, not a flag: a server without the setting ignores it.
+KEEP_IDLE_SLOTS = ("LLAMA_ARG_CACHE_IDLE_SLOTS", "false")
 VERDICTS = "verdicts.json"  # in the states' folder: server fingerprint -> why not kept
 MAX_VERDICTS = 1024
 
@@ -62,17 +67,21 @@ def folder_of(settings: PromptCacheConfig, log_dir: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Serving:
-    """How a model's server is started: `cmd`, and whether its prompt caches are kept (`on`);
-    `why` says why not, where it could have been."""
+    """How a model's server is started: `cmd` and `env` (set where the model's own `env`
+    does not say), and whether its prompt caches are kept (`on`); `why` says why not, where it
+    could have been."""
 
     cmd: str | None
     on: bool
     why: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def serving(m: ModelConfig, settings: PromptCacheConfig, folder: Path) -> Serving:
     """`m`'s command with the prompt cache's flags (`--slot-save-path folder`, `--swa-full`)
-    when its prompt caches are kept (`prompt_cache_why_not`), else as it is."""
+    and idle slots kept in its KV cache (`KEEP_IDLE_SLOTS`, unless its command or `env`
+    names that setting) when its prompt caches are kept (`prompt_cache_why_not`), else as it
+    is."""
     cmd = m.cmd
     why = prompt_cache_why_not(m, settings)
     if cmd is None or why is not None:
@@ -82,7 +91,9 @@ def serving(m: ModelConfig, settings: PromptCacheConfig, folder: Path) -> Servin
     extra += [f for f in EXACT if f not in argv]
     if Path(argv[0]).name == "llama-cpp-server" and "--" not in argv:
         extra.insert(0, "--")  # the wrapper passes what follows `--` to llama-server
-    return Serving(f"{cmd} {' '.join(extra)}", True)
+    name, value = KEEP_IDLE_SLOTS
+    said = name in m.env or any("cache-idle-slots" in a for a in argv)
+    return Serving(f"{cmd} {' '.join(extra)}", True, env={} if said else {name: value})
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from corral.backends.base import Backend
@@ -31,10 +31,13 @@ from corral.prompt_cache.server import ServerCache
 log = logging.getLogger("corral.gateway")
 
 
-def process_spec(name: str, m: ModelConfig, cmd: str | None = None) -> ProcessSpec:
-    """How `m`'s server is started; `cmd`: its command as Corral runs it (default: `m.cmd`)."""
+def process_spec(
+    name: str, m: ModelConfig, cmd: str | None = None, env_default: Mapping[str, str] = {}
+) -> ProcessSpec:
+    """How `m`'s server is started; `cmd`: its command as Corral runs it (default: `m.cmd`);
+    `env_default`: variables set unless the model's `env` sets them."""
     assert m.cmd is not None
-    env = dict(m.env)
+    env = {**env_default, **m.env}
     if m.sleep is not None and m.sleep.api == "vllm":
         env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # vLLM serves /sleep and /wake_up only so
     cmd = cmd or m.cmd
@@ -132,16 +135,16 @@ class Servers:
         for key in [k for k in self._spares if k[0] == name]:
             del self._spares[key]  # spare copies of the old command
         if m.cmd is not None:
-            cmd, keeps = m.cmd, False
+            cmd, keeps, env = m.cmd, False, {}
             if self.caches is not None:
                 plan = serving(m, self.caches.settings, self.caches.folder)
                 if plan.on and not self.caches.usable():
                     folder = self.caches.folder
                     plan = Serving(m.cmd, False, f"the folder {folder} cannot be written")
-                cmd, keeps = plan.cmd or m.cmd, plan.on
+                cmd, keeps, env = plan.cmd or m.cmd, plan.on, plan.env
                 if plan.why:
                     log.warning("model %s: prompt caches not kept across swaps: %s", name, plan.why)
-            spec = process_spec(name, m, cmd)
+            spec = process_spec(name, m, cmd, env)
             backend = ProcessBackend(
                 spec, self.log_dir, record=self.record, log_limits=self.log_limits
             )
