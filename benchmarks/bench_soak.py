@@ -505,12 +505,18 @@ class Soak:
         last_over: float | None = None
         while time.time() < self.deadline:
             s: dict[str, Any] = {"t": time.time()}
-            self.seen_servers.update((p.pid, p) for p in self._servers())
+            running = self._servers()
+            self.seen_servers.update((p.pid, p) for p in running)
+            s["servers"] = len(running)
             with contextlib.suppress(psutil.Error):
+                threads = proc.num_threads()
                 s.update(
                     rss_mb=proc.memory_info().rss / 2**20,
                     fds=proc.num_fds(),
-                    threads=proc.num_threads(),
+                    threads=threads,
+                    # Each running model server has a thread that copies its output to its
+                    # log (backends/logs.py): the rest is what must stay flat.
+                    threads_own=threads - len(running),
                 )
             t0 = time.monotonic()
             with contextlib.suppress(httpx.HTTPError):

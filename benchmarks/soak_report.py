@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 GROWTH_MAX = 0.05  # over the last 80% of the run
-FLAT = ("rss_mb", "fds", "threads", "tasks")
+FLAT = ("rss_mb", "fds", "threads_own", "tasks")
 FAULT_AFTER_S = 10.0  # a fault's moment: from its start to this long after its end
 LOG_MB_EACH = 4 * 3  # the soak's log_max_mb * log_files per model server
 
@@ -155,7 +155,8 @@ def plot(run: dict[str, Any], path: Path) -> None:
         ax.legend(loc="upper left", fontsize=8)
 
     series(axes[0][0], ["rss_mb"], "corral serve RSS (MiB)")
-    series(axes[0][1], ["fds", "threads", "tasks"], "open files, threads, asyncio tasks")
+    own = ["fds", "threads", "threads_own", "tasks"]
+    series(axes[0][1], own, "open files, threads (own: less the log copiers), asyncio tasks")
     series(axes[1][1], ["db_mb", "logs_mb", "files_mb"], "disk (MiB)")
     series(axes[2][1], ["health_ms"], "/health latency (ms)")
     ax = axes[1][0]
