@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from corral.config import PromptCacheConfig
+from corral.config import PromptCacheConfig, parse_config
+from corral.core.conversations import Conversations
+from corral.core.state import ModelRecord
+from corral.core.types import Request
 from corral.modelfiles.serving import read_state_facts
 from corral.prompt_cache.blame import (
     Cause,
@@ -19,7 +22,12 @@ from corral.prompt_cache.blame import (
     blame,
     cannot_roll_back,
 )
-from corral.prompt_cache.caches import PromptCaches, recorded_verdicts
+from corral.prompt_cache.caches import (
+    PROBE_FIRST_STARTS,
+    PROBE_MAX_STARTS,
+    PromptCaches,
+    recorded_verdicts,
+)
 from corral.prompt_cache.server import reused_tokens
 
 pytestmark = pytest.mark.unit
@@ -104,6 +112,72 @@ def test_only_the_models_own_state_ever_marks_it_not_kept(tmp_path: Path, cause:
     assert view[f"not_honoured_{cause}"] == 20
     assert view["not_honoured"] == 20
     assert view["not_honoured_model_state"] == 0
+
+
+def test_a_model_not_kept_is_probed_and_a_reused_restore_brings_it_back(tmp_path: Path) -> None:
+    """A verdict is not forever: every few starts of its servers the model saves and restores
+    once more; a probe its state explains failing doubles the wait for the next; a restore
+    reused brings the model back (the scheduler told, the recorded verdict forgotten)."""
+    caches = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
+    events: list[tuple[str, str]] = []
+    caches.on_lost = lambda m: events.append(("lost", m))
+    caches.on_found = lambda m: events.append(("found", m))
+    caches.recall("m", "fp")
+    caches.verdict("m", restored=800, reused=0, fingerprint="fp", cause="model_state")
+    assert not caches.kept("m")
+    assert "fp" in recorded_verdicts(tmp_path)
+
+    def starts_until_probe() -> int:
+        for n in range(1, 200):
+            caches.recall("m", "fp")
+            if caches.kept("m"):
+                return n
+        raise AssertionError("never probed")
+
+    assert starts_until_probe() == PROBE_FIRST_STARTS
+    assert caches.verified("m").endswith("trying again now")
+    caches.recall("m", "fp")  # the probe's next server restores: still open
+    assert caches.kept("m")
+    caches.verdict("m", restored=800, reused=0, fingerprint="fp", cause="other_slot")
+    assert caches.kept("m")  # a placement's failure says nothing of the model: still probing
+    caches.verdict("m", restored=800, reused=2, fingerprint="fp", cause="model_state")
+    assert not caches.kept("m")  # the probe failed
+    assert starts_until_probe() == 2 * PROBE_FIRST_STARTS
+    caches.verdict("m", restored=800, reused=0, fingerprint="fp", cause="model_state")
+    waits = [starts_until_probe()]
+    for _ in range(8):
+        caches.verdict("m", restored=800, reused=0, fingerprint="fp", cause="model_state")
+        waits.append(starts_until_probe())
+    assert waits[-1] == PROBE_MAX_STARTS  # doubling, bounded
+    assert events == [("lost", "m")]
+    caches.verdict("m", restored=800, reused=790, fingerprint="fp")
+    assert caches.kept("m")
+    assert caches.verified("m") == "kept and verified"
+    assert events == [("lost", "m"), ("found", "m")]
+    assert recorded_verdicts(tmp_path) == {}  # the next run does not start from it
+    # Judged afresh from here: one failure does not outweigh the restore just reused.
+    caches.verdict("m", restored=800, reused=0, fingerprint="fp", cause="model_state")
+    assert caches.kept("m")
+    caches.verdict("m", restored=800, reused=0, fingerprint="fp", cause="model_state")
+    assert not caches.kept("m")
+    assert events[-1] == ("lost", "m")
+
+
+def test_the_scheduler_prices_a_model_found_again_as_its_settings_say() -> None:
+    config = parse_config(
+        "models:\n  m:\n    cmd: llama-server -m m.gguf --port ${PORT}\n    prefill_tok_s: 1000\n"
+    )
+    conversations = Conversations(config)
+    copy = ModelRecord("m", config.models["m"])
+    r = Request(id=1, model="m")
+    r.conversation, r.context_tokens = "c", 4000
+    conversations.finished(copy, r)
+    kept_s = conversations.refill_s(copy)
+    conversations.lost("m")
+    assert conversations.refill_s(copy) == pytest.approx(4.0)  # the whole prefill again
+    conversations.found("m")
+    assert conversations.refill_s(copy) == pytest.approx(kept_s)
+    assert kept_s < 4.0
 
 
 def test_a_verdict_recorded_without_its_cause_is_no_verdict(tmp_path: Path) -> None:

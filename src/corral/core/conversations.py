@@ -33,6 +33,7 @@ class Conversations:
         self._settings = config.prompt_cache
         self._state_tok_s = config.prompt_cache.state_tok_s
         self._keeps: dict[str, bool] = {}
+        self._configured: dict[str, bool] = {}  # what the model's settings say of its caches
         self._lost: set[str] = set()  # models whose restores proved useless (`lost`)
         self._prefill: dict[str, float | None] = {}
         self._held: dict[int, dict[str, int]] = {}  # by id() of a copy's record
@@ -41,7 +42,8 @@ class Conversations:
 
     def add_model(self, name: str, spec: ModelConfig) -> None:
         """A model (new, or with new settings: its measured speed stays)."""
-        self._keeps[name] = keeps_prompt_cache(spec, self._settings) and name not in self._lost
+        self._configured[name] = keeps_prompt_cache(spec, self._settings)
+        self._keeps[name] = self._configured[name] and name not in self._lost
         if self._prefill.get(name) is None:
             self._prefill[name] = spec.prefill_tok_s
 
@@ -51,6 +53,12 @@ class Conversations:
         its whole prefill again (each copy's price is set anew at its next finished request)."""
         self._lost.add(model)
         self._keeps[model] = False
+
+    def found(self, model: str) -> None:
+        """`model`'s prompt caches are kept again (a probe's restore was reused): leaving is
+        priced as its settings say again."""
+        self._lost.discard(model)
+        self._keeps[model] = self._configured.get(model, False)
 
     def finished(self, copy: ModelRecord, r: Request) -> None:
         """`r` ended on `copy`: its server holds `r`'s conversation now; its prefill is one

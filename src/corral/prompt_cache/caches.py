@@ -37,6 +37,10 @@ EXACT = ("--swa-full",)
 KEEP_IDLE_SLOTS = ("LLAMA_ARG_CACHE_IDLE_SLOTS", "false")
 VERDICTS = "verdicts.json"  # in the states' folder: server fingerprint -> why not kept
 MAX_VERDICTS = 1024
+# A model found not kept is tried again (a probe: its next server saves, the one after restores)
+# after this many starts of its servers; each probe its state explains failing doubles the wait.
+PROBE_FIRST_STARTS = 4
+PROBE_MAX_STARTS = 64
 
 
 def recorded_verdicts(folder: Path) -> dict[str, str]:
@@ -136,9 +140,16 @@ class PromptCaches:
         self._stats: dict[str, CacheStats] = {}
         self._loaded = False
         self._lost: dict[str, str] = {}  # model -> why its prompt caches are not kept
+        # The restores each model's state explained failing against those honoured, since its
+        # caches were (again) kept: what a verdict weighs.
+        self._tally: dict[str, tuple[int, int]] = {}
+        self._starts: dict[str, int] = {}  # a model not kept: its servers' starts since
+        self._probe_every: dict[str, int] = {}  # ... and how many make a probe
+        self._probing: set[str] = set()  # not kept, saved and restored once more to verify
         # Told when a model's prompt caches turn out not to be kept (the scheduler prices its
-        # swaps as a whole prefill again from then on).
+        # swaps as a whole prefill again from then on), and when a probe finds them kept again.
         self.on_lost: Callable[[str], None] | None = None
+        self.on_found: Callable[[str], None] | None = None
 
     def load(self) -> None:
         """Read back the states a previous run saved (once)."""
@@ -180,15 +191,32 @@ class PromptCaches:
         s.restore_ms += moved.ms
 
     def kept(self, model: str) -> bool:
-        """Whether `model`'s prompt caches are kept: not once its restores proved useless."""
-        return model not in self._lost
+        """Whether `model`'s states are saved and restored now: unless its restores proved
+        useless, and then during a probe (`recall`)."""
+        return model not in self._lost or model in self._probing
 
     def recall(self, model: str, fingerprint: str) -> None:
         """A server of `model` made as `fingerprint` says started: if an earlier run found such
-        a server's restores useless, its caches are not kept from the start."""
+        a server's restores useless, its caches are not kept from the start. A model not kept
+        is probed once every `PROBE_FIRST_STARTS` of its servers' starts (doubling after each
+        probe that fails, up to `PROBE_MAX_STARTS`): this server saves its conversations
+        again and the next restores them, and a restore reused brings it back (`verdict`)."""
         why = recorded_verdicts(self.folder).get(fingerprint) if fingerprint else None
         if why is not None and model not in self._lost:
-            self._lose(model, f"{why} (found in an earlier run; remove {VERDICTS} to try again)")
+            self._lose(model, f"{why} (found in an earlier run; tried again every few starts)")
+        if model not in self._lost or model in self._probing:
+            return
+        starts = self._starts.get(model, 0) + 1
+        if starts < self._probe_every.setdefault(model, PROBE_FIRST_STARTS):
+            self._starts[model] = starts
+            return
+        self._starts[model] = 0
+        self._probing.add(model)
+        log.info(
+            "model %s: prompt caches tried again: this server saves its conversations and the "
+            "next restores them; one reused brings them back",
+            model,
+        )
 
     def verdict(
         self,
@@ -199,22 +227,34 @@ class PromptCaches:
         cause: Cause = "dropped",
     ) -> None:
         """After a restore of `restored` tokens, the server reused `reused` of the prompt. At
-        least half: honoured. Less: not honoured, counted by its `cause` (blame.py). Only
-        `model_state` is the model's own (a hybrid's or recurrent model's state cannot be
-        rolled back to where the conversation goes on; a sliding-window one's without
-        --swa-full): once those outnumber honoured restores, the model's prompt caches are not
-        kept: said once with why, nothing is saved or restored for it again, and `on_lost` is
-        told. The other causes are the placement's or the conversation's: no verdict."""
+        least half: honoured (a model not kept is kept again: `on_found` is told). Less: not
+        honoured, counted by its `cause` (blame.py). Only `model_state` is the model's own (a
+        hybrid's or recurrent model's state cannot be rolled back to where the conversation
+        goes on; a sliding-window one's without --swa-full): once those outnumber honoured
+        restores since the model's caches were last kept, they are not kept: said once with
+        why, nothing is saved or restored for it but probes (`recall`), and `on_lost` is told.
+        The other causes are the placement's or the conversation's: no verdict."""
         s = self.stats(model)
+        honoured, failed = self._tally.get(model, (0, 0))
         if 2 * reused >= restored:
             s.honoured += 1
+            self._tally[model] = (honoured + 1, failed)
+            if model in self._lost:
+                self._found(model, restored, reused, fingerprint)
             return
         s.not_honoured += 1
         s.restore_failures += 1
         s.not_honoured_by[cause] += 1
-        if cause != "model_state" or model in self._lost:
+        if cause != "model_state":
             return
-        if s.not_honoured_by["model_state"] <= s.honoured:
+        self._tally[model] = (honoured, failed + 1)
+        if model in self._lost:
+            if model in self._probing:  # the probe failed: the next waits twice as long
+                self._probing.discard(model)
+                every = self._probe_every.get(model, PROBE_FIRST_STARTS)
+                self._probe_every[model] = min(2 * every, PROBE_MAX_STARTS)
+            return
+        if failed + 1 <= honoured:
             return
         why = (
             f"its server restored {restored} tokens of a saved conversation and then reused "
@@ -228,6 +268,7 @@ class PromptCaches:
 
     def _lose(self, model: str, why: str) -> None:
         self._lost[model] = why
+        self._starts[model] = 0
         log.warning(
             "model %s: prompt caches not kept across swaps from now on: %s; its swaps are "
             "priced as the whole prefill again",
@@ -237,15 +278,41 @@ class PromptCaches:
         if self.on_lost is not None:
             self.on_lost(model)
 
-    def _record(self, fingerprint: str, model: str, why: str) -> None:
-        """Keep the verdict for the next runs (the oldest go past MAX_VERDICTS); a folder
-        that cannot be written keeps it for this run only."""
+    def _found(self, model: str, restored: int, reused: int, fingerprint: str) -> None:
+        del self._lost[model]
+        self._probing.discard(model)
+        self._starts.pop(model, None)
+        self._probe_every.pop(model, None)
+        self._tally[model] = (1, 0)
+        log.warning(
+            "model %s: prompt caches kept again: its server reused %d of %d restored tokens",
+            model,
+            reused,
+            restored,
+        )
+        if fingerprint:
+            self._record(fingerprint, model, None)
+        if self.on_found is not None:
+            self.on_found(model)
+
+    def _record(self, fingerprint: str, model: str, why: str | None) -> None:
+        """Keep the verdict for the next runs (None: forget it; the oldest go past
+        MAX_VERDICTS); a folder that cannot be written keeps it for this run only."""
         try:
             raw = json.loads((self.folder / VERDICTS).read_text())
             kept = raw if isinstance(raw, dict) else {}
         except (OSError, ValueError):
             kept = {}
-        kept[fingerprint] = {"model": model, "why": why, "at": time.time(), "cause": "model_state"}
+        if why is None:
+            if kept.pop(fingerprint, None) is None:
+                return
+        else:
+            kept[fingerprint] = {
+                "model": model,
+                "why": why,
+                "at": time.time(),
+                "cause": "model_state",
+            }
         while len(kept) > MAX_VERDICTS:
             del kept[next(iter(kept))]
         try:
@@ -257,7 +324,8 @@ class PromptCaches:
         """`kept and verified` (a restore was honoured), `kept` (none verified yet), or
         `not kept: why`."""
         if model in self._lost:
-            return f"not kept: {self._lost[model]}"
+            trying = "; trying again now" if model in self._probing else ""
+            return f"not kept: {self._lost[model]}{trying}"
         return "kept and verified" if self.stats(model).honoured else "kept"
 
     def view(self, model: str) -> dict[str, float | int | str]:

@@ -137,8 +137,10 @@ class Gateway:
             log.info("sleeping models may hold %.1f GB of host memory", host.memory_gb)
         replicas = self.servers.copyable()
         self.scheduler = Scheduler(config, self, self._loop.time, replicas=replicas)
-        # A model whose restores prove useless is priced as its whole prefill from then on.
+        # A model whose restores prove useless is priced as its whole prefill until a probe's
+        # restore is reused.
         self.prompt_caches.on_lost = self.scheduler.conversations.lost
+        self.prompt_caches.on_found = self.scheduler.conversations.found
         # Each load is priced by how much of its file the page cache holds.
         self._spawn(self.files.run())
 
