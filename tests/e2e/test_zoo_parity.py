@@ -66,6 +66,38 @@ def test_the_simulator_decides_as_real_servers_on_a_kept_and_a_not_kept_architec
     assert prefill.simulated < prefill.live
 
 
+SHARED = ("qwen3", "gpt-oss")  # dense, and sliding-window (run with --swa-full)
+
+
+def test_models_agents_share_keep_every_restore_and_the_simulator_prices_them_alike(
+    tmp_path: Path,
+) -> None:
+    """Two agent loops share each model's server (2 slots): every swap brings both of its
+    conversations back. Every restore is reused on both architectures, none blamed on
+    anything, and the simulator, which brings back every saved conversation, prefills what
+    the servers did; told the caches were not kept, it prefills far more."""
+    sc = conversations(tmp_path / "zoo", SHARED, loops=2, steps=6, parallel=2)
+    run, live = replay(sc.config, sc.trace, 1.0, own_backends=True)
+    assert live["requests"] == len(sc.trace.lines)
+    assert live["rejected"] == 0
+    for arch in SHARED:
+        restores = live["restores"][arch]
+        assert restores["restores"] >= 2, (arch, restores)
+        assert restores["honoured"] == restores["restores"], (arch, restores)
+        assert restores["not_honoured"] == 0, (arch, restores)
+        assert live["prompt_cache"][arch] == "kept and verified"
+    _, diffs = simulated_beside(sc.config, run, live)
+    prefill = next(d for d in diffs if d.figure == "prefill tokens")
+    loads = next(d for d in diffs if d.figure == "loads")
+    assert prefill.ok, prefill
+    assert loads.ok, loads
+    believed = {**live, "prompt_cache": {a: "not kept: told so" for a in SHARED}}
+    _, wrong = simulated_beside(sc.config, run, believed)
+    told = next(d for d in wrong if d.figure == "prefill tokens")
+    assert not told.ok, told
+    assert told.simulated > told.live
+
+
 def test_replay_cli_runs_the_models_own_servers_and_compares(tmp_path: Path) -> None:
     sc = conversations(tmp_path / "zoo", loops=1, steps=4)
     config, trace = tmp_path / "corral.yaml", tmp_path / "trace.jsonl"

@@ -369,7 +369,8 @@ def replay(
     """Run `trace` live under `config`'s policy; the run and its figures (like `simulate`).
     `own_backends`: on the models' own servers (`cmd`: real llama-servers) at 1x, each line
     answered with `answer_tokens` tokens; the figures then also hold each line's `engine`
-    timings (the server's own) and each model's `prompt_cache` verdict at the end."""
+    timings (the server's own), each model's `prompt_cache` verdict at the end and its
+    `restores` (as `/api/status` counts them)."""
     check_replayable(trace)
     folder = Path(tempfile.mkdtemp(prefix="corral-replay-"))
     port = _free_port()
@@ -399,26 +400,37 @@ def replay(
             events.close()
         starts, ends = list(events.started), list(events.loaded)
         if own_backends:
-            verdicts, prepared = _verdicts(url)
+            verdicts, restores, prepared = _verdicts(url)
     _batch_timings(folder, batches, timings)
     run, figures = _run(config, trace, speed, t0, timings, starts, ends)
     if own_backends:
         figures["engine"] = {x: tm.engine for x, tm in sorted(timings.items()) if tm.engine}
         figures["prefill_tokens"] = sum(e.get("prompt_n", 0) for e in figures["engine"].values())
         figures["prompt_cache"] = verdicts
+        figures["restores"] = restores
         figures["prepare"] = prepared
         kept = ("model", "load_s", "file_cached")  # each load's, as the stream said
         figures["loads_live"] = [{k: getattr(x, k) for k in kept} for x in ends if x.load_s]
     return run, figures
 
 
-def _verdicts(url: str) -> tuple[dict[str, str], dict[str, Any]]:
+def _verdicts(url: str) -> tuple[dict[str, str], dict[str, dict[str, int]], dict[str, Any]]:
     """From `/api/status`: each model's prompt-cache verdict (`kept and verified`, `kept`, `not
-    kept: why`); what was prepared (`prepare`), with each model's load estimates."""
+    kept: why`); its restores (`restores`, `honoured`, `not_honoured` and by cause); what was
+    prepared (`prepare`), with each model's load estimates."""
     status = httpx.get(f"{url}/api/status", headers=auth_headers(None), timeout=30).json()
     models = status.get("models", {})
     verdicts = {
         name: str(view["prompt_cache"]["verified"])
+        for name, view in models.items()
+        if isinstance(view.get("prompt_cache"), dict) and "verified" in view["prompt_cache"]
+    }
+    restores = {
+        name: {
+            k: int(v)
+            for k, v in view["prompt_cache"].items()
+            if k in ("restores", "honoured") or k.startswith("not_honoured")
+        }
         for name, view in models.items()
         if isinstance(view.get("prompt_cache"), dict) and "verified" in view["prompt_cache"]
     }
@@ -427,7 +439,7 @@ def _verdicts(url: str) -> tuple[dict[str, str], dict[str, Any]]:
         name: {k: view.get(k) for k in ("warm_load_s_estimate", "cold_load_s_estimate")}
         for name, view in models.items()
     }
-    return verdicts, prepared
+    return verdicts, restores, prepared
 
 
 def _run(

