@@ -91,7 +91,7 @@ def test_models_agents_share_keep_every_restore_and_the_simulator_prices_them_al
     loads = next(d for d in diffs if d.figure == "loads")
     assert prefill.ok, prefill
     assert loads.ok, loads
-    believed = {**live, "prompt_cache": {a: "not kept: told so" for a in SHARED}}
+    believed = {**live, "prompt_cache": dict.fromkeys(SHARED, "not kept: told so")}
     _, wrong = simulated_beside(sc.config, run, believed)
     told = next(d for d in wrong if d.figure == "prefill tokens")
     assert not told.ok, told
