@@ -81,7 +81,11 @@ class Files:
         b = self._backends.get(model)
         if not isinstance(b, ProcessBackend):
             return []
-        cmd = b.spec.cmd
+        return self._paths_of(model, b.spec.cmd)
+
+    def _paths_of(self, model: str, cmd: str) -> list[Path]:
+        """`paths` for `model` run as `cmd`, kept while its command stays (`measure` asks
+        from a thread: splitting every model's command is tens of milliseconds for 200)."""
         known = self._paths.get(model)
         if known is None or known[0] != cmd:
             from corral.prompt_cache.server import model_file
@@ -122,10 +126,17 @@ class Files:
 
     async def measure(self) -> None:
         """One pass over every model with a file: measured off the loop, told on it."""
-        files = {m: p for m in list(self._backends) if (p := self.paths(m))}
-        if not files:
+        cmds = {
+            m: b.spec.cmd for m, b in list(self._backends.items()) if isinstance(b, ProcessBackend)
+        }
+        if not cmds:
             return
-        got = await asyncio.to_thread(lambda: {m: cached(p) for m, p in files.items()})
+
+        def fractions() -> dict[str, float | None]:
+            files = {m: p for m, cmd in cmds.items() if (p := self._paths_of(m, cmd))}
+            return {m: cached(p) for m, p in files.items()}
+
+        got = await asyncio.to_thread(fractions)
         cache = self._cache()
         for model, fraction in got.items():
             if fraction is not None and model in self._backends:
