@@ -10,6 +10,7 @@ import json
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -72,14 +73,24 @@ def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Pa
             t.start()
         # The heavy backlog is queued (one runs, the rest wait) before the light user asks.
         wait_for(lambda: queued(gw.url) >= N_HEAVY - 2, timeout_s=60)
+
         # A user sees the machine's state, and of the requests, its own only.
-        as_light = httpx.get(
-            f"{gw.url}/api/status", headers={"Authorization": f"Bearer {LIGHT}"}, timeout=30
-        ).json()
-        as_boss = httpx.get(
-            f"{gw.url}/api/status", headers={"Authorization": f"Bearer {BOSS}"}, timeout=30
-        ).json()
-        assert as_light["models"]["alpha"]["queued"] == as_boss["models"]["alpha"]["queued"]
+        def status_as(key: str) -> dict[str, Any]:
+            got: dict[str, Any] = httpx.get(
+                f"{gw.url}/api/status", headers={"Authorization": f"Bearer {key}"}, timeout=30
+            ).json()
+            return got
+
+        as_light = status_as(LIGHT)
+        as_boss = status_as(BOSS)
+        light_after = status_as(LIGHT)
+        # The same machine's count for both (nothing arrives now: the queue only drains, so the
+        # admin's read lies between the user's two).
+        queued_then = [
+            int(x["models"]["alpha"]["queued"]) for x in (as_light, as_boss, light_after)
+        ]
+        assert queued_then == sorted(queued_then, reverse=True), queued_then
+        assert queued_then[-1] >= 1, queued_then
         assert as_light["models"]["alpha"]["queue"] == []
         assert {q["principal"] for q in as_boss["models"]["alpha"]["queue"]} == {"heavy"}
         assert [a["principal"] for a in as_light["activity"]] == ["light"]
@@ -99,9 +110,10 @@ def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Pa
         for t in [*heavy, light]:
             t.join(timeout=180)
         assert sorted(done) == ["heavy"] * N_HEAVY + ["light"]
-        # The decision, from the server's own record (arrival and wait of each request): of the
-        # heavy requests still waiting when the light one arrived, at most one (a tie at the
-        # moment it arrived) went first; arrival order would have put them all first.
+        # The decision, from the server's own record (arrival at the door and wait of each
+        # request): the light request went before heavy ones that were waiting when it arrived
+        # (arrival order would have put them all first); at most two went first: one
+        # dispatched as it arrived, and one while it was read and queued on a loaded machine.
         served = httpx.get(
             f"{gw.url}/api/status", headers={"Authorization": f"Bearer {BOSS}"}, timeout=30
         ).json()["activity"]
@@ -117,7 +129,8 @@ def test_a_light_user_goes_before_a_heavy_backlog_and_usage_adds_up(tmp_path: Pa
         ]
         assert waiting, "the heavy backlog had drained before the light request arrived"
         went_first = [go for go in waiting if go < light_go]
-        assert len(went_first) <= 1, (len(went_first), len(waiting))
+        assert len(waiting) > len(went_first), (len(went_first), len(waiting))
+        assert len(went_first) <= 2, (len(went_first), len(waiting))
 
         def usage(key: str) -> list[dict[str, object]]:
             r = httpx.get(
