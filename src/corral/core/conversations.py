@@ -32,7 +32,6 @@ class Conversations:
     def __init__(self, config: Config) -> None:
         self._settings = config.prompt_cache
         self._state_tok_s = config.prompt_cache.state_tok_s
-        self._keeps: dict[str, bool] = {}
         self._configured: dict[str, bool] = {}  # what the model's settings say of its caches
         self._lost: set[str] = set()  # models whose restores proved useless (`lost`)
         self._prefill: dict[str, float | None] = {}
@@ -43,7 +42,6 @@ class Conversations:
     def add_model(self, name: str, spec: ModelConfig) -> None:
         """A model (new, or with new settings: its measured speed stays)."""
         self._configured[name] = keeps_prompt_cache(spec, self._settings)
-        self._keeps[name] = self._configured[name] and name not in self._lost
         if self._prefill.get(name) is None:
             self._prefill[name] = spec.prefill_tok_s
 
@@ -52,13 +50,11 @@ class Conversations:
         restored: prompt_cache/caches.py): from now on what leaving throws away is priced as
         its whole prefill again (each copy's price is set anew at its next finished request)."""
         self._lost.add(model)
-        self._keeps[model] = False
 
     def found(self, model: str) -> None:
         """`model`'s prompt caches are kept again (a probe's restore was reused): leaving is
         priced as its settings say again."""
         self._lost.discard(model)
-        self._keeps[model] = self._configured.get(model, False)
 
     def finished(self, copy: ModelRecord, r: Request) -> None:
         """`r` ended on `copy`: its server holds `r`'s conversation now; its prefill is one
@@ -89,7 +85,7 @@ class Conversations:
         tokens = sum(self._held.get(id(copy), {}).values())
         if not tokens:
             return 0.0
-        if self._keeps.get(copy.name, False):
+        if self._configured.get(copy.name, False) and copy.name not in self._lost:
             return 2.0 * tokens / self._state_tok_s
         speed = self._prefill.get(copy.name)
         return tokens / speed if speed else 0.0

@@ -420,19 +420,19 @@ def _verdicts(url: str) -> tuple[dict[str, str], dict[str, dict[str, int]], dict
     prepared (`prepare`), with each model's load estimates."""
     status = httpx.get(f"{url}/api/status", headers=auth_headers(None), timeout=30).json()
     models = status.get("models", {})
-    verdicts = {
-        name: str(view["prompt_cache"]["verified"])
+    caches = {
+        name: view["prompt_cache"]
         for name, view in models.items()
         if isinstance(view.get("prompt_cache"), dict) and "verified" in view["prompt_cache"]
     }
+    verdicts = {name: str(c["verified"]) for name, c in caches.items()}
     restores = {
         name: {
             k: int(v)
-            for k, v in view["prompt_cache"].items()
+            for k, v in c.items()
             if k in ("restores", "honoured") or k.startswith("not_honoured")
         }
-        for name, view in models.items()
-        if isinstance(view.get("prompt_cache"), dict) and "verified" in view["prompt_cache"]
+        for name, c in caches.items()
     }
     prepared = dict(status.get("prepare") or {})
     prepared["estimates"] = {
