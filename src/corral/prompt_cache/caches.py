@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.atomic import replace_text
+from corral.atomic import LatestText
 from corral.backends.process import escape_macros
 from corral.config import ModelConfig, PromptCacheConfig
 from corral.config.server import prompt_cache_why_not
@@ -46,12 +46,18 @@ PROBE_MAX_STARTS = 64
 def recorded_verdicts(folder: Path) -> dict[str, str]:
     """The prompt caches found not kept in earlier runs: server fingerprint -> why. A file
     that cannot be read or trusted is no verdict (the restores are verified again)."""
+    return _whys(_read_verdicts(folder))
+
+
+def _read_verdicts(folder: Path) -> dict[str, object]:
     try:
         raw = json.loads((folder / VERDICTS).read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(raw, dict):
-        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _whys(raw: dict[str, object]) -> dict[str, str]:
     # Only a verdict the model's state explains is one (older records, without a cause, may
     # have blamed the model for a placement's failure).
     return {
@@ -139,6 +145,13 @@ class PromptCaches:
         )
         self._stats: dict[str, CacheStats] = {}
         self._loaded = False
+        self._verdicts: dict[str, object] = {}  # verdicts.json as read at `load`, then kept
+        self._verdicts_file = LatestText(
+            folder / VERDICTS,
+            failed=lambda exc: log.warning(
+                "prompt cache: verdicts not kept for the next run: %s", exc
+            ),
+        )
         self._lost: dict[str, str] = {}  # model -> why its prompt caches are not kept
         # The restores each model's state explained failing against those honoured, since its
         # caches were (again) kept: what a verdict weighs.
@@ -152,10 +165,12 @@ class PromptCaches:
         self.on_found: Callable[[str], None] | None = None
 
     def load(self) -> None:
-        """Read back the states a previous run saved (once)."""
+        """Read back the states and verdicts earlier runs saved (once; it reads files: call
+        it before serving, or off the loop)."""
         if not self._loaded:
             self._loaded = True
             self.states.load()
+            self._verdicts = _read_verdicts(self.folder)
 
     def usable(self) -> bool:
         """Whether the folder is there to be written: llama-server refuses to start with a
@@ -201,7 +216,8 @@ class PromptCaches:
         is probed once every `PROBE_FIRST_STARTS` of its servers' starts (doubling after each
         probe that fails, up to `PROBE_MAX_STARTS`): this server saves its conversations
         again and the next restores them, and a restore reused brings it back (`verdict`)."""
-        why = recorded_verdicts(self.folder).get(fingerprint) if fingerprint else None
+        self.load()
+        why = _whys(self._verdicts).get(fingerprint) if fingerprint else None
         if why is not None and model not in self._lost:
             self._lose(model, f"{why} (found in an earlier run; tried again every few starts)")
         if model not in self._lost or model in self._probing:
@@ -297,12 +313,9 @@ class PromptCaches:
 
     def _record(self, fingerprint: str, model: str, why: str | None) -> None:
         """Keep the verdict for the next runs (None: forget it; the oldest go past
-        MAX_VERDICTS); a folder that cannot be written keeps it for this run only."""
-        try:
-            raw = json.loads((self.folder / VERDICTS).read_text())
-            kept = raw if isinstance(raw, dict) else {}
-        except (OSError, ValueError):
-            kept = {}
+        MAX_VERDICTS), written off the loop; a folder that cannot be written keeps it for this
+        run only."""
+        kept = self._verdicts
         if why is None:
             if kept.pop(fingerprint, None) is None:
                 return
@@ -315,10 +328,11 @@ class PromptCaches:
             }
         while len(kept) > MAX_VERDICTS:
             del kept[next(iter(kept))]
-        try:
-            replace_text(self.folder / VERDICTS, json.dumps(kept))
-        except OSError as exc:
-            log.warning("prompt cache: the verdict on %s not kept for the next run: %s", model, exc)
+        self._verdicts_file.write(json.dumps(kept))
+
+    def written(self, timeout_s: float | None = None) -> bool:
+        """Block until the states' index and the verdicts on disk are the latest."""
+        return self.states.written(timeout_s) and self._verdicts_file.wait(timeout_s)
 
     def verified(self, model: str) -> str:
         """`kept and verified` (a restore was honoured), `kept` (none verified yet), or

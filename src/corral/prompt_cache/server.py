@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from corral.atomic import remove_soon
 from corral.prompt_cache.blame import Cause, StateFacts, blame, cannot_roll_back
 from corral.prompt_cache.keys import chat_keys, shared, text_keys
 from corral.prompt_cache.slotmap import SlotMap
@@ -175,8 +176,10 @@ class ServerCache:
         except ValueError:
             flags = [self.cmd]
         path = model_file(argv)
-        self.fingerprint = fingerprint(path or Path(self.cmd), flags)
-        facts = await asyncio.to_thread(self.caches.state_facts, path)
+        # Both read the model's file (its header; stat and resolve): off the serving loop.
+        self.fingerprint, facts = await asyncio.to_thread(
+            lambda: (fingerprint(path or Path(self.cmd), flags), self.caches.state_facts(path))
+        )
         self._state_explains = cannot_roll_back(facts, list(argv))
         self.caches.recall(self.model, self.fingerprint)  # an earlier run's verdict on it
         self._client = httpx.AsyncClient(verify=not base_url.startswith("http://"))
@@ -333,7 +336,7 @@ class ServerCache:
             moved = await self._slots.save(slot, name)
         except SlotError as exc:
             log.warning("model %s: slot %d not saved: %s", self.model, slot, exc)
-            (states.folder / name).unlink(missing_ok=True)
+            remove_soon(states.folder / name)
             self.caches.stats(self.model).save_failures += 1
             return
         try:
@@ -348,7 +351,7 @@ class ServerCache:
                 size,
                 moved.bytes,
             )
-            (states.folder / name).unlink(missing_ok=True)
+            remove_soon(states.folder / name)
             self.caches.stats(self.model).save_failures += 1
             return
         state = SavedState(

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from corral.atomic import LatestText, remove_soon
 from corral.prompt_cache.keys import shared
 
 log = logging.getLogger("corral.prompt_cache")
@@ -101,6 +102,12 @@ class SavedStates:
         self._states: dict[str, SavedState] = {}
         self.saving = True  # False once writing failed (a full disk): serving goes on
         self._seq = 0
+        # Saves and restores rewrite the index from the serving loop: a thread writes it.
+        self._index = LatestText(
+            folder / INDEX,
+            sync=True,
+            failed=lambda exc: self._stop_saving(f"cannot write {folder / INDEX}: {exc}"),
+        )
 
     # --- reading back -------------------------------------------------------------------------
     def load(self) -> None:
@@ -211,7 +218,7 @@ class SavedStates:
         if self._states.pop(state.file, None) is None:
             return
         log.info("prompt cache: %s of %s dropped: %s", state.file, state.model, why)
-        (self.folder / state.file).unlink(missing_ok=True)
+        remove_soon(self.folder / state.file)
         self._write_index()
 
     def states(self, model: str | None = None) -> list[SavedState]:
@@ -230,7 +237,7 @@ class SavedStates:
             if total <= self.max_bytes:
                 break
             del self._states[s.file]
-            (self.folder / s.file).unlink(missing_ok=True)
+            remove_soon(self.folder / s.file)
             total -= s.bytes
             dropped.append(s)
         if dropped:
@@ -244,19 +251,15 @@ class SavedStates:
     def _write_index(self) -> None:
         if not self.saving:
             return
-        body = json.dumps(
-            {"version": INDEX_VERSION, "states": [asdict(s) for s in self._states.values()]}
-        ).encode()
-        tmp = self.folder / f".{INDEX}.{os.getpid()}.tmp"
-        try:
-            with tmp.open("wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.folder / INDEX)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            self._stop_saving(f"cannot write {self.folder / INDEX}: {exc}")
+        self._index.write(
+            json.dumps(
+                {"version": INDEX_VERSION, "states": [asdict(s) for s in self._states.values()]}
+            )
+        )
+
+    def written(self, timeout_s: float | None = None) -> bool:
+        """Block until the index on disk is the latest (`LatestText.wait`)."""
+        return self._index.wait(timeout_s)
 
     def _stop_saving(self, why: str) -> None:
         if self.saving:

@@ -9,6 +9,7 @@ body: `{"error": {"message", "type", "param", "code"}}` (`errors.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
@@ -322,29 +323,29 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        gateway.start()
-        await pool.open()
-        if batches is not None:
-            batches.start(pool)
-        preload = [m for name in config.server.preload if (m := config.resolve(name))]
-        warm = asyncio.ensure_future(gateway.preload(preload)) if preload else None
-        view = asyncio.ensure_future(cluster.run()) if cluster is not None else None
-        keys = asyncio.ensure_future(access.run())
-        saver.start()
-        watcher = (
-            asyncio.ensure_future(Reloader(gateway, *watch).run()) if watch is not None else None
-        )
-        try:
-            yield
-        finally:
-            for t in (warm, view, watcher, keys):
-                t.cancel() if t is not None else None
-            await saver.close()
-            await trail.close()
+        # Each part is stopped (last started, first stopped) also when a later one fails to
+        # start: the gateway's servers, tasks and folder lock are never left behind.
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(pool.close)  # last: the gateway's own stops use it
+            gateway.start()
+            stack.push_async_callback(gateway.close)
+            await pool.open()
             if batches is not None:
-                await batches.close()
-            await gateway.close()
-            await pool.close()
+                batches.start(pool)
+                stack.push_async_callback(batches.close)
+            stack.push_async_callback(trail.close)
+            preload = [m for name in config.server.preload if (m := config.resolve(name))]
+            tasks = [
+                asyncio.ensure_future(gateway.preload(preload)) if preload else None,
+                asyncio.ensure_future(cluster.run()) if cluster is not None else None,
+                asyncio.ensure_future(access.run()),
+            ]
+            saver.start()
+            stack.push_async_callback(saver.close)
+            if watch is not None:
+                tasks.append(asyncio.ensure_future(Reloader(gateway, *watch).run()))
+            stack.callback(lambda: [t.cancel() for t in tasks if t is not None])
+            yield
 
     app = CorralApp(title="Corral", version=__version__, lifespan=lifespan, docs_url=None)
     app.state.gateway = gateway

@@ -10,7 +10,6 @@ before any, from what the configuration says of it; marked `x-corral-props: kept
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from corral.atomic import replace_text
+from corral.atomic import LatestText
 from corral.config import Config
 
 MAX_PROPS_BYTES = 1 << 20  # an answer bigger than this is not kept
@@ -34,6 +33,9 @@ class KeptProps:
     def __init__(self, config: Config, path: Path | None = None) -> None:
         self.config = config
         self.path = path
+        # Written from the serving loop: a thread writes it (a failed write leaves the answers
+        # kept in memory until the gateway stops).
+        self._file = LatestText(path) if path is not None else None
         self._kept: dict[str, tuple[float, bytes]] = {}
         self._keys: dict[str, str] = {}  # by command: its fingerprint, made once
         if path is not None:
@@ -77,7 +79,7 @@ class KeptProps:
         self._save()
 
     def _save(self) -> None:
-        if self.path is None:
+        if self._file is None:
             return
         while len(self._kept) > MAX_KEPT:
             del self._kept[min(self._kept, key=lambda k: self._kept[k][0])]
@@ -87,8 +89,7 @@ class KeptProps:
                 out[key] = {"at": at, "props": json.loads(body)}
             except ValueError:
                 continue  # not JSON: answered while the gateway runs, never written
-        with contextlib.suppress(OSError):  # kept in memory until the gateway stops
-            replace_text(self.path, json.dumps(out))
+        self._file.write(json.dumps(out))
 
     def answer(self, model: str) -> Response:
         """The probe's answer for a model that is not loaded: kept, else from the config."""

@@ -153,6 +153,9 @@ class Gateway:
             with contextlib.suppress(BackendError):
                 await b.stop()
         await self.naps.close()
+        # The states' index and verdicts on disk (written by a thread) before the folder is
+        # free for the next gateway to read them.
+        await asyncio.to_thread(self.prompt_caches.written, 10.0)
         self.lock.release()
 
     # --- servers ------------------------------------------------------------------------------
