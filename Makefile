@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls bench-shares bench-slot-restores bench-shared-restores soak soak-quick compat clean
+.PHONY: run simulate test lint typecheck bench bench-queue bench-gateway bench-batch bench-agents bench-mixed bench-loadgen bench-batching bench-llama-parallel bench-cluster bench-forward bench-devices bench-robust bench-intake bench-first-answer bench-page-cache bench-sleep bench-folder-scan bench-prompt-cache bench-zoo-memory bench-zoo-restores bench-zoo-parity bench-epp bench-load-modes bench-prepare bench-think bench-relay bench-stalls bench-disk bench-shares bench-slot-restores bench-shared-restores soak soak-quick compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -231,6 +231,10 @@ bench-relay: $(STAMP)
 
 bench-stalls: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_stalls.py --json out/bench-stalls.json
+
+# The prompt caches' disk work (a state dropped, the index synced) on the loop and off it.
+bench-disk: $(STAMP)
+	$(BIN)/python benchmarks/bench_disk_off_loop.py
 
 bench-slot-restores: $(LLAMA_STAMP)
 	$(BIN)/python benchmarks/bench_slot_restores.py --json out/bench-slot-restores.json
