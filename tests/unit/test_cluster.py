@@ -34,7 +34,7 @@ def gw(tmp_path: Path) -> Iterator[Gateway]:
 
     loop.run_until_complete(start())
     yield gateway
-    gateway.lock.release()
+    loop.run_until_complete(gateway.close())  # its tasks end before the loop closes
     loop.close()
 
 
