@@ -349,89 +349,135 @@ def beside_batch() -> Scenario:
     return Scenario("beside-batch", beside_batch.__doc__ or "", cfg, _trace("beside-batch", lines))
 
 
-SHARED_BOX_CONFIG = """
+LIGHT_USERS = ("alice", "bob", "carol")
+_MORE_USERS = ("dave", "erin", "frank")
+_CHAT_SERVICE_S = 3.0  # the chat model's mean answer (uniform 2-4 s)
+
+
+@dataclass(frozen=True)
+class SharedBox:
+    """A shared box's shape: who shares its one device and how hard the heavy user floods. The
+    defaults are the `shared-box` scenario; `drawn` makes one of the family (fresh shapes for
+    tuning to the family, not the scenario: benchmarks/bench_shares.py --family)."""
+
+    light_users: tuple[str, ...] = LIGHT_USERS
+    agent_loops: int = 2
+    batch_lines: int = 1000  # an hour's
+    flood_x: float = 1.5  # the heavy user's rate over what the chat model serves
+    chat_concurrency: int = 2
+    chat_load_s: float = 8.0
+    coder_load_s: float = 12.0
+    think_s: tuple[float, float] = (20.0, 90.0)  # a chat user's reading and typing
+
+    @classmethod
+    def drawn(cls, rng: random.Random) -> SharedBox:
+        low = rng.uniform(5.0, 30.0)
+        return cls(
+            light_users=(LIGHT_USERS + _MORE_USERS)[: rng.randint(2, 6)],
+            agent_loops=rng.randint(0, 3),
+            batch_lines=rng.choice((0, 500, 1000, 2000)),
+            flood_x=round(rng.uniform(1.2, 3.0), 2),
+            chat_concurrency=rng.randint(1, 4),
+            chat_load_s=round(rng.uniform(4.0, 30.0), 1),
+            coder_load_s=round(rng.uniform(6.0, 45.0), 1),
+            think_s=(round(low, 1), round(low + rng.uniform(20.0, 90.0), 1)),
+        )
+
+    def config_text(self) -> str:
+        users = "".join(f"    {u}: {{}}\n" for u in self.light_users)
+        return f"""
 models:
-  chat-8b: {load_s: 8, unload_s: 2, service_s: 3, concurrency: 2}
-  coder-14b: {load_s: 12, unload_s: 2, service_s: 6}
-  bulk-8b: {load_s: 8, unload_s: 2, service_s: 1}
+  chat-8b: {{load_s: {self.chat_load_s:g}, unload_s: 2, service_s: 3, concurrency: {self.chat_concurrency}}}
+  coder-14b: {{load_s: {self.coder_load_s:g}, unload_s: 2, service_s: 6}}
+  bulk-8b: {{load_s: 8, unload_s: 2, service_s: 1}}
 server:
   principals:
-    heavy: {}
-    agent: {}
-    alice: {}
-    bob: {}
-    carol: {}
-    etl: {}
-scheduler: {policy: cost, max_wait_s: 120}
-"""
-LIGHT_USERS = ("alice", "bob", "carol")
+    heavy: {{}}
+    agent: {{}}
+{users}    etl: {{}}
+scheduler: {{policy: cost, max_wait_s: 120}}
+"""  # noqa: E501
 
+    def lines(self, seed: int, heavy: bool = True, hours: float = 1.0) -> list[dict[str, object]]:
+        """The traffic, drawn from `seed`; `heavy` False leaves the heavy user's flood out (the
+        light users' waits without it)."""
+        rng = random.Random(seed)
+        end_s = 3600.0 * hours
+        lines: list[dict[str, object]] = [
+            {
+                "t": 0.0,
+                "model": "bulk-8b",
+                "class": "batch",
+                "principal": "etl",
+                "service_s": round(rng.uniform(0.6, 1.4), 3),
+            }
+            for _ in range(int(self.batch_lines * hours))
+        ]
+        for loop in range(self.agent_loops):
+            lines += _agent_loop(rng, f"agent-{loop}", end_s)
+        for who in self.light_users:
+            lines += self._chat_user(rng, who, end_s)
+        if heavy:
+            # A script floods the chat model (interactive) for half the run.
+            rate = self.flood_x * self.chat_concurrency / _CHAT_SERVICE_S
+            t = 0.25 * end_s
+            while (t := t + rng.expovariate(rate)) < 0.75 * end_s:
+                lines.append(
+                    {
+                        "t": round(t, 3),
+                        "principal": "heavy",
+                        "model": "chat-8b",
+                        "service_s": round(rng.uniform(2, 4), 2),
+                    }
+                )
+        return lines
 
-def shared_box_lines(seed: int, heavy: bool = True, hours: float = 1.0) -> list[dict[str, object]]:
-    """The shared box's traffic (`shared_box`), drawn from `seed`; `heavy` False leaves the
-    heavy user's flood out (the light users' waits without it)."""
-    rng = random.Random(seed)
-    end_s = 3600.0 * hours
-    lines: list[dict[str, object]] = [
-        {
-            "t": 0.0,
-            "model": "bulk-8b",
-            "class": "batch",
-            "principal": "etl",
-            "service_s": round(rng.uniform(0.6, 1.4), 3),
-        }
-        for _ in range(int(1000 * hours))
-    ]
-    # The agent: two loops, each an orchestrator step on the chat model, then a coder step.
-    for loop in range(2):
-        first = True
-        t = 0.0
-        while t < end_s:
-            for model, svc in (("chat-8b", 2.0), ("coder-14b", 6.0)):
-                line: dict[str, object] = {
-                    "session": f"agent-{loop}",
-                    "principal": "agent",
-                    "model": model,
-                    "service_s": round(svc * rng.uniform(0.6, 1.4), 2),
-                    "think_s": round(rng.uniform(0.5, 2.0), 2),
-                }
-                if first:
-                    line["t"] = round(rng.uniform(0, 30), 2)
-                    first = False
-                lines.append(line)
-                t += svc + 1.25 + 4.0  # the loop's pace, waits included, to bound its length
-    # Chat users: closed loops on the chat model, 20-90 s to read and type.
-    for who in LIGHT_USERS:
+    def _chat_user(self, rng: random.Random, who: str, end_s: float) -> list[dict[str, object]]:
+        """A person's closed loop on the chat model."""
+        out: list[dict[str, object]] = []
         t = rng.uniform(0, 60)
-        first = True
         while t < end_s:
-            think = round(rng.uniform(20, 90), 1)
-            line = {
+            think = round(rng.uniform(*self.think_s), 1)
+            line: dict[str, object] = {
                 "session": who,
                 "principal": who,
                 "model": "chat-8b",
                 "service_s": round(rng.uniform(2, 4), 2),
                 "think_s": think,
             }
-            if first:
+            if not out:
                 line["t"] = round(t, 2)
-                first = False
-            lines.append(line)
+            out.append(line)
             t += think + 3.0
-    if heavy:
-        # The heavy user: a script floods the chat model (interactive) for half the run at
-        # about 1.5 times what the model serves.
-        t = 0.25 * end_s
-        while (t := t + rng.expovariate(1.0)) < 0.75 * end_s:
-            lines.append(
-                {
-                    "t": round(t, 3),
-                    "principal": "heavy",
-                    "model": "chat-8b",
-                    "service_s": round(rng.uniform(2, 4), 2),
-                }
-            )
-    return lines
+        return out
+
+
+def _agent_loop(rng: random.Random, session: str, end_s: float) -> list[dict[str, object]]:
+    """An agent's loop: an orchestrator step on the chat model, then a coder step."""
+    out: list[dict[str, object]] = []
+    t = 0.0
+    while t < end_s:
+        for model, svc in (("chat-8b", 2.0), ("coder-14b", 6.0)):
+            line: dict[str, object] = {
+                "session": session,
+                "principal": "agent",
+                "model": model,
+                "service_s": round(svc * rng.uniform(0.6, 1.4), 2),
+                "think_s": round(rng.uniform(0.5, 2.0), 2),
+            }
+            if not out:
+                line["t"] = round(rng.uniform(0, 30), 2)
+            out.append(line)
+            t += svc + 1.25 + 4.0  # the loop's pace, waits included, to bound its length
+    return out
+
+
+SHARED_BOX_CONFIG = SharedBox().config_text()
+
+
+def shared_box_lines(seed: int, heavy: bool = True, hours: float = 1.0) -> list[dict[str, object]]:
+    """The `shared-box` scenario's traffic (`SharedBox.lines` of the default shape)."""
+    return SharedBox().lines(seed, heavy, hours)
 
 
 def shared_box() -> Scenario:
