@@ -37,7 +37,7 @@ from corral.core.policies import Policy, make_policy
 from corral.core.replicas import Replicas
 from corral.core.shares import Shares
 from corral.core.sleep import Sleepers
-from corral.core.state import ModelRecord, next_due, who_top
+from corral.core.state import ModelRecord, next_due, payers
 from corral.core.stretch import WaitBound
 from corral.core.swaps import LINGER_TIMER, Swaps
 from corral.core.tiers import SchedulerBug, Tiers
@@ -191,7 +191,7 @@ class Scheduler:
         m = self.models[model]
         rec = _copy(m, device)
         woke = rec.state is Lifecycle.WAKING
-        self.shares.loaded(model, who_top(m), m.top_batch, self._clock() - rec.load_started_at)
+        self.shares.loaded(model, payers(m), m.top_batch, self._clock() - rec.load_started_at)
         self.tiers.move(rec, _READY)
         assert rec.device is not None
         rec.device.loading = None
@@ -218,7 +218,7 @@ class Scheduler:
         rec = _copy(m, device)
         dev = rec.device
         assert dev is not None
-        self.shares.loaded(model, who_top(m), m.top_batch, self._clock() - rec.load_started_at)
+        self.shares.loaded(model, payers(m), m.top_batch, self._clock() - rec.load_started_at)
         dev.loading = None
         self.tiers.leave(rec)
         if rec is not m:  # a replica: the model is served; do not try again at once

@@ -93,6 +93,7 @@ class ModelRecord:
         "lost",
         "memory_gb",
         "name",
+        "owed_return",
         "primary",
         "priority",
         "quantum_timer_at",
@@ -128,6 +129,9 @@ class ModelRecord:
         self.primary = primary
         self.copies: list[ModelRecord] = []
         self.copy_failed_at: float | None = None  # a replica's load failed then: wait a while
+        # Evicted while its work waited: who made the load that evicted it (by count) and
+        # when; its way back is theirs to pay (`payers`).
+        self.owed_return: tuple[float, dict[str | None, int]] | None = None
         self.demand_timer_at: float | None = None  # when its decaying demand is looked at again
         self.classes = classes  # False: one class for all (the fifo and grouped baselines)
         self.spec = spec
@@ -373,6 +377,18 @@ def _seq(r: Request) -> int:
 def who_top(m: ModelRecord) -> dict[str | None, int]:
     """`m`'s pending requests of its top class, per principal."""
     return m.who_i if m.icount else m.who_b
+
+
+def payers(m: ModelRecord) -> dict[str | None, int]:
+    """Who pays `m`'s load that just ended: those whose load evicted it while its work waited,
+    when its oldest work now waited across that eviction (the way back of their swap);
+    else its top class's waiting principals (`who_top`)."""
+    owed, m.owed_return = m.owed_return, None
+    if owed is not None:
+        oldest = m.oldest()
+        if oldest is not None and oldest.arrived_at <= owed[0]:
+            return owed[1]
+    return who_top(m)
 
 
 def next_due(

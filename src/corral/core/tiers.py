@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from corral.core.effects import Effects
 from corral.core.sleep import Sleepers
-from corral.core.state import DeviceRecord, ModelRecord
+from corral.core.state import DeviceRecord, ModelRecord, who_top
 from corral.core.types import TRANSITIONS, Decision, Lifecycle
 
 # What a replica that becomes the primary brings with it.
@@ -126,6 +126,8 @@ class Tiers:
             self.stop_sleeper(s, now, "host memory")
         for v in victims:
             assert v.in_flight == 0, "evicting a model with requests in flight"
+            if v.primary is None and v.count and (who := who_top(c.primary or c)):
+                v.owed_return = (now, dict(who))  # its way back is the newcomers' (`payers`)
             if v in asleep:
                 self._fall_asleep(v, v in deep)
             else:
