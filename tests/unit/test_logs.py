@@ -16,6 +16,16 @@ def test_limits_are_checked() -> None:
         LogLimits(max_bytes=10, files=0)
 
 
+def test_a_write_that_fills_the_log_leaves_its_next_file_begun(tmp_path: Path) -> None:
+    """The last words of a server that exits just as its log fills: rotated into `.1`, and the
+    log's own name names an empty file (a server's last write is often the one that fills it)."""
+    log = RotatingLog(tmp_path / "m.log", LogLimits(max_bytes=10, files=2))
+    log.write(b"0123456789\n")
+    assert (tmp_path / "m.log").read_bytes() == b""
+    assert (tmp_path / "m.log.1").read_bytes() == b"0123456789\n"
+    assert log.size == 0
+
+
 def test_one_file_kept_means_the_log_is_cut_when_full(tmp_path: Path) -> None:
     log = RotatingLog(tmp_path / "m.log", LogLimits(max_bytes=100, files=1))
     for i in range(50):
@@ -42,6 +52,8 @@ def test_what_is_kept_is_bounded_and_is_the_end_of_what_was_written(
     for x in lines:
         log.write(x + b"\n")
         written += x + b"\n"
+    if lines:  # after a write, rotated or not, the log's own name names a file
+        assert (folder / "m.log").exists()
     log.close()
     kept = rotated(folder / "m.log", files)
     assert len(kept) <= files

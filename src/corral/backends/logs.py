@@ -107,6 +107,10 @@ class RotatingLog:
                         older.replace(self.path.with_name(f"{self.path.name}.{k}"))
                 self.path.replace(self.path.with_name(f"{self.path.name}.1"))
         self.rotations += 1
+        # The log's own name always names a file (`tail -F`, a glob, a reader between two
+        # writes): the next one begins now, not at the next write, which may never come.
+        with contextlib.suppress(OSError):  # the next write tries again
+            self._open()
 
     def close(self) -> None:
         with self._lock:
