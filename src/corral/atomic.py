@@ -57,17 +57,7 @@ class LatestText:
                 return  # the running worker takes it next
             self._busy = True
             self._idle.clear()
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            try:
-                loop.run_in_executor(None, self._drain, loop)
-                return
-            except RuntimeError:  # the loop's executor is shut: its last writes run here
-                loop = None
-        self._drain(None)
+        _off_loop(self._drain)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until nothing is left to write (for a shutdown, or a test reading the file);
@@ -104,17 +94,21 @@ class LatestText:
 def remove_soon(path: Path) -> None:
     """Remove `path` (one already gone is fine): on a thread when called on a running loop, as
     freeing a big file's blocks takes the file system a while; a failure is logged."""
+    _off_loop(lambda _loop: _remove(path))
+
+
+def _off_loop(work: Callable[[asyncio.AbstractEventLoop | None], None]) -> None:
+    """Run `work` on the running loop's default executor, told that loop; outside a loop, or
+    once its executor is shut (its last writes), here and now, told None."""
     try:
-        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
-        loop = None
-    if loop is not None:
-        try:
-            loop.run_in_executor(None, _remove, path)
-            return
-        except RuntimeError:  # the loop's executor is shut
-            pass
-    _remove(path)
+        work(None)
+        return
+    try:
+        loop.run_in_executor(None, work, loop)
+    except RuntimeError:
+        work(None)
 
 
 def _remove(path: Path) -> None:

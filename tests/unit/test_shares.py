@@ -155,21 +155,28 @@ def test_a_principal_owed_its_share_takes_the_device_from_anothers_backlog() -> 
     assert t < 4 + 2 * 20
 
 
+def light_takes_the_device(h: Harness, heavy: int) -> float:
+    """`heavy` requests flood model a, loaded at 4 s; a light request for b arrives at 5 s; the
+    heavy ones finish every 2 s until b's load is issued. When the last one finished."""
+    flood(h, heavy)
+    h.at(4).loaded("a")
+    h.take()
+    h.at(5).arrive("light0", "b", principal="light")
+    t = 4.0
+    for i in range(heavy):
+        t += 2
+        h.at(t).finish(f"heavy{i}")
+        if any(c[0] == "load" for c in h.take()):
+            break
+    return t
+
+
 def test_the_swap_back_is_charged_to_the_principal_whose_load_evicted_the_waiting_model() -> None:
     """A light request takes the device from a flooded model: its load is the light user's,
     and so is the flooded model's way back (the heavy user's work waited across the eviction).
     A principal that alternates models pays for its round trips, not the ones it evicts."""
     h = Harness(ONE.replace("max_wait_s: 120", "max_wait_s: null"))
-    flood(h, 100)
-    h.at(4).loaded("a")
-    h.take()
-    h.at(5).arrive("light0", "b", principal="light")
-    t = 4.0
-    for i in range(40):
-        t += 2
-        h.at(t).finish(f"heavy{i}")
-        if any(c[0] == "load" for c in h.take()):
-            break
+    t = light_takes_the_device(h, 100)
     h.at(t + 5).loaded("b")
     assert h.s.shares.charged()["light"][1] == pytest.approx(5.0)
     h.at(t + 7).finish("light0")
@@ -182,15 +189,8 @@ def test_a_model_reloaded_for_work_that_came_after_its_eviction_is_that_works_lo
     """The way back is owed only to work that waited across the eviction: a model that left
     with nothing waiting is loaded again at the charge of whoever asks for it next."""
     h = Harness(ONE.replace("max_wait_s: 120", "max_wait_s: null"))
-    flood(h, 3)
-    h.at(4).loaded("a")
-    h.take()
-    h.at(5).arrive("light0", "b", principal="light")
-    t = 4.0
-    for i in range(3):
-        t += 2
-        h.at(t).finish(f"heavy{i}")
-    h.take()
+    t = light_takes_the_device(h, 3)
+    assert t == 4.0 + 2 * 3  # every heavy request finished first: a left with nothing waiting
     h.at(t + 5).loaded("b")
     h.at(t + 7).finish("light0")
     h.at(t + 8).arrive("late", "a", principal="heavy")
