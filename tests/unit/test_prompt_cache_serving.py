@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from corral.cmdline import model_file
 from corral.config import Config, ModelConfig, PromptCacheConfig, parse_config
 from corral.config.server import runs_llama_server
 from corral.errors import ConfigError
 from corral.gateway.servers.activity import prefill
 from corral.gateway.servers.fleet import process_spec
 from corral.prompt_cache.caches import folder_of, serving
-from corral.prompt_cache.server import conversation_id, conversation_keys, model_file
+from corral.prompt_cache.server import conversation_id, conversation_keys
 
 ON = PromptCacheConfig()
 HERE = Path("/var/states")

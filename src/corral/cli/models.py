@@ -135,7 +135,7 @@ def _cache_fingerprint(cmd: str | None) -> str:
     """The fingerprint a server started by `cmd` gives its saved states and verdicts."""
     import shlex
 
-    from corral.prompt_cache.server import model_file
+    from corral.cmdline import model_file
     from corral.prompt_cache.states import fingerprint
 
     flags = shlex.split(cmd or "")

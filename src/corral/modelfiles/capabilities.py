@@ -16,6 +16,7 @@ import logging
 import shlex
 from pathlib import Path
 
+from corral.cmdline import flag_value
 from corral.config.models import CapabilitiesConfig
 from corral.modelfiles.gguf import GgufError, read_gguf
 
@@ -24,26 +25,16 @@ log = logging.getLogger("corral.modelfiles")
 MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file read to decide; a bigger one: not read
 
 
-def _value(argv: list[str], *flags: str) -> str | None:
-    """The value of the last of `flags` in `argv` (`--flag value` or `--flag=value`)."""
-    found = None
-    for i, arg in enumerate(argv):
-        name, eq, rest = arg.partition("=")
-        if name in flags:
-            found = rest if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return found
-
-
 def takes_tools(argv: list[str]) -> bool | None:
     """Whether the server `argv` starts takes `tools` (see the module), None: unknown."""
     if "sim-backend" in argv:
         return True
-    model = _value(argv, "-m", "--model")
+    model = flag_value(argv, "-m", "--model")
     if model is None or not model.lower().endswith(".gguf"):
         return None
     if "--no-jinja" in argv:
         return False
-    file = _value(argv, "--chat-template-file")
+    file = flag_value(argv, "--chat-template-file")
     if file is not None:
         try:
             with open(file, "rb") as f:
@@ -51,7 +42,7 @@ def takes_tools(argv: list[str]) -> bool | None:
         except OSError:
             return None  # llama-server will say what is wrong with it
         return len(text) <= MAX_TEMPLATE_BYTES and b"tools" in text
-    if _value(argv, "--chat-template") is not None:
+    if flag_value(argv, "--chat-template") is not None:
         return False
     try:
         template = read_gguf(Path(model)).chat_template

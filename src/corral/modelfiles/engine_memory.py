@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral.cmdline import model_file
 from corral.config import Config, data_dir
 from corral.modelfiles.gguf import MIB, RUNTIME_BYTES
 
@@ -208,8 +209,6 @@ def reporting(cmd: str) -> str | None:
     4`, `allocated`); None when it names no model file (not a llama-server) or sets its own
     verbosity (its log is then the operator's choice, and read all the same)."""
     argv = shlex.split(cmd)
-    from corral.prompt_cache.server import model_file
-
     if model_file(argv) is None or any(a.split("=", 1)[0] in _VERBOSITY for a in argv):
         return None
     return f"{cmd} {shlex.join(VERBOSE)}"
@@ -233,7 +232,6 @@ def fingerprint(argv: list[str]) -> str | None:
     """What a model's memory depends on: its file (path, size, modified time), the server and
     the flags it runs with (less `_NOT_MEMORY`'s), as the prompt caches fingerprint what made
     a saved state; None when no file is named (`-m`) or it is not there."""
-    from corral.prompt_cache.server import model_file
     from corral.prompt_cache.states import fingerprint as made_by
 
     path = model_file(argv)

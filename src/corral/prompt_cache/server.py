@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import httpx
 
 from corral.atomic import remove_soon
+from corral.cmdline import model_file
 from corral.prompt_cache.blame import Cause, StateFacts, blame, cannot_roll_back
 from corral.prompt_cache.keys import chat_keys, shared, text_keys
 from corral.prompt_cache.slotmap import SlotMap
@@ -116,16 +117,6 @@ def conversation_id(data: Mapping[str, Any]) -> str | None:
         return text_keys(head, chunk=len(head))[0]
     keys = conversation_keys(data)
     return keys[-1] if keys else None
-
-
-def model_file(argv: Sequence[str]) -> Path | None:
-    """The model file a llama-server command line names (`-m`/`--model`), if any."""
-    for i, a in enumerate(argv):
-        if a in ("-m", "--model") and i + 1 < len(argv):
-            return Path(argv[i + 1])
-        if a.startswith("--model="):
-            return Path(a.split("=", 1)[1])
-    return None
 
 
 # Routes whose requests llama-server places itself, ignoring `id_slot` (its Anthropic route

@@ -31,6 +31,7 @@ import psutil
 
 from corral.backends.base import Backend
 from corral.backends.process import ProcessBackend
+from corral.cmdline import model_file
 from corral.core.pagecache import PageCache
 from corral.modelfiles.engine_memory import split_command
 from corral.modelfiles.mincore import cached, parts
@@ -88,8 +89,6 @@ class Files:
         from a thread: splitting every model's command is tens of milliseconds for 200)."""
         known = self._paths.get(model)
         if known is None or known[0] != cmd:
-            from corral.prompt_cache.server import model_file
-
             try:
                 path = model_file(split_command(cmd, 0))
             except ValueError:  # a command shlex cannot split: its server says why at start
