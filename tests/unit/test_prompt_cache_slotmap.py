@@ -27,11 +27,25 @@ def test_a_request_goes_to_the_slot_holding_its_conversation() -> None:
     assert m.place(talk("someone", 1), now=6.0) is None
     m.done(2, talk("explorer", 2), tokens=50)
     m.done(0, talk("orchestrator", 4), tokens=1_300)
-    assert m.worth_saving(min_tokens=100) == [0]  # slot 1 is busy; slot 2 is too short
+    assert [h.tokens for h in m.slots] == [1_300, 700, 50]
     m.lost(0)
-    assert m.worth_saving(min_tokens=100) == []
+    assert (m.slots[0].keys, m.slots[0].tokens, m.slots[0].used_at) == ([], 0, 3.0)
     with pytest.raises(ValueError, match="at least one slot"):
         SlotMap(0)
+
+
+def test_a_unified_cache_overflows_on_what_every_slot_holds_a_split_one_on_the_slots_own() -> None:
+    shared = SlotMap(4, n_ctx=8_192, unified=True)
+    shared.done(0, talk("orchestrator", 2), tokens=3_000)
+    shared.done(1, talk("coder", 2), tokens=3_000)
+    assert not shared.overflows(2, 2_192)  # 8,192 exactly: it fits
+    assert shared.overflows(2, 2_193)
+    assert not shared.overflows(0, 5_192)  # its own earlier tokens are what it replaces
+    split = SlotMap(4, n_ctx=2_048, unified=False)
+    split.done(0, talk("orchestrator", 2), tokens=2_000)
+    assert not split.overflows(1, 2_048)  # the other slots' share is their own
+    assert split.overflows(1, 2_049)
+    assert not SlotMap(4).overflows(0, 10**9)  # a context not known is never called full
 
 
 def test_conversations_sharing_only_a_system_prompt_keep_their_own_slots() -> None:

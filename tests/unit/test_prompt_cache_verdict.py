@@ -21,6 +21,7 @@ from corral.prompt_cache.blame import (
     StateFacts,
     blame,
     cannot_roll_back,
+    kv_unified,
 )
 from corral.prompt_cache.caches import (
     PROBE_FIRST_STARTS,
@@ -95,7 +96,7 @@ def test_a_damaged_verdicts_file_is_no_verdict(tmp_path: Path, damaged: str) -> 
     assert "fp" in recorded_verdicts(tmp_path)
 
 
-@pytest.mark.parametrize("cause", ["other_slot", "conversation_changed", "dropped"])
+@pytest.mark.parametrize("cause", ["other_slot", "conversation_changed", "cache_full", "dropped"])
 def test_only_the_models_own_state_ever_marks_it_not_kept(tmp_path: Path, cause: Cause) -> None:
     """A shared model whose restores land on the wrong slot, or whose conversations change, or
     whose server drops them, keeps its prompt caches however often it happens: the verdict
@@ -187,20 +188,39 @@ def test_a_verdict_recorded_without_its_cause_is_no_verdict(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("placed", "ran", "diverged", "explains", "cause"),
+    ("placed", "ran", "diverged", "explains", "over", "cause"),
     [
-        (1, 2, False, True, "other_slot"),  # wherever the state came from, it went elsewhere
-        (1, None, True, True, "conversation_changed"),
-        (1, 1, True, False, "conversation_changed"),
-        (1, 1, False, True, "model_state"),
-        (1, None, False, False, "dropped"),
-        (0, 0, False, False, "dropped"),
+        (1, 2, False, True, True, "other_slot"),  # wherever the state came from, it went elsewhere
+        (1, None, True, True, True, "conversation_changed"),
+        (1, 1, True, False, False, "conversation_changed"),
+        (1, 1, False, True, True, "cache_full"),  # a full cache is not the model's fault
+        (1, None, False, False, True, "cache_full"),
+        (1, 1, False, True, False, "model_state"),
+        (1, None, False, False, False, "dropped"),
+        (0, 0, False, False, False, "dropped"),
     ],
 )
 def test_blame_names_the_first_cause_that_holds(
-    placed: int, ran: int | None, diverged: bool, explains: bool, cause: Cause
+    placed: int, ran: int | None, diverged: bool, explains: bool, over: bool, cause: Cause
 ) -> None:
-    assert blame(placed, ran, diverged, explains) == cause
+    assert blame(placed, ran, diverged, explains, over) == cause
+
+
+@pytest.mark.parametrize(
+    ("flags", "unified"),
+    [
+        ("", True),  # one slot asked for: llama-server makes it four over one cache
+        ("-np 1", True),
+        ("--parallel=-1", True),
+        ("-np 4", False),
+        ("--parallel 4 -kvu", True),
+        ("--kv-unified -np 2", True),
+        ("-md draft.gguf", False),  # a draft model keeps the lone slot
+        ("-np 4 --no-kv-unified", False),
+    ],
+)
+def test_which_servers_share_one_kv_cache_among_their_slots(flags: str, unified: bool) -> None:
+    assert kv_unified(["llama-server", "-m", "m.gguf", *flags.split()]) is unified
 
 
 def test_which_models_cannot_roll_their_state_back() -> None:

@@ -31,7 +31,7 @@ import httpx
 
 from corral.atomic import remove_soon
 from corral.cmdline import model_file
-from corral.prompt_cache.blame import Cause, StateFacts, blame, cannot_roll_back
+from corral.prompt_cache.blame import Cause, StateFacts, blame, cannot_roll_back, kv_unified
 from corral.prompt_cache.keys import chat_keys, shared, text_keys
 from corral.prompt_cache.slotmap import SlotMap
 from corral.prompt_cache.slots import Moved, SlotError, Slots
@@ -77,7 +77,10 @@ class Owner(Protocol):
     ) -> None: ...
 
 
-_CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')  # llama-server's timings: prompt tokens reused
+# llama-server's timings: prompt tokens reused, prompt tokens processed, tokens generated.
+_CACHE_N = re.compile(rb'"cache_n"\s*:\s*(\d+)')
+_PROMPT_N = re.compile(rb'"prompt_n"\s*:\s*(\d+)')
+_PREDICTED_N = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
 
 
 def reused_tokens(answer: bytes) -> int | None:
@@ -85,6 +88,13 @@ def reused_tokens(answer: bytes) -> int | None:
     `timings.cache_n` in it, whole or a stream's tail); None where it does not say."""
     found = _CACHE_N.findall(answer)
     return int(found[-1]) if found else None
+
+
+def held_tokens(answer: bytes) -> int | None:
+    """The tokens the answer's slot holds once it ends (its timings: reused, processed and
+    generated); None where the answer does not say all three."""
+    found = [r.findall(answer) for r in (_CACHE_N, _PROMPT_N, _PREDICTED_N)]
+    return sum(int(f[-1]) for f in found) if all(found) else None
 
 
 def conversation_keys(data: Mapping[str, Any]) -> list[str]:
@@ -177,7 +187,8 @@ class ServerCache:
         self._slots = Slots(base_url, self._client, timeout_s=self.caches.timeout_s)
         try:
             listed = await self._slots.list()
-            self.map = SlotMap(len(listed))
+            n_ctx = min((s.n_ctx for s in listed), default=0)
+            self.map = SlotMap(len(listed), n_ctx, kv_unified(argv))
         except (SlotError, ValueError) as exc:
             if not self._told:
                 self._told = True
@@ -255,19 +266,21 @@ class ServerCache:
             reused = None  # honoured: nothing to blame
         if self.map is None or placed.slot >= len(self.map.slots):
             return
-        self.map.done(placed.slot, [] if placed.by_server else placed.keys, 0)
+        tokens = held_tokens(answer) or 0
+        over = self.map.overflows(placed.slot, tokens)  # before its slot takes them
+        self.map.done(placed.slot, [] if placed.by_server else placed.keys, tokens)
         if placed.by_server:
-            task = asyncio.ensure_future(self._learn(placed, reused))
+            task = asyncio.ensure_future(self._learn(placed, reused, over))
             self._learning.add(task)
             task.add_done_callback(self._learning.discard)
         elif reused is not None:  # a pinned request runs on its slot (llama-server waits for it)
-            self._blame(placed, placed.slot, reused)
+            self._blame(placed, placed.slot, reused, over)
 
-    def _blame(self, placed: Placement, ran_slot: int | None, reused: int) -> None:
-        cause = blame(placed.slot, ran_slot, placed.diverged, self._state_explains)
+    def _blame(self, placed: Placement, ran_slot: int | None, reused: int, over: bool) -> None:
+        cause = blame(placed.slot, ran_slot, placed.diverged, self._state_explains, over)
         self.caches.verdict(self.model, placed.restored, reused, self.fingerprint, cause)
 
-    async def _learn(self, placed: Placement, reused: int | None) -> None:
+    async def _learn(self, placed: Placement, reused: int | None, over: bool) -> None:
         """Which slot the server gave the request that just ended: the idle slot of the newest
         task; it holds `placed`'s conversation. A restore it did not reuse is blamed then."""
         slots, held = self._slots, self.map
@@ -282,7 +295,7 @@ class ServerCache:
                     if newest.id < len(held.slots) and not held.slots[newest.id].busy:
                         held.done(newest.id, placed.keys, newest.tokens or 0)
         if reused is not None:
-            self._blame(placed, ran, reused)
+            self._blame(placed, ran, reused, over)
 
     async def stopping(self) -> None:
         """Before the server stops: save what is worth keeping, within the slot calls'

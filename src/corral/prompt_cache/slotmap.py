@@ -29,12 +29,24 @@ class Held:
 
 
 class SlotMap:
-    """The slots `0 .. n_slots - 1` of one server."""
+    """The slots `0 .. n_slots - 1` of one server, each of context `n_ctx` tokens (0: not
+    known), over one KV cache of `n_ctx` tokens that they share (`unified`) or each its own."""
 
-    def __init__(self, n_slots: int) -> None:
+    def __init__(self, n_slots: int, n_ctx: int = 0, unified: bool = False) -> None:
         if n_slots < 1:
             raise ValueError(f"a server has at least one slot; got {n_slots}")
         self.slots = [Held() for _ in range(n_slots)]
+        self.n_ctx = max(0, n_ctx)
+        self.unified = unified
+
+    def overflows(self, slot: int, tokens: int) -> bool:
+        """Whether `tokens` in `slot` do not fit beside what the other slots hold: over the
+        slot's context, or with a unified cache over what is left of it; never when the
+        context is not known."""
+        if self.n_ctx <= 0:
+            return False
+        others = sum(s.tokens for i, s in enumerate(self.slots) if i != slot)
+        return tokens + (others if self.unified else 0) > self.n_ctx
 
     def place(self, keys: Sequence[str], now: float) -> tuple[int, int] | None:
         """The free slot for a request whose conversation is `keys`, and how many of its keys
@@ -71,11 +83,3 @@ class SlotMap:
     def lost(self, slot: int) -> None:
         """The slot's cache no longer holds what Corral thinks (a failed restore erases it)."""
         self.slots[slot] = Held(used_at=self.slots[slot].used_at)
-
-    def worth_saving(self, min_tokens: int) -> list[int]:
-        """Idle slots holding a conversation of at least `min_tokens` tokens."""
-        return [
-            i
-            for i, s in enumerate(self.slots)
-            if s.keys and not s.busy and s.tokens >= max(1, min_tokens)
-        ]
