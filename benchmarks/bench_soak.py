@@ -74,8 +74,8 @@ server:
   log_dir: DATA/logs
   data_dir: DATA/files
   store: sqlite:///DATA/corral.db
-  log_max_mb: 4
-  log_files: 3
+  log_max_mb: LOG_MAX_MB
+  log_files: LOG_FILES
 batch:
   line_retention_days: 0.005   # 7 minutes: the soak sees lines leave the store
   file_expiry_days: 0.01       # 14 minutes: and files expire
@@ -144,10 +144,17 @@ class Soak:
         self.copy_on = False
         self.models_seen: list[str] = []
         self.seen_servers: dict[int, psutil.Process] = {}  # every model server seen running
+        self.pg: Any = None  # tests.pgserver.PrivatePostgres with --postgres
 
     # --- setting up -----------------------------------------------------------------------
     def setup(self) -> None:
         self.data.mkdir(parents=True)
+        if self.args.postgres:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+            from tests.pgserver import PrivatePostgres
+
+            self.pg = PrivatePostgres()
+            self.args.store = self.pg.url(self.pg.new_database())
         self.models.mkdir()
         if self.args.tmpfs_mb:
             mount = ["mount", "-t", "tmpfs", "-o", f"size={self.args.tmpfs_mb}m", "tmpfs"]
@@ -175,6 +182,8 @@ class Soak:
             .replace("LISTEN_PORT", str(self.port))
             .replace("DATA", str(self.data))
             .replace("FOLDER", str(self.models))
+            .replace("LOG_MAX_MB", f"{self.args.log_max_mb:g}")
+            .replace("LOG_FILES", str(self.args.log_files))
         )
         if self.args.store:
             text = text.replace(f"sqlite:///{self.data}/corral.db", self.args.store)
@@ -414,7 +423,7 @@ class Soak:
     async def faults(self, c: httpx.AsyncClient) -> None:
         kinds = ["kill9", "leave", "config", "folder"]
         kinds += ["disk_full"] if self.tmpfs else []
-        kinds += ["pg_restart"] if self.args.pg_restart else []
+        kinds += ["pg_restart"] if self.args.pg_restart or self.pg is not None else []
         while True:
             await asyncio.sleep(self.rng.expovariate(1 / self.args.fault_every_s))
             if not self.live():
@@ -493,6 +502,11 @@ class Soak:
         return f"filled {want >> 20} MiB (to 95%) for 20 s, then freed"
 
     async def _pg_restart(self, c: httpx.AsyncClient) -> str:
+        if self.pg is not None:
+            await asyncio.to_thread(self.pg.stop)
+            await asyncio.sleep(5)  # the store is gone meanwhile: requests and the queue see it
+            await asyncio.to_thread(self.pg.start)
+            return "PostgreSQL stopped (fast) for 5 s and started again"
         done = await asyncio.to_thread(
             subprocess.run, self.args.pg_restart, shell=True, capture_output=True
         )
@@ -530,13 +544,31 @@ class Soak:
                     s["stalls_over_100ms"] = over - last_over
                 last_over = over
             s.update(
-                db_mb=size_mb(self.data, "corral.db*"),
+                db_mb=await self._db_mb(),
                 logs_mb=size_mb(self.data / "logs", "*"),
                 files_mb=size_mb(self.data / "files", "**/*"),
                 log_servers=len(list((self.data / "logs").glob("*.log"))),
+                log_rotated=len(list((self.data / "logs").glob("*.log.*"))),
             )
             self.run.samples.append(s)
             await asyncio.sleep(self.args.sample_s)
+
+    async def _db_mb(self) -> float | None:
+        """The store's size: SQLite's files, or the PostgreSQL database's own figure."""
+        if self.args.store is None:
+            return size_mb(self.data, "corral.db*")
+        if self.pg is None:
+            return None
+
+        def ask() -> float | None:
+            import psycopg
+
+            with contextlib.suppress(psycopg.Error), psycopg.connect(self.args.store) as conn:
+                row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+                return int(row[0]) / 2**20 if row else None
+            return None
+
+        return await asyncio.to_thread(ask)
 
     async def main(self) -> None:
         self.deadline = time.time() + self.args.minutes * 60
@@ -623,6 +655,13 @@ def main() -> None:
     ap.add_argument("--store", help="a store URL instead of SQLite in the data folder")
     ap.add_argument("--pg-restart", help="a shell command that restarts the PostgreSQL store")
     ap.add_argument("--workers", type=int, help="corral serve --workers")
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="the store on a private PostgreSQL server (tests/pgserver.py), restarted as a fault",
+    )
+    ap.add_argument("--log-max-mb", type=float, default=4.0, help="server.log_max_mb")
+    ap.add_argument("--log-files", type=int, default=3, help="server.log_files")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="corral-soak-"))
@@ -636,6 +675,8 @@ def main() -> None:
                 shutil.copyfile(folder / name, args.out / name)
         if soak.tmpfs:
             subprocess.run(["umount", "-l", str(soak.data)], check=False)
+        if soak.pg is not None:
+            soak.pg.close()
         shutil.rmtree(folder, ignore_errors=True)
     memory_gib = psutil.virtual_memory().total / 2**30
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {memory_gib:.0f} GiB"

@@ -12,7 +12,6 @@ from typing import Any
 GROWTH_MAX = 0.05  # over the last 80% of the run
 FLAT = ("rss_mb", "fds", "threads_own", "tasks")
 FAULT_AFTER_S = 10.0  # a fault's moment: from its start to this long after its end
-LOG_MB_EACH = 4 * 3  # the soak's log_max_mb * log_files per model server
 
 
 def _median(xs: list[float]) -> float | None:
@@ -89,7 +88,9 @@ def checks(run: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     )
     out["stopped_clean_ok"] = not tasks.get("servers_left")
     out["flat_ok"] = all(g["ok"] for g in out["growth"].values())
-    out["disk"]["logs_bound_mb"] = LOG_MB_EACH * servers + 1  # and the folder's small files
+    each_mb = args.get("log_max_mb", 4.0) * args.get("log_files", 3)  # per model server
+    out["disk"]["logs_bound_mb"] = round(each_mb * servers + 1, 1)  # and the folder's small files
+    out["disk"]["log_files_rotated"] = max([s.get("log_rotated") or 0 for s in samples] or [0])
     out["disk_ok"] = out["disk"]["logs_mb"] <= out["disk"]["logs_bound_mb"]
     out["stalls_ok"] = outside == 0
     return out
