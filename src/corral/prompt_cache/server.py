@@ -103,7 +103,9 @@ def conversation_keys(data: Mapping[str, Any]) -> list[str]:
     messages = data.get("messages")
     if isinstance(messages, list) and messages:
         head = [data.get(k) for k in _HEAD]  # a list: hashed whole, not as a message
-        return chat_keys([head, *messages])
+        # Nothing rendered before the messages is no key: two conversations sharing only
+        # that share nothing worth restoring.
+        return chat_keys([head, *messages] if any(v is not None for v in head) else messages)
     prompt = data.get("prompt")
     if isinstance(prompt, str) and prompt:
         return text_keys(prompt)
@@ -134,6 +136,8 @@ def conversation_id(data: Mapping[str, Any]) -> str | None:
 # longest prefix, which llama-server's own choice (the most similar cached prompt) then takes;
 # where the request went is read back from /slots once it ends (its `id_task`, the newest).
 SERVER_PLACED = ("/v1/messages", "/v/messages")
+# llama-server's refusal of a restore into a KV cache without room for it (its message).
+NO_ROOM = "No available space in KV cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +237,9 @@ class ServerCache:
     async def _restore(self, slot: int, keys: Sequence[str], reused: int) -> tuple[int, bool]:
         """Restore the saved state sharing most of `keys` into `slot` when it shares more than
         the slot holds (`reused`); the tokens restored (0: none), and whether the state goes
-        past what it shares with `keys` (the conversation changed since it was saved)."""
+        past what it shares with `keys` (the conversation changed since it was saved). Where
+        the server's KV cache has no room for it beside the other slots', idle slots make room
+        first (`_make_room`); where they cannot, nothing is restored and the state is kept."""
         # The map and the client as they are now: a stop may clear them while this awaits.
         held, slots = self.map, self._slots
         assert held is not None
@@ -242,18 +248,61 @@ class ServerCache:
         if found is None or found[1] <= reused:
             return 0, False
         state, common = found
+        if not await self._make_room(held, slots, slot, state.tokens):
+            log.info("model %s: no room in its KV cache to restore %s now", self.model, state.file)
+            return 0, False
         try:
             moved = await slots.restore(slot, state.file)
         except SlotError as exc:  # the slot is left empty; the request still goes there
             held.slots[slot].keys, held.slots[slot].tokens = [], 0
-            self.caches.states.drop(state, f"its restore failed ({exc})")
             self.caches.stats(self.model).restore_failures += 1
+            if NO_ROOM in str(exc) and await self._full(held, slots, slot, state.tokens):
+                log.info("model %s: %s not restored (its KV cache is full)", self.model, state.file)
+            else:  # the server's message is the same for a file it cannot read
+                self.caches.states.drop(state, f"its restore failed ({exc})")
             return 0, False
         self.caches.states.used(state)
         held.slots[slot].keys = list(state.keys)
         held.slots[slot].tokens = moved.tokens
         self.caches.restored(self.model, moved)
         return moved.tokens, common < len(state.keys)
+
+    async def _make_room(self, held: SlotMap, slots: Slots, slot: int, tokens: int) -> bool:
+        """Whether `tokens` fit in `slot` beside what the other slots hold, once idle slots
+        are erased to make room, the least recently used first, each saved first where its
+        conversation is worth keeping (llama-server refuses a restore into a full cache, and
+        a request that does not fit makes it drop idle slots' caches unsaved)."""
+        if held.n_ctx and tokens > held.n_ctx:
+            return False
+        while held.overflows(slot, tokens):
+            idle = [i for i, h in enumerate(held.slots) if i != slot and not h.busy and h.tokens]
+            if not idle:
+                return False
+            j = min(idle, key=lambda i: (held.slots[i].used_at, i))
+            keys, n = held.slots[j].keys, held.slots[j].tokens
+            held.slots[j].busy = True  # nothing is placed there while it is saved
+            try:
+                if keys and self.caches.kept(self.model):
+                    await self._keep(j, keys, n)
+                await slots.erase(j)
+            except SlotError as exc:
+                log.info("model %s: slot %d not erased to make room: %s", self.model, j, exc)
+                return False
+            finally:
+                held.lost(j)
+        return True
+
+    async def _full(self, held: SlotMap, slots: Slots, slot: int, tokens: int) -> bool:
+        """Whether the server's slots, as it lists them now, leave no room for `tokens` in
+        `slot` (the other slots' counts taken from it into `held`)."""
+        try:
+            listed = await slots.list()
+        except SlotError:
+            return False
+        for s in listed:
+            if s.id != slot and s.id < len(held.slots) and s.tokens is not None:
+                held.slots[s.id].tokens = s.tokens
+        return held.overflows(slot, tokens)
 
     def done(self, placed: Placement, answer: bytes = b"") -> None:
         """The request `placed` ended: its slot holds its conversation now (read back from the
@@ -316,21 +365,26 @@ class ServerCache:
     async def _save_all(self) -> None:
         if self.map is None or self._slots is None or not self.caches.kept(self.model):
             return
-        states = self.caches.states
         listed = {s.id: s for s in await self._slots.list()}
         for i, held in enumerate(self.map.slots):
             s = listed.get(i)
             tokens = s.tokens if s is not None and s.tokens is not None else 0
             if not held.keys or held.busy or (s is not None and s.busy):
                 continue
-            if not states.worth_saving(tokens):
-                continue
-            mine = states.states(self.model)
-            same = [t for t in mine if t.fingerprint == self.fingerprint and t.keys == held.keys]
-            if same:  # restored and not changed since: it is on disk already
-                states.used(same[0])
-                continue
-            await self._save(i, held.keys, mine)
+            await self._keep(i, held.keys, tokens)
+
+    async def _keep(self, slot: int, keys: list[str], tokens: int) -> None:
+        """Save the conversation `keys` that `slot` holds (`tokens` tokens), unless it is too
+        short to be worth it or on disk already (restored and not changed since)."""
+        states = self.caches.states
+        if not states.worth_saving(tokens):
+            return
+        mine = states.states(self.model)
+        same = [t for t in mine if t.fingerprint == self.fingerprint and t.keys == keys]
+        if same:
+            states.used(same[0])
+            return
+        await self._save(slot, keys, mine)
 
     async def _save(self, slot: int, keys: list[str], mine: list[SavedState]) -> None:
         assert self._slots is not None
