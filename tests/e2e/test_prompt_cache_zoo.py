@@ -9,6 +9,7 @@ its prompt caches are then not kept, said once with why, nothing more is saved f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from corral.modelfiles.folder import find_llama_server
+from corral.prompt_cache.caches import PROBE_FIRST_STARTS
 from corral.zoo import make
 from tests.e2e.test_prompt_cache import index, serving
 
@@ -93,3 +95,33 @@ def test_a_restore_is_verified_by_the_servers_own_figures(zoo: Path, tmp_path: P
         assert "found in an earlier run" in view["verified"]
         assert view["restores"] == 0  # nothing restored for it: its state is no use
         assert g.cache("dense")["verified"] == "kept"  # verified afresh when it comes back
+
+
+def test_a_verdict_from_an_earlier_run_is_probed_and_a_reused_restore_lifts_it(
+    zoo: Path, tmp_path: Path
+) -> None:
+    """A dense model recorded as not kept (as if an earlier run had blamed it): its restores
+    are tried again on its fourth server's start, on the real server, and the restore it
+    reuses brings its prompt caches back, the recorded verdict forgotten."""
+    states = tmp_path / "states"
+    asked = conversation("Why is the sky blue?")
+    with serving(tmp_path / "first", config(zoo, states)) as g:
+        g.chat("dense", asked)
+        g.chat("other", conversation("Name a colour."))  # a swap: its conversation is saved
+    made_by = {s["fingerprint"] for s in index(states) if s["model"] == "dense"}
+    assert len(made_by) == 1
+    recorded = {f: {"model": "dense", "why": "blamed earlier", "at": 1.0, "cause": "model_state"}
+                for f in made_by}  # fmt: skip
+    (states / "verdicts.json").write_text(json.dumps(recorded))
+    with serving(tmp_path / "again", config(zoo, states)) as g:
+        seen = []
+        for _ in range(PROBE_FIRST_STARTS + 1):  # each start of dense's server counts
+            back = g.chat("dense", asked)
+            seen.append(g.cache("dense")["verified"])
+            g.chat("other", conversation("Name a colour."))
+        probe = PROBE_FIRST_STARTS - 1  # the probe's server restores the saved state: reused
+        assert all(v.startswith("not kept: blamed earlier") for v in seen[:probe]), seen
+        assert all(v == "kept and verified" for v in seen[probe:]), seen
+        assert back["timings"]["cache_n"] >= back["usage"]["prompt_tokens"] // 2
+        assert "prompt caches kept again" in g.logged()
+    assert json.loads((states / "verdicts.json").read_text()) == {}

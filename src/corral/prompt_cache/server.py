@@ -317,12 +317,14 @@ class ServerCache:
             return
         tokens = held_tokens(answer) or 0
         over = self.map.overflows(placed.slot, tokens)  # before its slot takes them
-        self.map.done(placed.slot, [] if placed.by_server else placed.keys, tokens)
-        if placed.by_server:
+        if placed.by_server:  # where it ran is read back from the server (`_learn`)
+            self.map.done(placed.slot, [], 0)
             task = asyncio.ensure_future(self._learn(placed, reused, over))
             self._learning.add(task)
             task.add_done_callback(self._learning.discard)
-        elif reused is not None:  # a pinned request runs on its slot (llama-server waits for it)
+            return
+        self.map.done(placed.slot, placed.keys, tokens)
+        if reused is not None:  # a pinned request runs on its slot (llama-server waits for it)
             self._blame(placed, placed.slot, reused, over)
 
     def _blame(self, placed: Placement, ran_slot: int | None, reused: int, over: bool) -> None:
