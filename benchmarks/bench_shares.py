@@ -17,6 +17,10 @@ Figures, per seed, then the worst over seeds:
 Run: `make bench-shares` (or `.venv/bin/python benchmarks/bench_shares.py [--seeds 6301 ...]
 [--json out/bench-shares.json]`). Deterministic; under a second per seed on the 2-core VM.
 
+`--live [--hours H] [--speed X]`: the first seed's three runs replayed live through `corral
+serve` (H hours of the scenario, default a quarter; sim backends X times faster, default 10),
+the same figures from what the gateway did, in trace seconds (about 5 minutes for the default).
+
 `--write-live DIR [--hours H]`: instead, write the three runs' configurations and traces of the
 first seed (`fair`, `off`, `alone`: DIR/NAME.yaml and DIR/NAME.jsonl), H hours of the scenario,
 for `corral replay --config DIR/NAME.yaml --trace DIR/NAME.jsonl --speed 10 --json` to run
@@ -44,6 +48,11 @@ from corral.sim.scenarios import SharedBox, _trace
 
 ANSWER_S = 3.0  # the chat model's mean answer (service_s; the trace draws 2-4 s)
 FLOOD = (900.0, 2700.0)  # the heavy user's flood, seconds into the hour (shared_box_lines)
+
+
+def _flood(hours: float) -> tuple[float, float]:
+    """The flood's window in a run of `hours` (the middle half, as `SharedBox.lines` draws it)."""
+    return FLOOD[0] * hours, FLOOD[1] * hours
 
 
 def _config_text(fair: bool, shape: SharedBox = SharedBox()) -> str:
@@ -99,10 +108,10 @@ def _demand(run: Run, start_s: float, end_s: float) -> dict[str, float]:
     return out
 
 
-def _jain(run: Run) -> float:
+def _jain(run: Run, flood: tuple[float, float] = FLOOD) -> float:
     """Jain's index over each interactive principal's service in the flood window divided by
     its max-min fair share of the window (its demand capped)."""
-    start_s, end_s = FLOOD
+    start_s, end_s = flood
     served = _served(run, start_s, end_s)
     share = _max_min(_demand(run, start_s, end_s), end_s - start_s - _swap_s(run, start_s, end_s))
     return jain(np.array([min(served.get(p, 0.0) / f, 1.0) for p, f in share.items() if f > 0]))
@@ -140,6 +149,36 @@ def measure(seed: int, shape: SharedBox = SharedBox()) -> dict[str, Any]:
         _run(seed, False, True, shape),
         _run(seed, True, False, shape),
     )
+    return figures(seed, shape, fair, unfair, alone)
+
+
+def measure_live(seed: int, hours: float, speed: float) -> dict[str, Any]:
+    """`measure`'s figures from the three runs replayed live through `corral serve`
+    (`corral.sim.replay`: sim backends at `speed` times, each line sent with its principal's
+    key), `hours` of the scenario, the default shape."""
+    from corral.sim.replay import replay
+
+    shape = SharedBox()
+    runs = []
+    for on, heavy in ((True, True), (False, True), (True, False)):
+        trace = _trace("shared-box", shape.lines(seed, heavy, hours))
+        print(f"live: fair shares {'on' if on else 'off'}, flood {'on' if heavy else 'off'}")
+        runs.append(replay(_config(on, shape), trace, speed=speed, progress=print)[0])
+    fair, unfair, alone = runs
+    return figures(seed, shape, fair, unfair, alone, flood=_flood(hours))
+
+
+def figures(
+    seed: int,
+    shape: SharedBox,
+    fair: Run,
+    unfair: Run,
+    alone: Run,
+    flood: tuple[float, float] = FLOOD,
+) -> dict[str, Any]:
+    """The light users' p95 ratios, the loads, Jain's index and the heavy user's share of what
+    is left in the `flood` window, from the runs with fair shares, without, and without the
+    flood."""
     s_fair, s_unfair, s_alone = summarize(fair), summarize(unfair), summarize(alone)
     light = {
         who: {
@@ -152,7 +191,7 @@ def measure(seed: int, shape: SharedBox = SharedBox()) -> dict[str, Any]:
     for v in light.values():
         v["ratio"] = v["p95_flood_s"] / max(v["p95_alone_s"], 1e-9)
         v["ratio_unfair"] = v["p95_flood_unfair_s"] / max(v["p95_alone_s"], 1e-9)
-    start_s, end_s = FLOOD
+    start_s, end_s = flood
     served = _served(fair, start_s, end_s)
     window_s = end_s - start_s - _swap_s(fair, start_s, end_s)
     others_s = sum(v for p, v in served.items() if p != "heavy")
@@ -165,8 +204,8 @@ def measure(seed: int, shape: SharedBox = SharedBox()) -> dict[str, Any]:
         "loads": s_fair["loads"],
         "loads_unfair": s_unfair["loads"],
         "loads_ratio": s_fair["loads"] / max(s_unfair["loads"], 1),
-        "jain": _jain(fair),
-        "jain_unfair": _jain(unfair),
+        "jain": _jain(fair, flood),
+        "jain_unfair": _jain(unfair, flood),
         "heavy_share_of_left": served.get("heavy", 0.0) / max(window_s - others_s, 1e-9),
         "served_in_flood_s": served,
     }
@@ -212,6 +251,12 @@ def main() -> int:
     ap.add_argument("--write-live", type=Path, metavar="DIR")
     ap.add_argument("--hours", type=float, default=0.25)
     ap.add_argument(
+        "--live",
+        action="store_true",
+        help="run the first seed's three runs live through corral serve (--hours of it)",
+    )
+    ap.add_argument("--speed", type=float, default=10.0, help="with --live: the sim's speed-up")
+    ap.add_argument(
         "--family",
         action="store_true",
         help="each seed draws its own shape of the shared box (SharedBox.drawn): users, "
@@ -222,7 +267,10 @@ def main() -> int:
         write_live(args.write_live, args.seeds[0], args.hours)
         print(f"wrote fair, off and alone (.yaml, .jsonl) to {args.write_live}")
         return 0
-    rows = [measure(s, shape_of(s) if args.family else SharedBox()) for s in args.seeds]
+    if args.live:
+        rows = [measure_live(args.seeds[0], args.hours, args.speed)]
+    else:
+        rows = [measure(s, shape_of(s) if args.family else SharedBox()) for s in args.seeds]
     t = Table(title="fair shares on the shared box (flood vs without it; fair vs off)")
     for col in (
         "seed",

@@ -38,7 +38,7 @@ import httpx
 import yaml
 
 from corral.config import Config
-from corral.sim.engine import Run, SimRequest
+from corral.sim.engine import Run, Segment, SimRequest
 from corral.sim.metrics import summarize
 from corral.sim.replay_setup import (
     STARTUP_FLOOR_S,
@@ -475,16 +475,19 @@ def _run(
     loads: dict[str, int] = defaultdict(int)
     for swap in starts:
         loads[swap.model] += 1
-    first_device = config.devices[0].name
+    swaps = _swap_segments(starts, ends, config.devices[0].name, trace_s)
+    swap_s: dict[str, float] = defaultdict(float)
+    for seg in swaps:
+        swap_s[seg.device] += seg.end_s - seg.start_s
     run = Run(
         policy=config.scheduler.policy,
         config=config,
         trace=trace,
         requests=requests,
-        segments=[],
+        segments=swaps,
         loads=dict(loads),
         busy_s={where: _covered_s(rs) for where, rs in served_on.items()},
-        swap_s={where: s * speed for where, s in _swap_s(starts, ends, first_device).items()},
+        swap_s=dict(swap_s),
         rejected=rejected,
     )
     figures = summarize(run)
@@ -514,11 +517,13 @@ def _covered_s(requests: list[SimRequest]) -> float:
     return busy
 
 
-def _swap_s(starts: list[_Swap], ends: list[_Swap], default: str) -> dict[str, float]:
-    """Seconds each device spent swapping: a model's load on a device, from its start to its
+def _swap_segments(
+    starts: list[_Swap], ends: list[_Swap], default: str, trace_s: Callable[[float], float]
+) -> list[Segment]:
+    """Each load as a `swap` segment of its device, in trace seconds: from its start to its
     end (loaded, failed or aborted), in order (a gateway that names no device: `default`)."""
     open_at: dict[tuple[str, str], list[float]] = defaultdict(list)
-    out: dict[str, float] = defaultdict(float)
+    out: list[Segment] = []
     for at, is_end, swap in sorted(
         [(x.at, False, x) for x in starts] + [(x.at, True, x) for x in ends],
         key=lambda e: (e[0], e[1]),
@@ -527,5 +532,6 @@ def _swap_s(starts: list[_Swap], ends: list[_Swap], default: str) -> dict[str, f
         if not is_end:
             open_at[key].append(at)
         elif open_at[key]:
-            out[key[1]] += at - open_at[key].pop(0)
-    return dict(out)
+            began = open_at[key].pop(0)
+            out.append(Segment(key[1], key[0], "swap", trace_s(began), trace_s(at)))
+    return out
