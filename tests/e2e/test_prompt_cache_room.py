@@ -76,6 +76,7 @@ models:
         assert back["timings"]["cache_n"] >= first["usage"]["prompt_tokens"] // 2
         view = g.cache("a")
         assert (view["restores"], view["honoured"], view["restore_failures"]) == (1, 1, 0)
+        assert view["no_room"] == 0  # room was made, not waited for
         saved = [s for s in index(states) if s["model"] == "a"]
         assert len(saved) == 2  # Alice's, and Carol's saved before its slot was erased
         carol = g.chat("a", talk("Carol"))  # its turn: restored (Dave's slot makes room)

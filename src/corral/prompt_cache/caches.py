@@ -118,6 +118,7 @@ class CacheStats:
     restored_tokens: int = 0  # tokens its server did not process again
     restore_ms: float = 0.0
     restore_failures: int = 0
+    no_room: int = 0  # restores put off: the server's KV cache had no room (busy slots held it)
     honoured: int = 0  # restores whose tokens the next answer reused (its timings say)
     not_honoured: int = 0  # restores the server reported, then processed the prompt again
     # The not honoured ones by cause (blame.py): only `model_state` is the model's own.
@@ -357,6 +358,7 @@ class PromptCaches:
             "save_failures": s.save_failures,
             "restores": s.restores,
             "restore_failures": s.restore_failures,
+            "no_room": s.no_room,
             "restored_tokens": s.restored_tokens,
             "save_ms": round(s.save_ms, 1),
             "restore_ms": round(s.restore_ms, 1),

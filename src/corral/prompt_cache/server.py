@@ -47,6 +47,7 @@ _HEAD = ("system", "tools", "tool_choice")  # what templates render before the m
 class Failures(Protocol):
     save_failures: int
     restore_failures: int
+    no_room: int
 
 
 class Owner(Protocol):
@@ -250,16 +251,18 @@ class ServerCache:
         state, common = found
         if not await self._make_room(held, slots, slot, state.tokens):
             log.info("model %s: no room in its KV cache to restore %s now", self.model, state.file)
+            self.caches.stats(self.model).no_room += 1
             return 0, False
         try:
             moved = await slots.restore(slot, state.file)
         except SlotError as exc:  # the slot is left empty; the request still goes there
             held.slots[slot].keys, held.slots[slot].tokens = [], 0
-            self.caches.stats(self.model).restore_failures += 1
             if NO_ROOM in str(exc) and await self._full(held, slots, slot, state.tokens):
                 log.info("model %s: %s not restored (its KV cache is full)", self.model, state.file)
+                self.caches.stats(self.model).no_room += 1
             else:  # the server's message is the same for a file it cannot read
                 self.caches.states.drop(state, f"its restore failed ({exc})")
+                self.caches.stats(self.model).restore_failures += 1
             return 0, False
         self.caches.states.used(state)
         held.slots[slot].keys = list(state.keys)

@@ -88,6 +88,12 @@ _PROMPT_CACHE = (
     ("save_failures", "corral_prompt_cache_save_failures", "Saves that failed.", True),
     ("restore_failures", "corral_prompt_cache_restore_failures", "Restores that failed.", True),
     (
+        "no_room",
+        "corral_prompt_cache_restores_no_room",
+        "Restores put off: the server's KV cache had no room beside its busy slots.",
+        True,
+    ),
+    (
         "not_honoured",
         "corral_prompt_cache_restores_not_honoured",
         "Restores the server reported and then processed the prompt again.",
