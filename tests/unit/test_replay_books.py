@@ -67,6 +67,9 @@ def test_lines_without_a_device_count_on_their_model_and_a_failed_load_ends_a_sw
     run, summary = _run(CONFIG, trace, SPEED, T0, timings, starts, ends)
     assert run.busy_s == pytest.approx({"model a": 8.0})
     assert run.swap_s == pytest.approx({"gpu0": 3.0, "gpu1": 2.0})
+    # Each load is a swap on its device's lane, in trace seconds (the plot draws these).
+    lanes = [(s.device, s.model, s.kind, s.start_s, s.end_s) for s in run.segments]
+    assert lanes == [("gpu1", "b", "swap", 0.0, 2.0), ("gpu0", "a", "swap", 1.0, 4.0)]
     assert summary["loads"] == 2
 
 
