@@ -84,6 +84,14 @@ _PROMPT_N = re.compile(rb'"prompt_n"\s*:\s*(\d+)')
 _PREDICTED_N = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
 
 
+def _size(path: Path) -> int:
+    """`path`'s size in bytes; -1 where it cannot be read."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
 def reused_tokens(answer: bytes) -> int | None:
     """The prompt tokens the server reused from its cache for an answer (the last
     `timings.cache_n` in it, whole or a stream's tail); None where it does not say."""
@@ -402,10 +410,7 @@ class ServerCache:
             remove_soon(states.folder / name)
             self.caches.stats(self.model).save_failures += 1
             return
-        try:
-            size = (states.folder / name).stat().st_size
-        except OSError:
-            size = -1
+        size = await asyncio.to_thread(_size, states.folder / name)  # the disk: off the loop
         if size != moved.bytes:  # a full disk can leave a short file behind a 200
             log.warning(
                 "model %s: slot %d's saved state holds %d bytes, the server wrote %d: dropped",
