@@ -230,7 +230,8 @@ bench-relay: $(STAMP)
 	$(BIN)/python benchmarks/bench_relay.py --json out/bench-relay.json
 
 bench-stalls: $(LLAMA_STAMP)
-	$(BIN)/python benchmarks/bench_stalls.py --json out/bench-stalls.json
+	$(BIN)/python benchmarks/bench_stalls.py --runs 3 --workers 0 --json out/bench-stalls-0.json
+	$(BIN)/python benchmarks/bench_stalls.py --runs 3 --workers 2 --json out/bench-stalls-2.json
 
 # The prompt caches' disk work (a state dropped, the index synced) on the loop and off it.
 bench-disk: $(STAMP)
