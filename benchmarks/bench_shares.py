@@ -19,7 +19,9 @@ Run: `make bench-shares` (or `.venv/bin/python benchmarks/bench_shares.py [--see
 
 `--live [--hours H] [--speed X]`: the first seed's three runs replayed live through `corral
 serve` (H hours of the scenario, default a quarter; sim backends X times faster, default 10),
-the same figures from what the gateway did, in trace seconds (about 5 minutes for the default).
+the same figures from what the gateway did, in trace seconds (about 14 minutes for the default:
+the heavy user's backlog drains after the trace ends), and beside them the simulator's for the
+same traces.
 
 `--write-live DIR [--hours H]`: instead, write the three runs' configurations and traces of the
 first seed (`fair`, `off`, `alone`: DIR/NAME.yaml and DIR/NAME.jsonl), H hours of the scenario,
@@ -75,8 +77,8 @@ def write_live(folder: Path, seed: int, hours: float) -> None:
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-def _run(seed: int, fair: bool, heavy: bool, shape: SharedBox) -> Run:
-    trace = _trace("shared-box", shape.lines(seed, heavy))
+def _run(seed: int, fair: bool, heavy: bool, shape: SharedBox, hours: float = 1.0) -> Run:
+    trace = _trace("shared-box", shape.lines(seed, heavy, hours))
     return Simulation(_config(fair, shape), trace, check=True).run()
 
 
@@ -165,6 +167,14 @@ def measure_live(seed: int, hours: float, speed: float) -> dict[str, Any]:
         print(f"live: fair shares {'on' if on else 'off'}, flood {'on' if heavy else 'off'}")
         runs.append(replay(_config(on, shape), trace, speed=speed, progress=print)[0])
     fair, unfair, alone = runs
+    return figures(seed, shape, fair, unfair, alone, flood=_flood(hours))
+
+
+def measure_hours(seed: int, hours: float) -> dict[str, Any]:
+    """`measure_live`'s figures from the simulator, on the same traces (`hours` of them)."""
+    shape = SharedBox()
+    runs = ((True, True), (False, True), (True, False))  # fair, off, alone
+    fair, unfair, alone = (_run(seed, on, heavy, shape, hours) for on, heavy in runs)
     return figures(seed, shape, fair, unfair, alone, flood=_flood(hours))
 
 
@@ -268,7 +278,9 @@ def main() -> int:
         print(f"wrote fair, off and alone (.yaml, .jsonl) to {args.write_live}")
         return 0
     if args.live:
-        rows = [measure_live(args.seeds[0], args.hours, args.speed)]
+        live = measure_live(args.seeds[0], args.hours, args.speed)
+        sim = measure_hours(args.seeds[0], args.hours)
+        rows = [{**live, "seed": f"{live['seed']} live"}, {**sim, "seed": f"{sim['seed']} sim"}]
     else:
         rows = [measure(s, shape_of(s) if args.family else SharedBox()) for s in args.seeds]
     t = Table(title="fair shares on the shared box (flood vs without it; fair vs off)")
