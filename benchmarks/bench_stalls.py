@@ -20,7 +20,10 @@ its own:
 Per phase: the largest gap the stream saw, how many gaps were over 100 ms, `/health` p99 and
 max. `--runs N` makes N passes (a fresh gateway each) and pools each phase's events over them:
 a 10 s phase holds some 200 health checks, so one pass's p99 is its third-worst check and
-varies from pass to pass on a busy machine; each pass's own p99 is given too. `--src DIR` runs another checkout's code (a commit to compare against). Run:
+varies from pass to pass on a busy machine; each pass's own p99 is given too. And per phase,
+how busy the scheduler's process was: its event loop's thread and its other threads (the
+store's, the batch tick's), in cores (CPU seconds over the phase's seconds). `--src DIR`
+runs another checkout's code (a commit to compare against). Run:
 `make bench-stalls` or `.venv/bin/python benchmarks/bench_stalls.py [--json F]`.
 """
 
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench_gateway import free_port, wait_ok
 from bench_relay import _UPSTREAM, CORRAL, process
@@ -124,6 +128,18 @@ def served(c: httpx.Client, name: str, timeout_s: float) -> float | None:
     return None
 
 
+def cpu_s(proc: psutil.Process) -> tuple[float, float]:
+    """CPU seconds (user and system) of `proc`'s main thread, where its event loop runs, and of
+    its other threads together."""
+    main = others = 0.0
+    for t in proc.threads():
+        if t.id == proc.pid:
+            main += t.user_time + t.system_time
+        else:
+            others += t.user_time + t.system_time
+    return main, others
+
+
 def phase_figures(runs: list[tuple[list[dict[str, Any]], float]]) -> dict[str, Any]:
     """One phase's figures over its runs (each: the probe's events inside it, its seconds):
     the largest gap and `/health`'s p99 and max over all of them pooled, and each run's p99."""
@@ -171,10 +187,15 @@ def run(args: argparse.Namespace, folder: Path) -> list[Phase]:
     log = folder / "probe.jsonl"
     phases: list[tuple[str, float, float, dict[str, Any]]] = []
 
+    gateway: list[psutil.Process] = []  # the scheduler's process, once started
+
     def phase(name: str, action: Callable[[], dict[str, Any] | None]) -> None:
         time.sleep(1.0)  # the stream settles between operations
-        start = time.time()
+        start, before = time.time(), cpu_s(gateway[0])
         extra = action() or {}
+        after = cpu_s(gateway[0])
+        # CPU seconds of the scheduler's process in the phase: its loop's thread, the rest.
+        extra["cpu_s"] = (after[0] - before[0], after[1] - before[1])
         phases.append((name, start, time.time(), extra))
         print(f"{name}: {time.time() - start:.1f} s", file=sys.stderr)
 
@@ -190,6 +211,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[Phase]:
         err = stack.enter_context((folder / "serve.log").open("w"))
         env = {**os.environ, "CORRAL_LOOP_STALL_S": str(args.stall_s)}
         gw = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        gateway.append(psutil.Process(gw.pid))
         stack.callback(gw.wait, 30)
         stack.callback(gw.terminate)
         wait_ok(f"{url}/health", 120)
@@ -236,10 +258,12 @@ def run(args: argparse.Namespace, folder: Path) -> list[Phase]:
 
         phase("GGUF added", gguf)
         time.sleep(1.0)
-    if args.log is not None:  # the gateway's own log: its loop watch names what stalled it
-        shutil.copy(folder / "serve.log", args.log)
-    if args.events is not None:  # the probe's every gap and health latency, with its time
-        shutil.copy(log, args.events)
+    # Each pass's, appended: the gateway's own log (its loop watch names what stalled it) and
+    # the probe's every gap and health latency, with its time.
+    for keep, path in ((args.log, folder / "serve.log"), (args.events, log)):
+        if keep is not None:
+            with keep.open("ab") as out:
+                out.write(path.read_bytes())
     events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     return [(name, [e for e in events if s <= e["t"] <= end], end - s, extra)
             for name, s, end, extra in phases]  # fmt: skip
@@ -247,13 +271,15 @@ def run(args: argparse.Namespace, folder: Path) -> list[Phase]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| while | largest gap in the stream | gaps over 100 ms | `/health` p99 / max "
-           "| p99 of each run | served after |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+           "| p99 of each run | loop / other threads, cores | served after |",
+           "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         after = r.get("served_after_s")
         out.append(
             f"| {r['phase']} ({r['seconds']:.1f} s) | {r['gap_max_ms']} ms | {r['gaps_over_100ms']}"
             f" | {r['health_p99_ms']} / {r['health_max_ms']} ms"
-            f" | {', '.join(f'{x:g}' for x in r['health_p99_ms_each'])} ms | "
+            f" | {', '.join(f'{x:g}' for x in r['health_p99_ms_each'])} ms"
+            f" | {r['loop_cores']} / {r['threads_cores']} | "
             f"{'' if after is None else f'{after:.1f} s'} |"
         )
     return "\n".join(out)
@@ -267,9 +293,9 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write the figures here too")
     p.add_argument("--src", type=Path, help="run `corral serve` from this checkout's src/")
     p.add_argument("--workers", type=int, help="relay processes (`corral serve --workers`)")
-    p.add_argument("--log", type=Path, help="keep the gateway's log (its stalls, named) here")
+    p.add_argument("--log", type=Path, help="append the gateway's log (its stalls, named) here")
     p.add_argument("--runs", type=int, default=1, help="passes, their events pooled per phase")
-    p.add_argument("--events", type=Path, help="keep the probe's events (JSON lines) here")
+    p.add_argument("--events", type=Path, help="append the probe's events (JSON lines) here")
     p.add_argument("--stall-s", type=float, default=0.1, help="the gateway logs stalls from")
     args = p.parse_args()
     passes = []
@@ -281,6 +307,10 @@ def main() -> None:
     for k, (name, _, _, extra) in enumerate(passes[0]):
         afters = [p[k][3]["served_after_s"] for p in passes if "served_after_s" in p[k][3]]
         row = {"phase": name, **phase_figures([(p[k][1], p[k][2]) for p in passes]), **extra}
+        seconds = sum(p[k][2] for p in passes)
+        row["loop_cores"] = round(sum(p[k][3]["cpu_s"][0] for p in passes) / seconds, 2)
+        row["threads_cores"] = round(sum(p[k][3]["cpu_s"][1] for p in passes) / seconds, 2)
+        del row["cpu_s"]
         if afters:
             row["served_after_s"] = None if None in afters else max(afters)  # None: never
             row["served_after_s_each"] = afters
