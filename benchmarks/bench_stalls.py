@@ -19,7 +19,7 @@ its own:
 
 Per phase: the largest gap the stream saw, how many gaps were over 100 ms, `/health` p99 and
 max. `--runs N` makes N passes (a fresh gateway each) and pools each phase's events over them:
-a 10 s phase holds some 200 health checks, so one pass's p99 is its third-worst check and
+a 10 s phase holds some 200 health checks, so one pass's p99 is its second-worst check and
 varies from pass to pass on a busy machine; each pass's own p99 is given too. And per phase,
 how busy the scheduler's process was: its event loop's thread and its other threads (the
 store's, the batch tick's), in cores (CPU seconds over the phase's seconds). `--src DIR`
