@@ -145,13 +145,11 @@ def _max_min(demand: dict[str, float], capacity: float) -> dict[str, float]:
     return share
 
 
-def measure(seed: int, shape: SharedBox = SharedBox()) -> dict[str, Any]:
-    fair, unfair, alone = (
-        _run(seed, True, True, shape),
-        _run(seed, False, True, shape),
-        _run(seed, True, False, shape),
-    )
-    return figures(seed, shape, fair, unfair, alone)
+def measure(seed: int, shape: SharedBox = SharedBox(), hours: float = 1.0) -> dict[str, Any]:
+    """The figures from the simulator's three runs of `hours` of the scenario."""
+    runs = ((True, True), (False, True), (True, False))  # fair, off, alone
+    fair, unfair, alone = (_run(seed, on, heavy, shape, hours) for on, heavy in runs)
+    return figures(seed, shape, fair, unfair, alone, flood=_flood(hours))
 
 
 def measure_live(seed: int, hours: float, speed: float) -> dict[str, Any]:
@@ -167,14 +165,6 @@ def measure_live(seed: int, hours: float, speed: float) -> dict[str, Any]:
         print(f"live: fair shares {'on' if on else 'off'}, flood {'on' if heavy else 'off'}")
         runs.append(replay(_config(on, shape), trace, speed=speed, progress=print)[0])
     fair, unfair, alone = runs
-    return figures(seed, shape, fair, unfair, alone, flood=_flood(hours))
-
-
-def measure_hours(seed: int, hours: float) -> dict[str, Any]:
-    """`measure_live`'s figures from the simulator, on the same traces (`hours` of them)."""
-    shape = SharedBox()
-    runs = ((True, True), (False, True), (True, False))  # fair, off, alone
-    fair, unfair, alone = (_run(seed, on, heavy, shape, hours) for on, heavy in runs)
     return figures(seed, shape, fair, unfair, alone, flood=_flood(hours))
 
 
@@ -279,7 +269,7 @@ def main() -> int:
         return 0
     if args.live:
         live = measure_live(args.seeds[0], args.hours, args.speed)
-        sim = measure_hours(args.seeds[0], args.hours)
+        sim = measure(args.seeds[0], hours=args.hours)
         rows = [{**live, "seed": f"{live['seed']} live"}, {**sim, "seed": f"{sim['seed']} sim"}]
     else:
         rows = [measure(s, shape_of(s) if args.family else SharedBox()) for s in args.seeds]

@@ -309,11 +309,14 @@ def main() -> None:
     rows = []
     for k, (name, _, _, extra) in enumerate(passes[0]):
         afters = [p[k][3]["served_after_s"] for p in passes if "served_after_s" in p[k][3]]
-        row = {"phase": name, **phase_figures([(p[k][1], p[k][2]) for p in passes]), **extra}
         seconds = sum(p[k][2] for p in passes)
-        row["loop_cores"] = round(sum(p[k][3]["cpu_s"][0] for p in passes) / seconds, 2)
-        row["threads_cores"] = round(sum(p[k][3]["cpu_s"][1] for p in passes) / seconds, 2)
-        del row["cpu_s"]
+        row = {
+            "phase": name,
+            **phase_figures([(p[k][1], p[k][2]) for p in passes]),
+            **{key: v for key, v in extra.items() if key != "cpu_s"},
+            "loop_cores": round(sum(p[k][3]["cpu_s"][0] for p in passes) / seconds, 2),
+            "threads_cores": round(sum(p[k][3]["cpu_s"][1] for p in passes) / seconds, 2),
+        }
         if afters:
             row["served_after_s"] = None if None in afters else max(afters)  # None: never
             row["served_after_s_each"] = afters
