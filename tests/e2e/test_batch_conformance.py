@@ -4,6 +4,7 @@ error bodies, and the input files editors write (a BOM, a trailing blank line)."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -147,6 +148,10 @@ def test_a_large_file_is_validating_first_then_runs(gw: Gateway) -> None:
     assert b.status == "completed"
     assert b.request_counts is not None
     assert b.request_counts.completed == 60
+    # checked, and its lines stored, by a process of its own (batch/checker.py)
+    said = re.search(rf"batch {b.id} is in_progress: .* by process (\d+) \(nice 10\)", gw.logged())
+    assert said is not None, gw.logged()
+    assert int(said[1]) != gw.pid()
     # a bad line in a large file: the batch fails after validating, naming the line
     bad = [chat_line(i, "alpha", tokens=1) for i in range(60)]
     bad[41] = chat_line(41, "nope")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,25 @@ def test_a_name_without_a_tag_finds_its_latest_as_ollama_does() -> None:
     assert config.resolve("plain") == "plain"
     assert config.resolve("alias") == "plain"
     assert config.resolve("hf.co/org/good") is None
+
+
+def test_the_names_table_answers_as_resolve_does() -> None:
+    """`Config.names` (pickled to a batch's checking process) against `resolve` itself, with a
+    name claimed twice (an alias, a filter's id): the first model to claim it wins."""
+    config = parse_config(
+        """
+models:
+  'good:latest': {}
+  a: {aliases: [x]}
+  b: {aliases: [y]}
+  c: {filters: {set_params_by_id: {fast: {temperature: 0}, x: {}}}}
+"""
+    )
+    names = config.names()
+    asked = ["good", "good:latest", "a", "b", "c", "x", "y", "fast", "nope", "a:7b"]
+    assert [names(n) for n in asked] == [config.resolve(n) for n in asked]
+    assert [names(n) for n in ("good", "x", "fast")] == ["good:latest", "a", "c"]
+    assert pickle.loads(pickle.dumps(names)) == names
 
 
 def test_a_skipped_model_is_told_under_the_names_resolve_takes() -> None:

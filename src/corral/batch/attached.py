@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import corral
+from corral.batch.checker import Checker
 from corral.batch.files import FileStorage
 from corral.batch.jsonl import KIND
 from corral.batch.service import BatchService
@@ -142,14 +143,28 @@ class BatchRuntime:
     """The store, the files, the service and the worker that runs lines; `start` and `close`
     inside the serving loop."""
 
-    def __init__(self, config: Config, gateway: Gateway, store: Store, files: FileStorage) -> None:
+    def __init__(
+        self,
+        config: Config,
+        gateway: Gateway,
+        store: Store,
+        files: FileStorage,
+        store_url: str = "memory://",
+    ) -> None:
+        """`store_url`: where another process opens `store` (large files are checked in one,
+        batch/checker.py; `memory://`: only here)."""
         self.config = config
         self.gateway = gateway
         self.store = store
         line_mb = config.batch.max_line_mb or config.server.max_body_mb
+        line_bytes = int(line_mb * (1 << 20))
         self.service = BatchService(
-            store, files, config.batch, config.resolve, max_line_bytes=int(line_mb * (1 << 20))
+            store, files, config.batch, config.resolve, max_line_bytes=line_bytes
         )
+        self.checker: Checker | None = None
+        if store_url != "memory://":
+            self.checker = Checker(store_url, files.root, config.batch, line_bytes, config.names)
+            self.service.elsewhere = self.checker
         self._upstream: Upstream | None = None
         self.health = StoreHealth(store)
         registry = Registry()
@@ -203,6 +218,8 @@ class BatchRuntime:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.checker is not None:
+            self.checker.close()
         await asyncio.to_thread(self.store.close)
 
     def status(self) -> list[dict[str, Any]]:

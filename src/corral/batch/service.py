@@ -79,6 +79,8 @@ class BatchService:
         self._hooks: set[str] = set()  # ended batches whose webhook is still to be delivered
         self._finalizer = Finalizer(store, files, clock, self.add_file)
         self._swept_at = 0.0
+        # Where a large file is checked and its lines stored, if not here (batch/checker.py).
+        self.elsewhere: Callable[[str], None] | None = None
 
     # --- files --------------------------------------------------------------------------------
     def add_file(
@@ -320,8 +322,17 @@ class BatchService:
         lines = tasks(path, checked, batch_id, self.limits.priority, self.limits.max_attempts)
         return "in_progress", data, lines
 
+    def validate(self, batch_id: str) -> Batch:
+        """Check a `validating` batch's file and start it (or fail it); the batch as it is
+        after (a batch no longer `validating` is left as it is)."""
+        b = self.store.batches.get(batch_id)
+        return self._validate(b) if b.status == "validating" else b
+
     def _validate(self, b: Batch) -> Batch:
         """Check a `validating` batch's file and start it (or fail it)."""
+        if self.elsewhere is not None:
+            self.elsewhere(b.id)
+            return self.store.batches.get(b.id)
         now = self.clock()
         try:
             source = self.file(b.data["input_file_id"], read=True)

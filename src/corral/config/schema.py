@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +18,25 @@ from corral.config.server import (
     keeps_prompt_cache,
 )
 from corral.policy_names import PolicyName
+
+
+def _with_latest(find: Callable[[str], str | None], name: str) -> str | None:
+    """`find(name)`, else, for a name without a tag, `find` of its `:latest`."""
+    found = find(name)
+    if found is None and ":" not in name.rsplit("/", 1)[-1]:
+        found = find(f"{name}:latest")
+    return found
+
+
+@dataclass(frozen=True)
+class Names:
+    """A configuration's model names and aliases, by the model each names (`Config.names`):
+    called with a client's name, the model it refers to, as `Config.resolve` answers."""
+
+    table: dict[str, str]
+
+    def __call__(self, name: str) -> str | None:
+        return _with_latest(self.table.get, name)
 
 
 def _default_devices() -> list[DeviceConfig]:
@@ -215,10 +236,18 @@ class Config(Strict):
     def resolve(self, name: str) -> str | None:
         """The model a client's name refers to (a model name or an alias), or None. A name
         without a tag also finds its `:latest`, as Ollama resolves `llama3`."""
-        found = self._resolve(name)
-        if found is None and ":" not in name.rsplit("/", 1)[-1]:
-            found = self._resolve(f"{name}:latest")
-        return found
+        return _with_latest(self._resolve, name)
+
+    def names(self) -> Names:
+        """What `resolve` knows, as a table that can be pickled (a process of its own resolves
+        with it as `resolve` does)."""
+        table: dict[str, str] = {}
+        # In reverse, so that a model's own name, then the first model with an alias, wins.
+        for m, c in reversed(list(self.models.items())):
+            ids = c.filters.set_params_by_id if c.filters is not None else {}
+            table.update(dict.fromkeys((*c.aliases, *ids), m))
+        table.update({m: m for m in self.models})
+        return Names(table)
 
     def _resolve(self, name: str) -> str | None:
         if name in self.models:

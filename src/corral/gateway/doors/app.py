@@ -425,7 +425,7 @@ def _batch_runtime(config: Config, gateway: Gateway, data_dir: Path | None) -> B
     else:
         url = config.server.store or f"sqlite:///{root / 'corral.db'}"
     root.mkdir(parents=True, exist_ok=True)
-    return BatchRuntime(config, gateway, open_store(url), FileStorage(root / "files"))
+    return BatchRuntime(config, gateway, open_store(url), FileStorage(root / "files"), url)
 
 
 async def _refused(metrics: Metrics, request: Request, exc: Exception) -> Response:
