@@ -47,6 +47,11 @@ class Composed:
     warnings: list[str] = field(default_factory=list)
 
 
+def composed_config(opts: ServeOptions) -> Config:
+    """The configuration `opts` describe, alone (what `corral serve --watch` reads again)."""
+    return compose(opts).config
+
+
 def compose(opts: ServeOptions) -> Composed:
     """The configuration `opts` describe. CorralError (or ValueError) names what is wrong;
     nothing to serve at all is an error too."""

@@ -19,14 +19,8 @@ check is killed; the next start checks the batch again. A store only this proces
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing
-import multiprocessing.connection
-import multiprocessing.process
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +28,7 @@ from pathlib import Path
 
 from corral.batch.files import FileStorage
 from corral.batch.service import BatchService
+from corral.child import ChildDied, ChildError, Children
 from corral.config import BatchConfig
 from corral.config.schema import Names
 from corral.store import open_store
@@ -43,7 +38,6 @@ log = logging.getLogger("corral.batch")
 NICE = 10  # below the scheduler's process: a person's request goes first
 RESTART_S = 1.0
 MAX_RESTART_S = 60.0
-_CONTEXT = multiprocessing.get_context("forkserver")
 
 
 @dataclass(frozen=True)
@@ -58,26 +52,18 @@ class CheckSpec:
     names: Names
 
 
-def _child(spec: CheckSpec, batch_id: str, send: multiprocessing.connection.Connection) -> None:
-    """The child: check and start `batch_id` at a lower priority; answers its status, or the
-    error it met."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is its parent's to handle
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
+def _validate(spec: CheckSpec, batch_id: str) -> tuple[str, int, int]:
+    """In the child: check and start (or fail) `batch_id`; its status after, the child's
+    process id and its nice value."""
+    store = open_store(spec.store_url, migrate=False)
     try:
-        store = open_store(spec.store_url, migrate=False)
-        try:
-            files = FileStorage(Path(spec.files_root))
-            service = BatchService(
-                store, files, spec.limits, spec.names, max_line_bytes=spec.max_line_bytes
-            )
-            status = service.validate(batch_id).status
-            send.send(("ok", (status, os.getpid(), os.nice(0))))
-        finally:
-            store.close()
-    except Exception as exc:
-        send.send(("error", f"{type(exc).__name__}: {exc}"))
-    send.close()
+        files = FileStorage(Path(spec.files_root))
+        service = BatchService(
+            store, files, spec.limits, spec.names, max_line_bytes=spec.max_line_bytes
+        )
+        return service.validate(batch_id).status, os.getpid(), os.nice(0)
+    finally:
+        store.close()
 
 
 class Checker:
@@ -94,9 +80,7 @@ class Checker:
     ) -> None:
         self._spec = (store_url, str(files_root), limits, max_line_bytes)
         self.names = names
-        self._lock = threading.Lock()
-        self._running: set[multiprocessing.process.BaseProcess] = set()
-        self._closed = False
+        self.children = Children("corral-batch-check", NICE)
         self._deaths = 0
         self._not_before = 0.0
 
@@ -106,39 +90,22 @@ class Checker:
         wait_s = self._not_before - time.monotonic()
         if wait_s > 0:
             raise RuntimeError(f"a batch file's check died; the next starts in {wait_s:.0f} s")
-        receive, send = _CONTEXT.Pipe(duplex=False)
-        spec = CheckSpec(*self._spec, self.names())
-        proc = _CONTEXT.Process(
-            target=_child, args=(spec, batch_id, send), name="corral-batch-check", daemon=True
-        )
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the server is stopping")
-            proc.start()
-            self._running.add(proc)
-        send.close()  # the child holds the other copy: EOF on ours if it dies
         started_s = time.monotonic()
         try:
-            kind, value = receive.recv()
-        except EOFError:
-            proc.join(5)
+            status, pid, nice = self.children.call(
+                _validate, CheckSpec(*self._spec, self.names()), batch_id
+            )
+        except ChildDied as exc:
             self._not_before = time.monotonic() + min(MAX_RESTART_S, RESTART_S * 2**self._deaths)
             self._deaths += 1
             raise RuntimeError(
-                f"the process checking batch {batch_id}'s file died (exit code "
-                f"{proc.exitcode}); it is checked again"
+                f"the process checking batch {batch_id}'s file died ({exc}); it is checked again"
             ) from None
-        finally:
-            receive.close()
-            proc.join(5)
-            with self._lock:
-                self._running.discard(proc)
-            if proc.is_alive():
-                proc.kill()
+        except ChildError as exc:
+            raise RuntimeError(
+                f"checking batch {batch_id}'s file: {exc.type_name}: {exc}"
+            ) from None
         self._deaths = 0
-        if kind != "ok":
-            raise RuntimeError(f"checking batch {batch_id}'s file: {value}")
-        status, pid, nice = value
         log.info(
             "batch %s is %s: its file was checked in %.1f s by process %d (nice %d)",
             batch_id,
@@ -150,13 +117,9 @@ class Checker:
 
     def running(self) -> list[int]:
         """The process ids of the checks running now."""
-        with self._lock:
-            return [p.pid for p in self._running if p.pid is not None]
+        return self.children.running()
 
     def close(self) -> None:
         """Stop the checks running now (each batch stays `validating`; the next start checks
         it again) and start no more."""
-        with self._lock:
-            self._closed = True
-            for proc in self._running:
-                proc.kill()
+        self.children.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -60,7 +61,7 @@ def serve_cmd(
     ] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway: one URL in front of every model's server."""
-    from corral.compose import ServeOptions, compose
+    from corral.compose import ServeOptions, compose, composed_config
 
     options = ServeOptions(
         config_path, listen, policy, list(models or []), llama_server, list(context or [])
@@ -84,7 +85,7 @@ def serve_cmd(
         paths = [p for p in [config_path, *folders] if p is not None]
         if not paths:
             raise _fail(CorralError("--watch needs a config file (--config) or --models DIR"))
-        watched = (paths, lambda: compose(options).config)
+        watched = (paths, functools.partial(composed_config, options))
     _serve(config, title, watched)
 
 

@@ -14,9 +14,11 @@
   it and why; the other models are applied, and an error no check foresaw is logged
   without stopping the watch.
 
-The configuration is read again off the event loop (in a thread: a models folder's new files
-are projected by llama-server, which takes seconds); the live `Config` object is then changed in
-place on the loop (its `models`), so every part that holds it sees the same models.
+The configuration is read again off the event loop and out of the scheduler's process: `load`
+runs in a child process at nice 10 (`corral.child`; a models folder's GGUF headers are read
+there, and its new files projected by llama-server, which takes seconds), and its `Config`
+comes back pickled; the live `Config` object is then changed in place on the loop (its
+`models`), so every part that holds it sees the same models.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from pathlib import Path
 
 import watchfiles
 
+from corral.child import ChildDied, ChildError, Children
 from corral.config import Config, ModelConfig
 from corral.errors import CorralError
 from corral.gateway.servers.fleet import process_spec
 from corral.gateway.servers.runtime import Gateway
 
 log = logging.getLogger("corral.gateway")
+NICE = 10  # a reload yields to the requests it must not delay
 SETTLE_S = 0.25  # how often models being restarted or removed are looked at again
 
 
@@ -46,10 +50,13 @@ def _server(name: str, m: ModelConfig) -> object:
 
 class Reloader:
     def __init__(self, gateway: Gateway, paths: list[Path], load: Callable[[], Config]) -> None:
+        """`load` reads the configuration again, in a child: a function defined at module
+        level or a `functools.partial` of one."""
         self.gateway = gateway
         self.config = gateway.config
         self.paths = paths
         self.load = load
+        self.children = Children("corral-reload", NICE)
         self.restarting: set[str] = set()
         self.removing: set[str] = set()
 
@@ -61,11 +68,12 @@ class Reloader:
                 await self.reload()  # never raises: a dead watcher would stop reloading silently
         finally:
             settle.cancel()
+            self.children.close()
 
     async def reload(self) -> list[str]:
         """Read the configuration again and apply it; returns what changed (also logged).
         Reading it (files, GGUF headers, the engine's memory projections: seconds for a folder
-        of new models) runs in a thread, so no request or stream waits for it; applying it to
+        of new models) runs in a child process, so no request or stream waits for it; applying it to
         the live configuration and the scheduler is quick and runs on the loop, which owns
         them. Changes made meanwhile are seen by the next reload."""
         redact = self.gateway.redact
@@ -73,9 +81,13 @@ class Reloader:
             # Its secrets found in the thread too (every model's command split: 200 models
             # are tens of milliseconds); the redactor is immutable, replaced on the loop.
             new, redact = await asyncio.to_thread(
-                lambda: (loaded := self.load(), redact.with_config(loaded))
+                lambda: (loaded := self.children.call(self.load), redact.with_config(loaded))
             )
-        except (CorralError, ValueError) as exc:
+        except ChildError as exc:  # a bad edit names itself; anything else, with its type
+            why = str(exc) if exc.expected else f"{exc.type_name}: {exc}"
+            log.error("config not reloaded, the previous one stays: %s", why)
+            return []
+        except (CorralError, ValueError, ChildDied) as exc:
             log.error("config not reloaded, the previous one stays: %s", exc)
             return []
         except Exception as exc:  # a bug reading some file: say so, keep watching
