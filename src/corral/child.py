@@ -31,6 +31,12 @@ T = TypeVar("T")
 _CONTEXT = multiprocessing.get_context("forkserver")
 
 
+def preload(*modules: str) -> None:
+    """Have the forkserver import `modules` once, so that each child starts with them (tenths
+    of a second saved per call); effective only before the first child starts."""
+    _CONTEXT.set_forkserver_preload(list(modules))
+
+
 class ChildError(Exception):
     """What the call raised in its child: its message, its type's name, and whether it is one
     of the errors that name a problem for a person (`CorralError`, `ValueError`)."""

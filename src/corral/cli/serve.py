@@ -96,6 +96,7 @@ def _serve(
     signal; `watched`: the paths `--watch` watches and how to compose the config again."""
     import logging
 
+    from corral.child import preload
     from corral.config import data_dir
     from corral.gateway.doors.app import create_app
     from corral.gateway.pipeline.connections import run_server, with_header_timeout
@@ -107,6 +108,8 @@ def _serve(
     served = [n for n, m in config.models.items() if m.cmd or m.upstream]
     batches = config.server.store or Path(config.server.data_dir or data_dir()) / "corral.db"
     count = _relay_count(config)
+    # What its children run (a reload's reading, a batch file's check), imported once.
+    preload("corral.compose", "corral.batch.checker")
     try:  # a key file that cannot be read: never serve without its keys
         app = create_app(config, log_dir, data_dir(), watched, relayed=count > 0)
         app.state.gateway.claim()  # before anything starts, so a second copy changes nothing
