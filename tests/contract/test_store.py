@@ -888,6 +888,44 @@ def test_a_batch_and_its_lines_are_stored_together(store: Store) -> None:
         store.batches.get("nope")
 
 
+def _owned(store: Store, i: int, owner: str | None, n: int, weight: float = 1.0) -> list[str]:
+    """Batch `batch-i` of `owner` with `n` lines on model m, placed as the service places
+    them (`starts`, then start + k / weight); its lines' ids."""
+    (start,) = store.batches.starts(["m"], owner, -1).values()
+    tasks = [
+        dataclasses.replace(t, turn=start + k / weight)
+        for k, t in enumerate(lines(f"batch-{i}", n), 1)
+    ]
+    store.batches.create(dataclasses.replace(a_batch(i), owner=owner), tasks)
+    return [t.id for t in store.batches.tasks(f"batch-{i}")]
+
+
+def _claim_all(store: Store) -> list[str]:
+    got: list[str] = []
+    while batch := store.claim("m", "w", limit=1, lease_s=30):
+        got.extend(t.id for t in batch)
+    return got
+
+
+def test_owners_batch_lines_take_turns_by_weight_and_the_rest_keep_their_order(
+    store: Store,
+) -> None:
+    a = _owned(store, 1, "ann", 6)
+    b = _owned(store, 2, "bob", 3)
+    assert _claim_all(store) == [a[0], a[1], b[0], a[2], b[1], a[3], b[2], a[4], a[5]]
+    # Weight 2: two of carol's lines to one of ann's; ann's second batch follows her first;
+    # a queue task (no turn) keeps its place by arrival, after every line queued before it.
+    a = _owned(store, 3, "ann", 3)
+    c = _owned(store, 4, "carol", 4, weight=2.0)
+    a2 = _owned(store, 5, "ann", 1)
+    (task,) = store.enqueue_many([NewTask("k", "m", {}, priority=-1)])
+    assert _claim_all(store) == [a[0], c[0], a[1], c[1], c[2], a[2], c[3], a2[0], task]
+    # Without owners (no keys), batches run one after the other, as queue tasks do.
+    x = _owned(store, 6, None, 2)
+    y = _owned(store, 7, None, 2)
+    assert _claim_all(store) == [*x, *y]
+
+
 def test_a_batch_that_does_not_store_stores_no_lines(store: Store) -> None:
     bad = [*lines("batch-1", 2), NewTask("openai_batch", "m", {"x": float("nan")})]
     with pytest.raises(BadTask):

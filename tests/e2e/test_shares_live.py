@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -220,3 +221,51 @@ def test_a_principals_highest_class_and_tokens_per_minute(tmp_path: Path) -> Non
         ).json()["data"]
         assert [(u["principal"], u["requests"]) for u in usage] == [("bulk", 1)]
         assert usage[0]["output_tokens"] == answer.usage.completion_tokens
+
+
+TURNS = f"""
+models:
+  alpha:
+    concurrency: 1
+    cmd: {SIM} --load-s 0.1 --tokens-per-s 2000 --answer-tokens 2
+server:
+  log_dir: LOG_DIR
+  api_keys: [{KEY}]
+  principals:
+    ann: {{keys: [{HEAVY}]}}
+    bob: {{keys: [{LIGHT}], weight: 2}}
+"""
+
+
+def test_two_users_batches_take_turns_on_one_model(tmp_path: Path) -> None:
+    """Bob's batch, made while ann's 30 lines wait on the same model, runs beside them (two
+    of his lines to one of hers: his weight is 2) and ends first; one after the other, as in
+    arrival order, his would end last. Asserted on the order the lines ran in, from the
+    store."""
+    from corral.store import open_store
+    from tests.support.batches import chat_line, finish, upload
+
+    with serve(tmp_path, TURNS) as gw:
+        made = {}
+        for who, key, n in (("ann", HEAVY, 30), ("bob", LIGHT, 10)):
+            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+            file_id = upload(client, [chat_line(i, "alpha", tokens=2) for i in range(n)])
+            made[who] = (client, client.batches.create(
+                input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+            ).id)  # fmt: skip
+        for client, batch_id in made.values():
+            assert finish(client, batch_id, timeout_s=120).status == "completed"
+    data = Path(os.environ.get("XDG_DATA_HOME") or tmp_path / "data")
+    store = open_store(f"sqlite:///{data / 'corral' / 'corral.db'}", read_only=True)
+    try:
+        ran = sorted(
+            (t.started_at or 0.0, who)
+            for who, (_, batch_id) in made.items()
+            for t in store.batches.tasks(batch_id)
+        )
+    finally:
+        store.close()
+    order = "".join(who[0] for _, who in ran)
+    assert order.count("b") == 10
+    assert order.rstrip("a").count("a") < 30 / 2, order  # bob's last ran before ann's middle
+    assert "bb" in order.lstrip("a")[: order.rfind("b") + 1], order  # two of his to one of hers

@@ -31,7 +31,7 @@ def service(tmp_path: Path, **limits: object) -> tuple[BatchService, MemoryStore
     return svc, store, clock
 
 
-def upload(svc: BatchService, n: int) -> str:
+def upload(svc: BatchService, n: int, owner: str | None = None) -> str:
     file_id = svc.files.new_id()
     lines = [
         json.dumps(
@@ -46,7 +46,7 @@ def upload(svc: BatchService, n: int) -> str:
     ]
     data = ("\n".join(lines) + "\n").encode()
     svc.files.write(file_id, [data])
-    svc.add_file(file_id, "in.jsonl", "batch", len(data))
+    svc.add_file(file_id, "in.jsonl", "batch", len(data), owner=owner)
     return file_id
 
 
@@ -157,3 +157,17 @@ def test_a_validating_batch_cancelled_before_its_check_never_starts(tmp_path: Pa
     ended = store.batches.get(b.id)
     assert ended.status == "cancelled"
     assert store.batches.counts(b.id) == {}  # its lines were never stored
+
+
+def test_two_owners_batches_take_turns_on_a_model_by_their_weights(tmp_path: Path) -> None:
+    """Bob's batch, made while ann's 6 lines wait, runs beside them (two of his lines to one
+    of hers at weight 2) instead of after them; his is checked by the tick (`validating`)."""
+    svc, store, _ = service(tmp_path, validate_inline_mb=0.002)  # 2 kB: his file is larger
+    ann = svc.create(upload(svc, 6, "ann"), "/v1/embeddings", owner="ann")
+    bob = svc.create(upload(svc, 40, "bob"), "/v1/embeddings", owner="bob", weight=2.0)
+    assert (ann.status, bob.status) == ("in_progress", "validating")
+    svc.tick()
+    order: list[str] = []
+    while got := store.claim("m", "w", 1, 30.0):
+        order.append("a" if got[0].batch_id == ann.id else "b")
+    assert "".join(order) == "ab" + "abb" * 5 + "b" * 29

@@ -192,6 +192,7 @@ def test_every_operation_of_the_other_roles_runs_under_the_guard() -> None:
             "update": lambda: batches.update("b1", "finalizing", {}, ["in_progress"]),
             "counts": lambda: batches.counts("b1"),
             "tasks": lambda: batches.tasks("b1"),
+            "starts": lambda: batches.starts(["m"], "ann", -1),
             "cancel": lambda: batches.cancel("b1"),
         },
         SqlMembership: {

@@ -10,7 +10,7 @@ bad line is refused whole, every problem named with its line number (up to `max_
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -211,14 +211,26 @@ def _request(
 
 
 def tasks(
-    path: Path, checked: Checked, batch_id: str, priority: int, max_attempts: int
+    path: Path,
+    checked: Checked,
+    batch_id: str,
+    priority: int,
+    max_attempts: int,
+    starts: Mapping[str, float] | None = None,
+    weight: float = 1.0,
 ) -> Iterator[NewTask]:
-    """One task per line of a file that `check` passed, in line order."""
+    """One task per line of a file that `check` passed, in line order. With `starts` (per
+    model, `BatchStore.starts`), the k-th line of a model takes turn start + k / `weight`."""
+    placed: dict[str, int] = {}
     with path.open("rb") as f:
         lines = (x for i, x in enumerate(f) if x.strip() and not (i == 0 and x.strip() == _BOM))
         for n, (model, raw) in enumerate(zip(checked.models, lines, strict=True)):
             if n == 0:
                 raw = raw.removeprefix(_BOM)
+            turn = None
+            if starts is not None:
+                placed[model] = k = placed.get(model, 0) + 1
+                turn = starts[model] + k / weight
             yield NewTask(
                 KIND,
                 model,
@@ -226,6 +238,7 @@ def tasks(
                 max_attempts=max_attempts,
                 batch_id=batch_id,
                 payload_raw=raw.decode("utf-8").rstrip("\r\n"),
+                turn=turn,
             )
 
 

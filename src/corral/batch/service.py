@@ -211,6 +211,7 @@ class BatchService:
         output_expires_after: Any = None,
         owner: str | None = None,
         models: Sequence[str] = (),
+        weight: float = 1.0,
     ) -> Batch:
         """Check the input file and store the batch with its lines (or, if any line is bad, the
         failed batch with every problem); a file over `validate_inline_mb` is stored
@@ -218,7 +219,8 @@ class BatchService:
         model whatever its body says. `owner`: the principal making it, whose input file it
         must be and whose idempotency keys are its own; `models`: the names or globs of the
         models it may use (none: all), a line naming another failing as one naming a model not
-        served. Raises `BatchError` for a bad request."""
+        served; `weight`: its owner's, in the turns its lines take with other owners' on each
+        model. Raises `BatchError` for a bad request."""
         if endpoint not in ENDPOINTS:
             raise BatchError(
                 400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "invalid_value", "endpoint"
@@ -257,6 +259,8 @@ class BatchService:
         }
         if models:
             data["models_allowed"] = list(models)
+        if weight != 1.0:  # its owner's, in its turns with other owners' batches
+            data["weight"] = weight
         batch_id = f"batch_{uuid.uuid4().hex}"
         # One principal's idempotency key never names another's batch ('/' is in no name).
         key = (
@@ -268,7 +272,7 @@ class BatchService:
             return self.store.batches.create(
                 Batch(batch_id, "validating", now, data, key, owner=owner), []
             )
-        status, data, lines = self._checked(batch_id, data, Path(source.path), now)
+        status, data, lines = self._checked(batch_id, owner, data, Path(source.path), now)
         return self.store.batches.create(
             Batch(batch_id, status, now, data, key, owner=owner), lines
         )
@@ -282,7 +286,7 @@ class BatchService:
         return override
 
     def _checked(
-        self, batch_id: str, data: dict[str, Any], path: Path, now: float
+        self, batch_id: str, owner: str | None, data: dict[str, Any], path: Path, now: float
     ) -> tuple[str, dict[str, Any], Iterable[NewTask]]:
         """Check the input file: the batch's status, data and lines (`failed` with every
         problem, or `in_progress`). `BatchError` if the queue has no room for its lines."""
@@ -319,7 +323,18 @@ class BatchService:
         data["in_progress_at"] = int(now)
         data["started_s"] = now  # precise, for the run time in `corral.run_s`
         data["models"] = dict(Counter(checked.models))  # lines per model, for ETAs
-        lines = tasks(path, checked, batch_id, self.limits.priority, self.limits.max_attempts)
+        # Each owner's lines take turns with the other owners' on each model, by weight.
+        weight = float(data.get("weight", 1.0))
+        starts = self.store.batches.starts(set(checked.models), owner, self.limits.priority)
+        lines = tasks(
+            path,
+            checked,
+            batch_id,
+            self.limits.priority,
+            self.limits.max_attempts,
+            starts,
+            weight,
+        )
         return "in_progress", data, lines
 
     def validate(self, batch_id: str) -> Batch:
@@ -336,7 +351,7 @@ class BatchService:
         now = self.clock()
         try:
             source = self.file(b.data["input_file_id"], read=True)
-            status, data, lines = self._checked(b.id, b.data, Path(source.path), now)
+            status, data, lines = self._checked(b.id, b.owner, b.data, Path(source.path), now)
         except BatchError as exc:
             problem = {"code": exc.code, "message": str(exc), "param": exc.param, "line": None}
             status, data, lines = "failed", {**b.data, "errors": [problem]}, []

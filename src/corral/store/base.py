@@ -86,6 +86,9 @@ class NewTask:
     # The payload already as JSON text (the caller vouches for it): stored as it is, sparing a
     # parse and a dump per task when the text comes from a file (a batch's lines).
     payload_raw: str | None = None
+    # Its place among its model's queued work of its class, in `seq`'s units (a batch line's,
+    # from `BatchStore.starts`); None: its own `seq`, in arrival order.
+    turn: float | None = None
 
     def payload_json(self) -> str:
         """The payload as JSON, or `BadTask` naming what cannot be serialised."""

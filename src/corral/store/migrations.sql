@@ -144,3 +144,13 @@ CREATE TABLE corral_usage (
     load_s {real} NOT NULL,
     PRIMARY KEY (hour, principal, model)
 );
+
+-- name: v13
+-- Fair turns between the owners of batches: a batch line's `turn` is its place among its
+-- model's queued work of its class, in `seq`'s units (`SqlBatches.starts`); a task without
+-- one takes its place by `seq`, as before.
+ALTER TABLE corral_tasks ADD COLUMN turn {real};
+DROP INDEX corral_tasks_queued;
+CREATE INDEX corral_tasks_queued
+    ON corral_tasks (model, interactive DESC, priority DESC, (COALESCE(turn, seq)), seq)
+    WHERE status = 'queued';

@@ -37,7 +37,8 @@ AND ((:grp = 0 AND (:start <= 1 OR cardinality(p.a) <= 1)) OR corral_tasks.run_a
 -- token starts with the claim's `:nonce`, which nothing else knows (`claimed`).
 WITH p AS (SELECT ARRAY(SELECT t.seq FROM corral_tasks t
                         WHERE t.model = :model AND {claimable}
-                        ORDER BY t.interactive DESC, t.priority DESC, t.seq
+                        ORDER BY t.interactive DESC, t.priority DESC,
+                                 COALESCE(t.turn, t.seq), t.seq
                         LIMIT :limit FOR UPDATE SKIP LOCKED) AS a,
                   set_config('synchronous_commit', 'off', true) AS async_commit)
 UPDATE corral_tasks SET status = 'running',

@@ -132,6 +132,7 @@ def task_rows(
             "created_at": now,
             "run_after": now if run_after is None else run_after,
             "batch_id": t.batch_id,
+            "turn": t.turn,
         }
         for t, tid in zip(tasks, new_ids(len(tasks)), strict=True)
     ]

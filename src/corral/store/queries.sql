@@ -46,9 +46,9 @@ t.status = 'queued' AND t.run_after <= :now
 
 -- name: insert_task
 INSERT INTO corral_tasks (id, kind, model, payload, priority, interactive, serial_key,
-    status, max_attempts, created_at, run_after, batch_id)
+    status, max_attempts, created_at, run_after, batch_id, turn)
 VALUES (:id, :kind, :model, :payload, :priority, :interactive, :serial_key, :status,
-    :max_attempts, :created_at, :run_after, :batch_id)
+    :max_attempts, :created_at, :run_after, :batch_id, :turn)
 
 -- name: insert_announced
 -- One enqueue and its announcement to other processes in one statement ({notify}: a SELECT).
@@ -62,6 +62,22 @@ SELECT 1 AS x FROM corral_tasks WHERE id = :id
 -- How many tasks of a kind wait (the partial index on queued tasks).
 SELECT count(*) AS n FROM corral_tasks
 WHERE model = :model AND status = 'queued' AND kind = :kind
+
+-- name: turn_head
+-- Where a model's queued work of one class stands: the place of its next task.
+SELECT MIN(COALESCE(turn, seq)) AS head FROM corral_tasks
+WHERE model = :model AND status = 'queued' AND interactive = :interactive
+    AND priority = :priority
+
+-- name: turn_tail
+-- The place of an owner's last queued batch line of a model and class (batches without an
+-- owner share one: a principal's name is never empty).
+SELECT MAX(t.turn) AS tail FROM corral_tasks t JOIN corral_batches b ON b.id = t.batch_id
+WHERE t.model = :model AND t.status = 'queued' AND t.interactive = :interactive
+    AND t.priority = :priority AND COALESCE(b.owner, '') = COALESCE(CAST(:owner AS TEXT), '')
+
+-- name: last_seq
+SELECT COALESCE(MAX(seq), 0) AS seq FROM corral_tasks
 
 -- name: claim_starts
 -- Whether a picked row `p` starts now: the best `:start` of them do; several started at once
@@ -79,11 +95,12 @@ UPDATE corral_tasks SET status = 'running',
                        THEN 1 ELSE 0 END,
     lease_token = {new_token}, lease_expires_at = :expires, worker_id = :worker
 FROM (SELECT s.seq, s.run_alone,
-             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC, s.seq) AS rn,
+             row_number() OVER (ORDER BY s.interactive DESC, s.priority DESC,
+                                COALESCE(s.turn, s.seq), s.seq) AS rn,
              count(*) OVER () AS picked
-      FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone FROM corral_tasks t
+      FROM (SELECT t.seq, t.interactive, t.priority, t.run_alone, t.turn FROM corral_tasks t
             WHERE t.model = :model AND {claimable}
-            ORDER BY t.interactive DESC, t.priority DESC, t.seq
+            ORDER BY t.interactive DESC, t.priority DESC, COALESCE(t.turn, t.seq), t.seq
             LIMIT :limit {lock_skip}) s) p
 WHERE corral_tasks.seq = p.seq
 RETURNING {qualified_columns}

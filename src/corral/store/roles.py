@@ -326,6 +326,15 @@ class BatchStore(Protocol):
         None if it was not. `BatchNotFound` if there is no such batch."""
         ...
 
+    def starts(self, models: Iterable[str], owner: str | None, priority: int) -> dict[str, float]:
+        """Per model, the turn after which a new batch of `owner`'s lines of the batch class
+        at `priority` take their places (`NewTask.turn`): where the model's queued work of that
+        class stands now, or after the owner's own lines queued before, whichever is later.
+        Line k of the batch (from 1) on a model then goes at its start + k / the owner's
+        weight, so owners' batches interleave by weight instead of running one after the
+        other."""
+        ...
+
     def counts(self, batch_id: str) -> dict[TaskStatus, int]:
         """The batch's tasks per status."""
         ...

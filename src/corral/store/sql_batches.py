@@ -317,6 +317,21 @@ class SqlBatches:
                 raise BatchNotFound(f"no batch with id {batch_id!r}")
         return to_batch(rows[0]) if rows else None
 
+    def starts(self, models: Iterable[str], owner: str | None, priority: int) -> dict[str, float]:
+        return self._guard("batches.starts", lambda: self._starts(models, owner, priority))
+
+    def _starts(self, models: Iterable[str], owner: str | None, priority: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with self._tx(write=False) as tx:
+            last = float(tx.run(SQL["last_seq"])[0]["seq"])
+            for model in models:
+                params = {"model": model, "interactive": 0, "priority": priority, "owner": owner}
+                head = tx.run(SQL["turn_head"], params)[0]["head"]
+                tail = tx.run(SQL["turn_tail"], params)[0]["tail"]
+                start = last if head is None else float(head)
+                out[model] = start if tail is None else max(start, float(tail))
+        return out
+
     def counts(self, batch_id: str) -> dict[TaskStatus, int]:
         sql = SQL["batch_counts"]
         rows = self._guard("batches.counts", lambda: run_one(self._tx, sql, {"b": batch_id}))

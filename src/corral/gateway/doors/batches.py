@@ -172,6 +172,7 @@ def _batch_routes(router: APIRouter, svc: BatchService) -> None:
             body.get("output_expires_after"),
             owner_made(caller(request.scope)),
             caller(request.scope).models,
+            caller(request.scope).weight,
         )
         return JSONResponse(await _call(svc.object, b))
 
