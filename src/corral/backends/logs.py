@@ -6,8 +6,11 @@ on disk. Readers (`tail`) read across the rotation."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import struct
+import termios
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,6 +144,8 @@ class Pump:
         self._heard = heard
         self._done = done
         self._ready = threading.Event()
+        self._reads = 0  # reads begun; the thread waits in the last one while `_waiting`
+        self._waiting = False
         self._thread = threading.Thread(target=self._run, name=f"log {log.path.name}", daemon=True)
         self._thread.start()
 
@@ -148,12 +153,30 @@ class Pump:
         """The server serves: its quiet lines are left out from now on."""
         self._ready.set()
 
+    def idle(self) -> tuple[bool, int]:
+        """Whether the thread waits for output with none in the pipe (all written so far is
+        in the log), and how many reads it has begun: two answers with the same count, the
+        first idle, mean it copied everything written before the first (on a busy machine the
+        thread runs seconds behind its server)."""
+        reads, waiting = self._reads, self._waiting
+        try:
+            pending = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0" * 4))[0]
+        except OSError:  # closed: its output ended
+            return True, reads
+        return waiting and pending == 0, reads
+
     def _run(self) -> None:
         rest = b""
         heard = False
         try:
             with os.fdopen(self._fd, "rb", buffering=0) as out:
-                while chunk := out.read(1 << 16):
+                while True:
+                    self._reads += 1
+                    self._waiting = True
+                    chunk = out.read(1 << 16)
+                    self._waiting = False
+                    if not chunk:
+                        break
                     if self._quiet is None and self._ready_line is None:
                         self._log.write(chunk)
                         continue

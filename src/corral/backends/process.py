@@ -252,6 +252,9 @@ class ProcessBackend:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._heard_ready.wait(), timeout=1.0)
         if self._pump is not None:
+            # What it wrote while it loaded is in its log (`output_since_start`) and kept whole
+            # (its load lines may match `quiet_after_ready`) before its quiet lines go.
+            await _caught_up(self._pump)
             self._pump.ready()
         self._watch = asyncio.ensure_future(self._watch_exit())
         if self.hooks is not None:
@@ -466,3 +469,15 @@ async def exposed_on(port: int, timeout_s: float = 0.3) -> str:
             await writer.wait_closed()
         return address
     return ""
+
+
+async def _caught_up(pump: Pump, limit_s: float = 2.0, every_s: float = 0.02) -> None:
+    """Wait (at most `limit_s`) until `pump` has copied what its server wrote so far."""
+    deadline = time.monotonic() + limit_s
+    before = pump.idle()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(every_s)
+        now = pump.idle()
+        if before[0] and now == before:
+            return
+        before = now

@@ -76,7 +76,8 @@ def db_upgrade(db: DbOption = DEFAULT_DB) -> None:
     except CorralError as exc:
         raise _fail(exc) from None
     done = f"applied {', '.join(map(str, applied))}" if applied else "already up to date"
-    out.print(f"{db}: schema version {version} ({done})")
+    # One line, as written (a long path is not wrapped, its brackets are not markup).
+    out.print(f"{db}: schema version {version} ({done})", soft_wrap=True, markup=False)
 
 
 @tasks_app.command("list")
