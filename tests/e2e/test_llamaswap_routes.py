@@ -5,6 +5,7 @@ strict validation, and llama-swap's management routes with its answer shapes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -339,6 +340,20 @@ models:
             for ch in quiet
             if ch.choices
         )
+
+
+def test_logs_stream_holds_every_line_written_once_it_has_answered(gw: Gateway) -> None:
+    """A line written as soon as the stream's status is in comes in it (the stream follows
+    the files from before it answers, not from whenever its first read runs)."""
+    log = gw.folder / "logs" / "alpha.log"
+    for k in range(5):
+        mark = f"corral-test-mark-{k}-{time.monotonic_ns()}"
+        with httpx.stream("GET", f"{gw.url}/logs/stream", headers=AUTH, timeout=10) as r:
+            assert r.status_code == 200
+            with log.open("ab") as f:
+                f.write(f"{mark}\n".encode())
+            lines = r.iter_lines()
+            assert any(line == f"[alpha] {mark}" for line in itertools.islice(lines, 500)), mark
 
 
 def test_logs_stream_follows_the_servers_logs(gw: Gateway) -> None:

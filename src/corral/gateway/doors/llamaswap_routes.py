@@ -123,11 +123,18 @@ def _logs(router: APIRouter, gateway: Gateway) -> None:
             if (path := getattr(b, "log_path", None)) is not None
         }
 
-        async def lines() -> AsyncIterator[bytes]:
-            for line in await asyncio.to_thread(last_lines, 50):
-                yield gateway.redact(line + "\n").encode()
+        def begin() -> list[str]:
+            # Followed from here before the answer begins, and the history read after: a line
+            # written as the stream starts may come twice, never be missed.
             for f in files.values():
-                await asyncio.to_thread(f.skip)
+                f.skip()
+            return last_lines(50)
+
+        history = await asyncio.to_thread(begin)
+
+        async def lines() -> AsyncIterator[bytes]:
+            for line in history:
+                yield gateway.redact(line + "\n").encode()
             while True:
                 await asyncio.sleep(0.25)
                 read = await asyncio.to_thread(lambda: {n: f.read() for n, f in files.items()})
