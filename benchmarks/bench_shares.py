@@ -211,6 +211,46 @@ def figures(
     }
 
 
+def explain(seed: int, shape: SharedBox) -> list[dict[str, Any]]:
+    """Where the loads of `seed`'s runs with and without fair shares fall: while the heavy
+    user's flood backlog lasts and after it, and how many of the agent's coder steps (each a
+    swap from the chat model unless several loops' steps are served together) ran in each."""
+    out = []
+    for fair in (True, False):
+        run = _run(seed, fair, True, shape)
+        heavy_done_s = max((r.finished_at or 0.0) for r in run.requests if r.principal == "heavy")
+        swaps = [s.start_s for s in run.segments if s.kind == "swap"]
+        steps = [
+            r.dispatched_at or 0.0
+            for r in run.requests
+            if r.principal == "agent" and r.model == "coder-14b"
+        ]
+        row: dict[str, Any] = {"fair_shares": fair, "heavy_done_s": round(heavy_done_s)}
+        for part, inside in (("during", True), ("after", False)):
+            n_swaps = sum((t < heavy_done_s) is inside for t in swaps)
+            n_steps = sum((t < heavy_done_s) is inside for t in steps)
+            row[part] = {"loads": n_swaps, "agent_coder_steps": n_steps}
+        out.append(row)
+    return out
+
+
+def _print_explained(seed: int, rows: list[dict[str, Any]]) -> None:
+    t = Table(title=f"seed {seed}: loads while the heavy user's backlog lasts, and after")
+    for col in ("fair shares", "backlog until", "loads", "agent coder steps", "loads / step"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        for part in ("during", "after"):
+            x = r[part]
+            t.add_row(
+                "on" if r["fair_shares"] else "off",
+                f"{part}: {r['heavy_done_s']} s",
+                str(x["loads"]),
+                str(x["agent_coder_steps"]),
+                f"{x['loads'] / max(x['agent_coder_steps'], 1):.2f}",
+            )
+    Console().print(t)
+
+
 def shape_of(seed: int) -> SharedBox:
     """The family's shape for `seed` (its own stream: the traffic draws from `seed` itself)."""
     return SharedBox.drawn(random.Random(f"shape-{seed}"))
@@ -262,7 +302,19 @@ def main() -> int:
         help="each seed draws its own shape of the shared box (SharedBox.drawn): users, "
         "agent loops, batch lines, the flood's strength, the chat model's slots and loads",
     )
+    ap.add_argument(
+        "--explain",
+        action="store_true",
+        help="with --family: for each seed, where the loads fall (while the heavy user's "
+        "backlog lasts, and after) with fair shares and without",
+    )
     args = ap.parse_args()
+    if args.explain:
+        for seed in args.seeds:
+            shape = shape_of(seed) if args.family else SharedBox()
+            print(describe(shape))
+            _print_explained(seed, explain(seed, shape))
+        return 0
     if args.write_live is not None:
         write_live(args.write_live, args.seeds[0], args.hours)
         print(f"wrote fair, off and alone (.yaml, .jsonl) to {args.write_live}")

@@ -345,6 +345,7 @@ models:
 def test_logs_stream_holds_every_line_written_once_it_has_answered(gw: Gateway) -> None:
     """A line written as soon as the stream's status is in comes in it (the stream follows
     the files from before it answers, not from whenever its first read runs)."""
+    assert gw.folder is not None
     log = gw.folder / "logs" / "alpha.log"
     for k in range(5):
         mark = f"corral-test-mark-{k}-{time.monotonic_ns()}"
