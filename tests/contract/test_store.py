@@ -926,6 +926,16 @@ def test_owners_batch_lines_take_turns_by_weight_and_the_rest_keep_their_order(
     assert _claim_all(store) == [*x, *y]
 
 
+def test_large_batches_keep_their_turns(store: Store) -> None:
+    """Batches of many lines (PostgreSQL stores them with COPY) keep every line's turn."""
+    a = _owned(store, 1, "ann", 40)
+    b = _owned(store, 2, "bob", 20)
+    assert store.batches.starts(["m"], "ann", -1) == {"m": 40.0}
+    got = _claim_all(store)
+    assert got[:6] == [a[0], a[1], b[0], a[2], b[1], a[3]]
+    assert got[41:] == a[21:]
+
+
 def test_a_batch_that_does_not_store_stores_no_lines(store: Store) -> None:
     bad = [*lines("batch-1", 2), NewTask("openai_batch", "m", {"x": float("nan")})]
     with pytest.raises(BadTask):

@@ -78,22 +78,6 @@ class _PgTx:
             cur.executemany(_pg(sql), params)
 
 
-_INSERT_COLUMNS = (
-    "id",
-    "kind",
-    "model",
-    "payload",
-    "priority",
-    "interactive",
-    "serial_key",
-    "status",
-    "max_attempts",
-    "created_at",
-    "run_after",
-    "batch_id",
-)
-
-
 class PostgresStore(SqlStore):
     dialect = DIALECT
     wakes_other_processes = True
@@ -214,7 +198,7 @@ class PostgresStore(SqlStore):
         if len(rows) < 8 or not isinstance(tx, _PgTx):
             super()._insert(tx, rows)
             return
-        tx.copy_rows("corral_tasks", _INSERT_COLUMNS, rows)
+        tx.copy_rows("corral_tasks", tuple(rows[0]), rows)  # `task_rows`' columns, all of them
 
     @guarded
     def finish_many(

@@ -71,10 +71,17 @@ WHERE model = :model AND status = 'queued' AND interactive = :interactive
 
 -- name: turn_tail
 -- The place of an owner's last queued batch line of a model and class (batches without an
--- owner share one: a principal's name is never empty).
-SELECT MAX(t.turn) AS tail FROM corral_tasks t JOIN corral_batches b ON b.id = t.batch_id
-WHERE t.model = :model AND t.status = 'queued' AND t.interactive = :interactive
-    AND t.priority = :priority AND COALESCE(b.owner, '') = COALESCE(CAST(:owner AS TEXT), '')
+-- owner share one: a principal's name is never empty). A batch's lines of one model take
+-- places in the order of their `seq`, so its last queued one is found from the end of the
+-- batch's index, not by reading every queued line of the model.
+SELECT MAX((
+    SELECT t.turn FROM corral_tasks t
+    WHERE t.batch_id = b.id AND t.model = :model AND t.status = 'queued'
+        AND t.interactive = :interactive AND t.priority = :priority
+    ORDER BY t.seq DESC LIMIT 1
+)) AS tail FROM corral_batches b
+WHERE COALESCE(b.owner, '') = COALESCE(CAST(:owner AS TEXT), '')
+    AND b.status IN ('validating', 'in_progress', 'cancelling', 'finalizing')
 
 -- name: last_seq
 SELECT COALESCE(MAX(seq), 0) AS seq FROM corral_tasks
