@@ -256,6 +256,7 @@ def main() -> None:
         "throughput": rates,
     }
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
     out = Console()
     table = Table(title="chat, 1 request/s, beside batches (default configuration, demo models)")

@@ -337,6 +337,7 @@ def main() -> None:
           f"each, {args.rounds} blocks of {args.seconds:g} s per target\n")  # fmt: skip
     print(table(rows))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
 
 

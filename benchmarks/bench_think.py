@@ -154,6 +154,7 @@ def main() -> int:
             "size_gb": args.size_gb,
             "steps": args.steps,
         }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 
